@@ -1,0 +1,23 @@
+"""The fusion IR: math only, no scheduling policy and no CUDA."""
+
+from .dtype import DataType, compute_type, promote, promote_with_scalar
+from .errors import CircbufError
+from .fusion import Fusion, transform_history
+from .iterdomain import IterDomain, IterType, Merge, ParallelType, Split
+from .nodes import (
+    BinaryOp,
+    BroadcastOp,
+    CastOp,
+    Expr,
+    LoadStoreOp,
+    MemoryType,
+    ReductionOp,
+    TensorDomain,
+    TensorView,
+    TernaryOp,
+    UnaryOp,
+    reduction_init,
+)
+from .scalar import Bin, Const, Scalar, Var, as_scalar, ceil_div, evaluate, simplify
+
+__all__ = [n for n in dir() if not n.startswith("_")]

@@ -1,0 +1,153 @@
+"""The Fusion: a DAG of Exprs over TensorViews, with inputs and outputs.
+
+>>> # f = Fusion(); ...; print(f.print_math())
+"""
+
+from __future__ import annotations
+
+from .errors import CircbufError
+from .nodes import Expr, MemoryType, TensorView
+from .scalar import Scalar, Var
+
+
+class Fusion:
+    """Owns TensorViews (named T0, T1, ... in creation order), inputs, outputs,
+    symbolic extents and the equalities between them found while defining."""
+
+    def __init__(self):
+        self.inputs: list = []  # TensorViews and scalar Vars
+        self.outputs: list[TensorView] = []
+        self.tvs: list[TensorView] = []
+        self.extent_vars: list[Var] = []
+        # (a, b): the user promised these symbolic extents are equal (checked at run time)
+        self.extent_equalities: list[tuple[Scalar, Scalar]] = []
+        self.schedule_overrides: dict = {}
+        self.manual_schedule = False
+        self._tv_counter = 0
+
+    def register(self, tv: TensorView) -> TensorView:
+        tv.fusion = self
+        tv.name = f"T{self._tv_counter}"
+        self._tv_counter += 1
+        self.tvs.append(tv)
+        return tv
+
+    def new_extent(self) -> Var:
+        v = Var(f"i{len(self.extent_vars)}", lo=0)
+        self.extent_vars.append(v)
+        return v
+
+    def add_input(self, x):
+        if isinstance(x, TensorView):
+            x.is_input = True
+        self.inputs.append(x)
+
+    def add_output(self, tv: TensorView):
+        if not isinstance(tv, TensorView) or tv.fusion is not self:
+            raise CircbufError(f"add_output: {tv!r} is not a tensor of this fusion")
+        if tv.is_input:
+            raise CircbufError(f"add_output: {tv.name} is a fusion input, not produced by the fusion")
+        if tv in self.outputs:
+            raise CircbufError(f"add_output: {tv.name} is already an output")
+        tv.memory_type = MemoryType.Global
+        self.outputs.append(tv)
+
+    # -------------------------------------------------------- traversal
+    def exprs(self) -> list[Expr]:
+        """Exprs needed by the outputs, in topological order."""
+        order, seen = [], set()
+
+        def visit(tv):
+            d = tv.definition
+            if d is None or id(d) in seen:
+                return
+            seen.add(id(d))
+            for i in d.tv_inputs():
+                visit(i)
+            order.append(d)
+
+        for o in self.outputs:
+            visit(o)
+        return order
+
+    def used_tvs(self) -> list[TensorView]:
+        """TensorViews reachable from the outputs, in topological order."""
+        out, seen = [], set()
+        for e in self.exprs():
+            for t in e.tv_inputs() + e.outputs:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+        for t in self.outputs:
+            if id(t) not in seen:
+                out.append(t)
+        return out
+
+    def consumers(self, tv: TensorView) -> list[TensorView]:
+        live = {id(e) for e in self.exprs()}
+        return [e.out for e in tv.uses if id(e) in live]
+
+    # ---------------------------------------------------------- printing
+    def print_math(self) -> str:
+        """The fusion's math, one expr a line, nvFuser style.
+
+        Returns the text (``print(fd.fusion.print_math())``).
+        """
+        lines = ["Inputs:"]
+        for i in self.inputs:
+            lines.append(f"  {i}" if isinstance(i, TensorView) else f"  {i.name}: {i.dtype.short}")
+        lines.append("Outputs:")
+        lines += [f"  {o}" for o in self.outputs]
+        lines.append("")
+        lines.append("%kernel_math {")
+        lines += [f"  {e}" for e in self.exprs()]
+        lines.append("}")
+        return "\n".join(lines)
+
+    def print_transforms(self) -> str:
+        """Each TensorView with the splits and merges behind its loop domain."""
+        lines = []
+        for tv in self.used_tvs():
+            lines.append(str(tv))
+            for t in transform_history(tv):
+                lines.append(f"  {t}")
+        return "\n".join(lines)
+
+    def schedule(self, **overrides):
+        """Record overrides of the scheduler heuristics (``persistent``, ``stages``,
+        ``vectorize``, ``unroll``, ``threads``, ...). They are applied when the
+        fusion is compiled; unknown names raise there.
+
+        >>> # fd.fusion.schedule(vectorize=4)
+        """
+        self.schedule_overrides = dict(overrides)
+        return ScheduleRequest(self.schedule_overrides)
+
+    def __str__(self):
+        return self.print_math()
+
+
+class ScheduleRequest(dict):
+    """What ``fusion.schedule`` recorded; printed as the overrides."""
+
+    def __str__(self):
+        body = ", ".join(f"{k}={v!r}" for k, v in self.items())
+        return f"ScheduleOverrides({body})"
+
+
+def transform_history(tv: TensorView) -> list:
+    """Split/Merge records from the logical to the loop domain, in order."""
+    seen, out = set(), []
+
+    def visit(i):
+        d = i.definition
+        if d is None or id(d) in seen:
+            return
+        for x in d.inputs:
+            visit(x)
+        seen.add(id(d))
+        out.append(d)
+
+    for i in tv.loop:
+        visit(i)
+    return out

@@ -1,0 +1,204 @@
+"""IterDomains and the transforms that derive loop domains from logical ones.
+
+An IterDomain is one axis of iteration. Splits and merges create new
+IterDomains and remember their ``definition``, so indexing can walk from the
+loop domain back to logical coordinates.
+
+>>> from circbuf.ir.scalar import Var
+>>> i = IterDomain(Var("i0")); o, n = split(i, 128)
+>>> str(o), str(n)
+('iS1{ceilDiv(i0, 128)}', 'iS2{128}')
+"""
+
+from __future__ import annotations
+
+import itertools
+from enum import Enum
+
+from .errors import CircbufError
+from .scalar import Const, Scalar, as_scalar, ceil_div, is_const
+
+_ids = itertools.count()
+
+
+class IterType(Enum):
+    Iteration = "i"
+    Reduction = "r"
+    Broadcast = "b"
+
+
+class ParallelType(Enum):
+    Serial = "S"
+    BIDx = "blockIdx.x"
+    BIDy = "blockIdx.y"
+    BIDz = "blockIdx.z"
+    TIDx = "threadIdx.x"
+    TIDy = "threadIdx.y"
+    TIDz = "threadIdx.z"
+    Vectorize = "V"
+    Unroll = "UR"
+
+    @property
+    def is_block(self):
+        return self in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)
+
+    @property
+    def is_thread(self):
+        return self in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
+
+    @property
+    def is_grid_or_block(self):
+        """Parallel types that map to hardware indices rather than loops."""
+        return self.is_block or self.is_thread
+
+
+class IterDomain:
+    """One axis: an extent, an IterType and a ParallelType.
+
+    ``expanded_extent`` is set on broadcast axes by the scheduler: the extent a
+    loop over this axis runs when it is inlined with a concrete axis.
+    """
+
+    __slots__ = ("id", "extent", "iter_type", "parallel_type", "definition", "expanded_extent")
+
+    def __init__(self, extent, iter_type=IterType.Iteration, parallel_type=ParallelType.Serial):
+        self.id = next(_ids)
+        self.extent: Scalar = as_scalar(extent)
+        self.iter_type = iter_type
+        self.parallel_type = parallel_type
+        self.definition = None  # Split or Merge that produced this axis
+        self.expanded_extent = None
+
+    @property
+    def is_reduction(self):
+        return self.iter_type == IterType.Reduction
+
+    @property
+    def is_broadcast(self):
+        return self.iter_type == IterType.Broadcast
+
+    @property
+    def loop_extent(self) -> Scalar:
+        """Trip count of a loop over this axis."""
+        if self.is_broadcast and self.expanded_extent is not None:
+            return self.expanded_extent
+        return self.extent
+
+    def parallelize(self, ptype: ParallelType) -> IterDomain:
+        """Bind this axis to a parallel type; returns self.
+
+        >>> IterDomain(Const(128)).parallelize(ParallelType.TIDx).parallel_type.value
+        'threadIdx.x'
+        """
+        if not isinstance(ptype, ParallelType):
+            raise CircbufError(f"parallelize: {ptype!r} is not a ParallelType")
+        if ptype == ParallelType.Vectorize and not isinstance(self.loop_extent, Const):
+            raise CircbufError(f"parallelize: vectorized axis {self} needs a constant extent")
+        self.parallel_type = ptype
+        return self
+
+    def clone(self) -> IterDomain:
+        c = IterDomain(self.extent, self.iter_type, self.parallel_type)
+        c.expanded_extent = self.expanded_extent
+        return c
+
+    def __str__(self):
+        p = self.parallel_type.value
+        return f"{self.iter_type.value}{p}{self.id}{{{self.loop_extent}}}"
+
+    __repr__ = __str__
+
+
+class Split:
+    """``in -> outer, inner``; ``factor`` sizes the inner axis (or the outer one
+    when ``inner_split`` is False)."""
+
+    def __init__(self, in_, outer, inner, factor, inner_split):
+        self.in_, self.outer, self.inner = in_, outer, inner
+        self.factor, self.inner_split = factor, inner_split
+
+    @property
+    def inputs(self):
+        return (self.in_,)
+
+    @property
+    def outputs(self):
+        return (self.outer, self.inner)
+
+    def divisible(self) -> bool:
+        """True when the split provably creates no out-of-range iterations."""
+        ext = self.in_.loop_extent
+        return isinstance(ext, Const) and ext.value % self.factor == 0
+
+    def __str__(self):
+        kind = "inner" if self.inner_split else "outer"
+        return f"Split({self.in_}, factor={self.factor}, {kind}) -> {self.outer}, {self.inner}"
+
+
+class Merge:
+    def __init__(self, outer, inner, out):
+        self.outer, self.inner, self.out = outer, inner, out
+
+    @property
+    def inputs(self):
+        return (self.outer, self.inner)
+
+    @property
+    def outputs(self):
+        return (self.out,)
+
+    def __str__(self):
+        return f"Merge({self.outer}, {self.inner}) -> {self.out}"
+
+
+def split(id_: IterDomain, factor: int, inner_split: bool = True):
+    """Split an axis; returns (outer, inner)."""
+    if not isinstance(factor, int) or isinstance(factor, bool) or factor <= 0:
+        raise CircbufError(f"split: factor must be a positive int, got {factor!r} for axis {id_}")
+    ext = id_.loop_extent
+    rest = ceil_div(ext, factor)
+    outer_ext, inner_ext = (rest, Const(factor)) if inner_split else (Const(factor), rest)
+    outer = IterDomain(outer_ext, id_.iter_type)
+    inner = IterDomain(inner_ext, id_.iter_type)
+    if id_.is_broadcast:
+        # A split broadcast stays broadcast; its pieces iterate over the expanded
+        # extents when the scheduler gave the axis one, else over nothing.
+        outer.extent = inner.extent = Const(1)
+        if id_.expanded_extent is not None:
+            outer.expanded_extent, inner.expanded_extent = outer_ext, inner_ext
+    Split(id_, outer, inner, factor, inner_split).attach()
+    return outer, inner
+
+
+def merge(outer: IterDomain, inner: IterDomain) -> IterDomain:
+    """Merge two axes into one (outer-major)."""
+    kinds = {outer.iter_type, inner.iter_type} - {IterType.Broadcast}
+    if kinds == {IterType.Iteration, IterType.Reduction}:
+        raise CircbufError(
+            f"merge: cannot merge reduction axis with iteration axis ({outer} and {inner})"
+        )
+    if outer.is_broadcast and inner.is_broadcast:
+        it = IterType.Broadcast
+    else:
+        it = kinds.pop() if kinds else IterType.Iteration
+    ext = outer.loop_extent * inner.loop_extent
+    out = IterDomain(ext, it)
+    if it == IterType.Broadcast:
+        if outer.expanded_extent is not None or inner.expanded_extent is not None:
+            out.extent, out.expanded_extent = Const(1), ext
+    Merge(outer, inner, out).attach()
+    return out
+
+
+def _attach(self):
+    for o in self.outputs:
+        o.definition = self
+    return self
+
+
+Split.attach = _attach
+Merge.attach = _attach
+
+
+def is_trivial_extent(id_: IterDomain) -> bool:
+    return is_const(id_.loop_extent, 1)

@@ -1,0 +1,381 @@
+"""TensorDomain, TensorView and the expressions of the fusion math.
+
+A TensorView has a *logical* domain (its shape), a *loop* domain derived from
+it by split/merge/reorder, and an allocation given by its memory type (global
+tensors use strides; local and shared buffers are sized from the loop axes
+right of the compute-at position).
+
+>>> from circbuf.ir.scalar import Var
+>>> tv = TensorView([IterDomain(Var("i0")), IterDomain(Var("i1"))], DataType.Float)
+>>> print(tv.merge(0).split(0, 128))  # doctest: +ELLIPSIS
+T?_g_f32[iS...{ceilDiv((i0 * i1), 128)}, iS...{128}]
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from .dtype import DataType
+from .errors import CircbufError
+from .iterdomain import IterDomain, IterType, ParallelType, merge, split
+from .scalar import Const, Scalar
+
+
+class MemoryType(Enum):
+    Global = "g"
+    Shared = "s"
+    Local = "l"
+
+
+class TensorDomain:
+    """Logical axes (the shape), loop axes (after transforms), contiguity."""
+
+    def __init__(self, logical, contiguity=None):
+        self.logical: list[IterDomain] = list(logical)
+        self.loop: list[IterDomain] = list(logical)
+        self.contiguity = list(contiguity) if contiguity is not None else [True] * len(logical)
+
+    def no_reductions(self) -> list[IterDomain]:
+        return [i for i in self.logical if not i.is_reduction]
+
+
+class TensorView:
+    """A tensor in the fusion, with the scheduling transforms applied to it."""
+
+    def __init__(self, logical, dtype: DataType, memory_type=MemoryType.Global, contiguity=None):
+        self.domain = TensorDomain(logical, contiguity)
+        self.dtype = dtype
+        self.memory_type = memory_type
+        self.compute_at_pos = 0
+        self.definition: Expr | None = None
+        self.uses: list[Expr] = []
+        self.fusion = None
+        self.name = "T?"
+        self.is_input = False
+
+    # ------------------------------------------------------------ shape
+    @property
+    def ndim(self) -> int:
+        return len(self.domain.no_reductions())
+
+    def shape(self) -> list[Scalar]:
+        """Extents of the non-reduction logical axes."""
+        return [i.extent for i in self.domain.no_reductions()]
+
+    def size(self, dim: int) -> Scalar:
+        return self.shape()[_norm_axis(dim, self.ndim, self, "size")]
+
+    @property
+    def loop(self) -> list[IterDomain]:
+        return self.domain.loop
+
+    @property
+    def logical(self) -> list[IterDomain]:
+        return self.domain.logical
+
+    def axis(self, i: int) -> IterDomain:
+        """The loop axis at position ``i`` (negative counts from the end)."""
+        return self.loop[_norm_axis(i, len(self.loop), self, "axis")]
+
+    @property
+    def has_reduction(self) -> bool:
+        return any(i.is_reduction for i in self.logical)
+
+    @property
+    def is_output(self) -> bool:
+        return self.fusion is not None and self in self.fusion.outputs
+
+    # ------------------------------------------------------- transforms
+    def split(self, axis: int, factor: int, inner_split: bool = True) -> TensorView:
+        """Split loop axis ``axis`` by ``factor``; returns self for chaining.
+
+        >>> # tv.split(0, 128): [I] -> [ceilDiv(I, 128), 128]
+        """
+        a = _norm_axis(axis, len(self.loop), self, "split")
+        outer, inner = split(self.loop[a], factor, inner_split)
+        self.loop[a : a + 1] = [outer, inner]
+        return self
+
+    def merge(self, axis_o: int, axis_i: int | None = None) -> TensorView:
+        """Merge loop axes ``axis_o`` and ``axis_i`` (default ``axis_o + 1``)."""
+        n = len(self.loop)
+        a = _norm_axis(axis_o, n, self, "merge")
+        b = a + 1 if axis_i is None else _norm_axis(axis_i, n, self, "merge")
+        if b >= n or a == b:
+            raise CircbufError(f"merge: axis {b} out of range for {self.name} with {n} loop axes")
+        try:
+            out = merge(self.loop[a], self.loop[b])
+        except CircbufError as e:
+            raise CircbufError(f"{self.name}: {e}") from None
+        lo = min(a, b)
+        new = [x for k, x in enumerate(self.loop) if k not in (a, b)]
+        new.insert(lo, out)
+        self.domain.loop = new
+        return self
+
+    def reorder(self, order) -> TensorView:
+        """Reorder loop axes. ``order`` is ``{old: new}`` or a permutation list
+        ``[old positions in new order]``.
+
+        >>> # tv.reorder({0: 1, 1: 0}) swaps the first two axes
+        """
+        n = len(self.loop)
+        if isinstance(order, (list, tuple)):
+            perm = [_norm_axis(o, n, self, "reorder") for o in order]
+            if sorted(perm) != list(range(n)):
+                raise CircbufError(f"reorder: {list(order)} is not a permutation of {n} axes")
+            self.domain.loop = [self.loop[p] for p in perm]
+            return self
+        mapping = {
+            _norm_axis(k, n, self, "reorder"): _norm_axis(v, n, self, "reorder")
+            for k, v in order.items()
+        }
+        if len(set(mapping.values())) != len(mapping):
+            raise CircbufError(f"reorder: two axes sent to one position in {order}")
+        new = [None] * n
+        for old, pos in mapping.items():
+            new[pos] = self.loop[old]
+        rest = iter(x for k, x in enumerate(self.loop) if k not in mapping)
+        self.domain.loop = [x if x is not None else next(rest) for x in new]
+        return self
+
+    def parallelize(self, axis: int, ptype: ParallelType) -> TensorView:
+        """``tv.parallelize(0, ParallelType.BIDx)``; same as ``tv.axis(0).parallelize``."""
+        self.axis(axis).parallelize(ptype)
+        return self
+
+    def inline_at(self, pos: int) -> TensorView:
+        """Compute this tensor inside the first ``pos`` loops of its consumers."""
+        if self.is_input:
+            raise CircbufError(f"inline_at: {self.name} is a fusion input; it is not computed")
+        if not 0 <= pos <= len(self.loop):
+            raise CircbufError(
+                f"inline_at: position {pos} out of range for {self.name} ({len(self.loop)} axes)"
+            )
+        self.compute_at_pos = pos
+        return self
+
+    compute_at = inline_at
+
+    def set_memory_type(self, mt: MemoryType) -> TensorView:
+        if (self.is_input or self.is_output) and mt != MemoryType.Global:
+            raise CircbufError(f"{self.name} is a fusion input/output and must stay in global memory")
+        self.memory_type = mt
+        return self
+
+    def cache_after(self, op: str = "set") -> TensorView:
+        """Insert ``c = set(self)`` and make every other use of self read ``c``.
+
+        The cache starts in local memory. ``op="tma"`` arrives with the circular
+        buffering work.
+        """
+        if op != "set":
+            raise CircbufError(f"cache_after: op={op!r} is not supported yet (supported: 'set')")
+        fusion = self._need_fusion("cache_after")
+        uses = list(self.uses)
+        c = TensorView([i.clone() for i in self.domain.no_reductions()], self.dtype, MemoryType.Local)
+        for i in c.logical:
+            i.parallel_type = ParallelType.Serial
+        fusion.register(c)
+        LoadStoreOp(c, self)
+        for e in uses:
+            e.replace_input(self, c)
+        return c
+
+    def cache_before(self) -> TensorView:
+        """Make the definition of self write a local ``c``; self = set(c)."""
+        fusion = self._need_fusion("cache_before")
+        d = self.definition
+        if d is None:
+            raise CircbufError(f"cache_before: {self.name} has no definition (is it an input?)")
+        c = TensorView([i.clone() for i in self.logical], self.dtype, MemoryType.Local)
+        for i in c.logical:
+            i.parallel_type = ParallelType.Serial
+        fusion.register(c)
+        d.replace_output(self, c)
+        self.domain = TensorDomain(
+            [i.clone() for i in c.domain.no_reductions()], self.domain.contiguity
+        )
+        for i in self.logical:
+            i.parallel_type = ParallelType.Serial
+        LoadStoreOp(self, c)
+        return c
+
+    def _need_fusion(self, what):
+        if self.fusion is None:
+            raise CircbufError(f"{what}: {self.name} is not part of a fusion")
+        return self.fusion
+
+    # ---------------------------------------------------------- printing
+    def __str__(self):
+        ids = ", ".join(str(i) for i in self.loop)
+        s = f"{self.name}_{self.memory_type.value}_{self.dtype.short}[{ids}]"
+        if self.compute_at_pos:
+            s += f" ca_pos({self.compute_at_pos})"
+        return s
+
+    __repr__ = __str__
+
+
+def _norm_axis(i, n, tv, what):
+    if not isinstance(i, int) or not -n <= i < n:
+        raise CircbufError(f"{what}: axis {i} out of range for {tv.name} with {n} axes")
+    return i % n
+
+
+# ------------------------------------------------------------------ exprs
+class Expr:
+    """A node of the fusion DAG. ``inputs`` may hold TensorViews and Scalars."""
+
+    def __init__(self, outputs, inputs):
+        self.outputs = list(outputs)
+        self.inputs = list(inputs)
+        for o in self.outputs:
+            o.definition = self
+        for i in self.inputs:
+            if isinstance(i, TensorView):
+                i.uses.append(self)
+
+    @property
+    def out(self) -> TensorView:
+        return self.outputs[0]
+
+    def tv_inputs(self) -> list[TensorView]:
+        return [i for i in self.inputs if isinstance(i, TensorView)]
+
+    def replace_input(self, old, new):
+        self.inputs = [new if i is old else i for i in self.inputs]
+        if self in old.uses:
+            old.uses.remove(self)
+        new.uses.append(self)
+
+    def replace_output(self, old, new):
+        self.outputs = [new if o is old else o for o in self.outputs]
+        new.definition = self
+        old.definition = None
+
+    def logical_map(self, producer: TensorView) -> list[tuple[IterDomain, IterDomain]]:
+        """Pairs (producer logical axis, consumer logical axis)."""
+        return list(zip(producer.domain.no_reductions(), self.out.logical))
+
+    def _operand_str(self, x):
+        return x.name if isinstance(x, TensorView) else str(x)
+
+    def __str__(self):
+        args = ", ".join(self._operand_str(i) for i in self.inputs)
+        return f"{self.out.name} = {self.op_name}({args})"
+
+
+class UnaryOp(Expr):
+    OPS = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu")
+
+    def __init__(self, op, out, in_):
+        assert op in self.OPS, op
+        self.op_name = op
+        super().__init__([out], [in_])
+
+
+class CastOp(Expr):
+    op_name = "cast"
+
+    def __init__(self, out, in_):
+        super().__init__([out], [in_])
+
+    def __str__(self):
+        return f"{self.out.name} = cast({self._operand_str(self.inputs[0])}, {self.out.dtype.name})"
+
+
+class BinaryOp(Expr):
+    OPS = ("add", "sub", "mul", "div", "maximum", "minimum", "lt", "le", "gt", "ge", "eq", "ne")
+
+    def __init__(self, op, out, a, b):
+        assert op in self.OPS, op
+        self.op_name = op
+        super().__init__([out], [a, b])
+
+
+class TernaryOp(Expr):
+    op_name = "where"
+
+    def __init__(self, out, cond, a, b):
+        super().__init__([out], [cond, a, b])
+
+
+class LoadStoreOp(Expr):
+    """A copy between memories (``set``)."""
+
+    op_name = "set"
+
+    def __init__(self, out, in_, kind: str = "set"):
+        self.kind = kind
+        super().__init__([out], [in_])
+
+
+class BroadcastOp(Expr):
+    """Insert broadcast axes where ``is_broadcast_dim`` is True."""
+
+    op_name = "broadcast"
+
+    def __init__(self, out, in_, is_broadcast_dim):
+        self.is_broadcast_dim = list(is_broadcast_dim)
+        super().__init__([out], [in_])
+
+    def logical_map(self, producer):
+        cons = [c for c, b in zip(self.out.logical, self.is_broadcast_dim) if not b]
+        return list(zip(producer.domain.no_reductions(), cons))
+
+    def __str__(self):
+        flags = "".join("b" if b else "i" for b in self.is_broadcast_dim)
+        return f"{self.out.name} = broadcast({self.inputs[0].name}, {flags})"
+
+
+class ReductionOp(Expr):
+    """``out`` keeps the reduced axes as reduction IterDomains."""
+
+    OPS = {"sum": "add", "max": "maximum", "min": "minimum"}
+
+    def __init__(self, op, out, in_, init: Const):
+        assert op in self.OPS, op
+        self.op_name = op
+        self.init = init
+        super().__init__([out], [in_])
+
+    def __str__(self):
+        dims = [k for k, i in enumerate(self.out.logical) if i.is_reduction]
+        return f"{self.out.name} = {self.op_name}({self.inputs[0].name}, dims={dims}, init={self.init})"
+
+
+def reduction_init(op: str, dtype: DataType) -> Const:
+    if op == "sum":
+        return Const(0.0 if dtype.is_float else 0, dtype)
+    big = {
+        DataType.Int32: 2**31 - 1,
+        DataType.Int64: 2**63 - 1,
+        DataType.Bool: 1,
+    }.get(dtype, float("inf"))
+    v = -big if op == "max" else big
+    if dtype == DataType.Int32 and op == "max":
+        v = -(2**31)
+    if dtype == DataType.Int64 and op == "max":
+        v = -(2**63)
+    if dtype == DataType.Bool:
+        v = op == "min"
+    return Const(v, dtype)
+
+
+__all__ = [
+    "MemoryType",
+    "TensorDomain",
+    "TensorView",
+    "Expr",
+    "UnaryOp",
+    "CastOp",
+    "BinaryOp",
+    "TernaryOp",
+    "LoadStoreOp",
+    "BroadcastOp",
+    "ReductionOp",
+    "IterType",
+    "reduction_init",
+]
+_ = IterType

@@ -1,0 +1,408 @@
+"""Scalar expressions: symbolic extents, loop indices, index math, scalar inputs.
+
+Scalars are immutable trees compared structurally. Python operators build them
+with light folding; :func:`simplify` does the real work (constant folding,
+linear canonical form, ``(a*c + b) / c -> a`` when ``0 <= b < c`` is provable
+from ranges, ``(x / c) * c + x % c -> x``).
+
+>>> i = Var("i", hi=Const(4)); n = Var("n")
+>>> str(simplify((n * 4 + i) // 4)), str(simplify((n * 4 + i) % 4))
+('n', 'i')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .dtype import DataType
+
+INF = math.inf
+
+
+class Scalar:
+    """Base of scalar expressions; operators build Bin nodes."""
+
+    dtype: DataType = DataType.Int64
+
+    # arithmetic builders -------------------------------------------------
+    def __add__(self, o):
+        return _bin("+", self, o)
+
+    def __radd__(self, o):
+        return _bin("+", o, self)
+
+    def __sub__(self, o):
+        return _bin("-", self, o)
+
+    def __rsub__(self, o):
+        return _bin("-", o, self)
+
+    def __mul__(self, o):
+        return _bin("*", self, o)
+
+    def __rmul__(self, o):
+        return _bin("*", o, self)
+
+    def __floordiv__(self, o):
+        return _bin("/", self, o)
+
+    def __mod__(self, o):
+        return _bin("%", self, o)
+
+    def lt(self, o):
+        return _bin("<", self, o)
+
+    def ge(self, o):
+        return _bin(">=", self, o)
+
+    def eq(self, o):
+        return _bin("==", self, o)
+
+    def and_(self, o):
+        return _bin("&&", self, o)
+
+    def children(self) -> tuple:
+        return ()
+
+
+@dataclass(frozen=True, eq=True)
+class Const(Scalar):
+    value: object
+    dtype: DataType = DataType.Int64
+
+    def __str__(self):
+        if self.dtype == DataType.Bool:
+            return "true" if self.value else "false"
+        return repr(self.value) if self.dtype.is_float else str(int(self.value))
+
+
+@dataclass(frozen=True, eq=True)
+class Var(Scalar):
+    """A named scalar: a symbolic extent (``i0``), a loop index, a thread index,
+    or a fusion scalar input. ``lo``/``hi`` bound its range (hi exclusive)."""
+
+    name: str
+    dtype: DataType = DataType.Int64
+    lo: object = field(default=0, compare=False)
+    hi: object = field(default=None, compare=False)  # Scalar or None (unbounded)
+
+    def __str__(self):
+        return self.name
+
+
+@dataclass(frozen=True, eq=True)
+class Bin(Scalar):
+    op: str
+    a: Scalar
+    b: Scalar
+    dtype: DataType = DataType.Int64
+
+    def children(self):
+        return (self.a, self.b)
+
+    def __str__(self):
+        if self.op in ("ceilDiv", "min", "max"):
+            return f"{self.op}({self.a}, {self.b})"
+        return f"({self.a} {self.op} {self.b})"
+
+
+_CMP = ("<", ">=", "==", "&&")
+
+
+def as_scalar(x) -> Scalar:
+    if isinstance(x, Scalar):
+        return x
+    if isinstance(x, bool):
+        return Const(x, DataType.Bool)
+    if isinstance(x, int):
+        return Const(x)
+    if isinstance(x, float):
+        return Const(x, DataType.Double)
+    raise TypeError(f"not a scalar: {x!r}")
+
+
+def _bin(op, a, b) -> Scalar:
+    a, b = as_scalar(a), as_scalar(b)
+    if op in _CMP:
+        dt = DataType.Bool
+    elif a.dtype.is_float or b.dtype.is_float:
+        dt = DataType.Double
+    else:
+        dt = DataType.Int64
+    return _fold(Bin(op, a, b, dt))
+
+
+def ceil_div(a, b) -> Scalar:
+    return _bin("ceilDiv", a, b)
+
+
+def smin(a, b) -> Scalar:
+    return _bin("min", a, b)
+
+
+def is_const(x, value=None) -> bool:
+    return isinstance(x, Const) and (value is None or x.value == value)
+
+
+def _fold(e: Bin) -> Scalar:
+    """Cheap local folding done at construction time."""
+    a, b, op = e.a, e.b, e.op
+    if isinstance(a, Const) and isinstance(b, Const):
+        v = _eval_op(op, a.value, b.value)
+        return Const(v, e.dtype)
+    if op == "+":
+        if is_const(a, 0):
+            return b
+        if is_const(b, 0):
+            return a
+    elif op == "-":
+        if is_const(b, 0):
+            return a
+        if a == b:
+            return Const(0)
+    elif op == "*":
+        if is_const(a, 1):
+            return b
+        if is_const(b, 1):
+            return a
+        if (is_const(a, 0) or is_const(b, 0)) and not e.dtype.is_float:
+            return Const(0)
+    elif op in ("/", "ceilDiv"):
+        if is_const(b, 1):
+            return a
+        if is_const(a, 0):
+            return Const(0)
+    elif op == "%":
+        if is_const(b, 1) or is_const(a, 0):
+            return Const(0)
+    elif op == "&&":
+        if is_const(a, True):
+            return b
+        if is_const(b, True):
+            return a
+    return e
+
+
+def _eval_op(op, x, y):
+    if op == "+":
+        return x + y
+    if op == "-":
+        return x - y
+    if op == "*":
+        return x * y
+    if op == "/":
+        if isinstance(x, float) or isinstance(y, float):
+            return x / y
+        q = abs(x) // abs(y)  # C truncation
+        return q if (x >= 0) == (y >= 0) else -q
+    if op == "%":
+        return x - y * _eval_op("/", x, y)
+    if op == "ceilDiv":
+        return -(-x // y)
+    if op == "min":
+        return min(x, y)
+    if op == "max":
+        return max(x, y)
+    if op == "<":
+        return x < y
+    if op == ">=":
+        return x >= y
+    if op == "==":
+        return x == y
+    if op == "&&":
+        return bool(x) and bool(y)
+    raise AssertionError(op)
+
+
+def evaluate(e: Scalar, env: dict):
+    """Evaluate with ``env`` mapping Var names to numbers.
+
+    >>> evaluate(ceil_div(Var("n"), 4), {"n": 10})
+    3
+    """
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, Var):
+        return env[e.name]
+    return _eval_op(e.op, evaluate(e.a, env), evaluate(e.b, env))
+
+
+def free_vars(e: Scalar, out=None) -> dict:
+    out = {} if out is None else out
+    if isinstance(e, Var):
+        out[e.name] = e
+    for c in e.children():
+        free_vars(c, out)
+    return out
+
+
+def substitute(e: Scalar, mapping: dict) -> Scalar:
+    """Replace Vars (by name) with scalars."""
+    if isinstance(e, Var):
+        return mapping.get(e.name, e)
+    if isinstance(e, Bin):
+        a, b = substitute(e.a, mapping), substitute(e.b, mapping)
+        if a is e.a and b is e.b:
+            return e
+        return _bin(e.op, a, b)
+    return e
+
+
+# ---------------------------------------------------------------- ranges
+def value_range(e: Scalar) -> tuple:
+    """Conservative [lo, hi] (inclusive) of an integer expression."""
+    if isinstance(e, Const):
+        return (e.value, e.value)
+    if isinstance(e, Var):
+        if e.hi is None:
+            return (e.lo, INF)
+        hi = value_range(as_scalar(e.hi))[1]
+        return (e.lo, hi - 1)
+    la, ha = value_range(e.a)
+    lb, hb = value_range(e.b)
+    op = e.op
+    if op == "+":
+        return (la + lb, ha + hb)
+    if op == "-":
+        return (la - hb, ha - lb)
+    if op == "*":
+        if la >= 0 and lb >= 0:
+            return (la * lb, ha * hb)
+        return (-INF, INF)
+    if op in ("/", "ceilDiv"):
+        if la >= 0 and lb > 0:
+            if op == "/":
+                return (la // hb if hb != INF else 0, ha // lb if ha != INF else INF)
+            return (0, -(-ha // lb) if ha != INF else INF)
+        return (-INF, INF)
+    if op == "%":
+        if la >= 0 and lb > 0:
+            return (0, min(ha, hb - 1))
+        return (-INF, INF)
+    if op == "min":
+        return (min(la, lb), min(ha, hb))
+    if op == "max":
+        return (max(la, lb), max(ha, hb))
+    return (0, 1)
+
+
+# ------------------------------------------------------------ simplifier
+def simplify(e: Scalar) -> Scalar:
+    """Simplify an index expression (see module docstring).
+
+    >>> x = Var("x"); str(simplify((x // 8) * 8 + x % 8))
+    'x'
+    """
+    if not isinstance(e, Bin):
+        return e
+    a, b = simplify(e.a), simplify(e.b)
+    if e.dtype.is_float or a.dtype.is_float or b.dtype.is_float:
+        return _bin(e.op, a, b)
+    op = e.op
+    if op in ("+", "-", "*"):
+        return _from_linear(_linear(_bin(op, a, b)))
+    if op in ("/", "%") and isinstance(b, Const) and b.value > 0:
+        c = b.value
+        lo, hi = value_range(a)
+        if lo >= 0 and hi < c:
+            return Const(0) if op == "/" else a
+        terms = _linear(a)
+        if all(coef >= 0 for coef in terms.values()) and lo >= 0:
+            div = {m: k // c for m, k in terms.items() if k % c == 0}
+            rest = {m: k for m, k in terms.items() if k % c != 0}
+            if div:
+                r = _from_linear(rest)
+                rlo, rhi = value_range(r)
+                if rlo >= 0 and rhi < c:
+                    return _from_linear(div) if op == "/" else r
+                if op == "%":
+                    return _bin("%", r, b)
+    if op == "/" and isinstance(b, Bin) is False and not isinstance(b, Const):
+        lo, hi = value_range(a)
+        blo, _ = value_range(b)
+        if lo >= 0 and hi < blo:
+            return Const(0)
+    if op == "%" and not isinstance(b, Const):
+        lo, hi = value_range(a)
+        blo, _ = value_range(b)
+        if lo >= 0 and hi < blo:
+            return a
+    if op == "<":
+        la, ha = value_range(a)
+        lb, hb = value_range(b)
+        if ha < lb:
+            return Const(True, DataType.Bool)
+    return _bin(op, a, b)
+
+
+def _linear(e: Scalar) -> dict:
+    """Sum of coeff * monomial; monomial is a sorted tuple of atom keys."""
+    if isinstance(e, Const) and not e.dtype.is_float and e.dtype != DataType.Bool:
+        return {(): e.value} if e.value else {}
+    if isinstance(e, Bin) and e.op in ("+", "-"):
+        x, y = _linear(e.a), _linear(e.b)
+        s = -1 if e.op == "-" else 1
+        for m, k in y.items():
+            x[m] = x.get(m, 0) + s * k
+        return {m: k for m, k in x.items() if k}
+    if isinstance(e, Bin) and e.op == "*":
+        x, y = _linear(e.a), _linear(e.b)
+        if len(x) <= 1 or len(y) <= 1 or () in x and len(x) == 1 or () in y and len(y) == 1:
+            out = {}
+            for mx, kx in x.items():
+                for my, ky in y.items():
+                    m = tuple(sorted(mx + my, key=_atom_key))
+                    out[m] = out.get(m, 0) + kx * ky
+            return {m: k for m, k in out.items() if k}
+    return _recombine_divmod({(e,): 1})
+
+
+def _atom_key(a):
+    return str(a)
+
+
+def _recombine_divmod(t: dict) -> dict:
+    return t
+
+
+def _from_linear(terms: dict) -> Scalar:
+    # (x / c) * c + x % c  ->  x   (also with symbolic c)
+    terms = dict(terms)
+    changed = True
+    while changed:
+        changed = False
+        for m, k in list(terms.items()):
+            if len(m) != 1 or not isinstance(m[0], Bin) or m[0].op != "%":
+                continue
+            x, c = m[0].a, m[0].b
+            div = Bin("/", x, c)
+            if isinstance(c, Const):
+                key, kd = (div,), terms.get((div,), 0)
+                need = k * c.value
+            else:
+                key = tuple(sorted((div, c), key=_atom_key))
+                kd, need = terms.get(key, 0), k
+            if kd == need and kd:
+                del terms[m], terms[key]
+                for mm, kk in _linear(x).items():
+                    terms[mm] = terms.get(mm, 0) + kk * k
+                terms = {q: v for q, v in terms.items() if v}
+                changed = True
+                break
+    out = None
+    const = terms.pop((), 0)
+    for m, k in sorted(terms.items(), key=lambda mk: [_atom_key(a) for a in mk[0]]):
+        prod = None
+        for atom in m:
+            prod = atom if prod is None else _fold(Bin("*", prod, atom))
+        if k != 1:
+            prod = _fold(Bin("*", prod, Const(k))) if k > 0 else _fold(Bin("*", prod, Const(-k)))
+            if k < 0:
+                out = Const(0) if out is None else out
+                out = _fold(Bin("-", out, prod))
+                continue
+        out = prod if out is None else _fold(Bin("+", out, prod))
+    if const:
+        out = Const(const) if out is None else _fold(Bin("+", out, Const(const)))
+    return Const(0) if out is None else out

@@ -1,0 +1,43 @@
+"""Environment knobs, read in one place.
+
+- ``CIRCBUF_DUMP=fusion_ir,kernel_ir,cuda,params,launch``: print those stages
+  as they are produced (``all`` for every one).
+- ``CIRCBUF_CACHE_DIR``: where compiled cubins are kept (default
+  ``~/.cache/circbuf``); ``CIRCBUF_CACHE_DIR=`` (empty) turns the disk cache off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+DUMP_STAGES = ("fusion_ir", "transforms", "params", "kernel_ir", "cuda", "launch")
+
+
+def dump_stages() -> set:
+    raw = os.environ.get("CIRCBUF_DUMP", "")
+    names = {s.strip() for s in raw.split(",") if s.strip()}
+    if "all" in names:
+        return set(DUMP_STAGES)
+    unknown = names - set(DUMP_STAGES)
+    if unknown:
+        from .ir import CircbufError
+
+        raise CircbufError(
+            f"CIRCBUF_DUMP: unknown stage(s) {sorted(unknown)}; known: {', '.join(DUMP_STAGES)}, all"
+        )
+    return names
+
+
+def dump(stage: str, text) -> None:
+    """Print ``text`` under a header when ``stage`` is in CIRCBUF_DUMP."""
+    if stage in dump_stages():
+        print(f"===== CIRCBUF_DUMP {stage} =====\n{text}", file=sys.stdout, flush=True)
+
+
+def cache_dir() -> str | None:
+    d = os.environ.get("CIRCBUF_CACHE_DIR")
+    if d is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "circbuf")
+    return d or None

@@ -1,0 +1,61 @@
+"""Lowering: scheduled Fusion -> kernel IR -> CUDA source.
+
+The passes run in the order of :data:`PASSES`; each is ``Kernel -> Kernel``
+and lives in its own file. ``CIRCBUF_DUMP=kernel_ir`` prints the result.
+"""
+
+from __future__ import annotations
+
+from ..ir import Const, DataType, Fusion, TensorView, Var
+from .allocation import insert_allocations
+from .codegen import codegen
+from .indexing import lower_indexing
+from .kir import Kernel
+from .loop_nest import generate_loop_nest
+from .predicate import insert_predicates
+from .simplify_indices import simplify_indices
+from .sync import insert_syncs
+from .vectorize import vectorize_loops
+
+PASSES = [
+    ("allocation", insert_allocations),
+    ("indexing", lower_indexing),
+    ("vectorize", vectorize_loops),
+    ("predicate", insert_predicates),
+    ("simplify", simplify_indices),
+    ("sync", insert_syncs),
+]
+
+
+def stride_exprs(tv: TensorView, contiguity) -> list:
+    """Stride of each axis: symbolic products of extents where the tensor is
+    contiguous (so indexing can fold them), the run-time stride elsewhere."""
+    ids = tv.domain.no_reductions()
+    out = [None] * len(ids)
+    prev = None
+    for d in range(len(ids) - 1, -1, -1):
+        if contiguity[d]:
+            out[d] = Const(1) if prev is None else prev[0] * prev[1]
+        else:
+            out[d] = Var(f"{tv.name}.stride[{d}]")
+        prev = (out[d], ids[d].extent)
+    return out
+
+
+def lower(fusion: Fusion, contiguity=None, index_type=DataType.Int32, name="kernel") -> Kernel:
+    """Scheduled fusion -> Kernel. ``contiguity[k]`` gives, per axis of the k-th
+    tensor parameter (inputs then outputs), whether its stride is the product
+    of the inner extents."""
+    kernel = generate_loop_nest(fusion, name)
+    kernel.index_type = index_type
+    for k, p in enumerate(kernel.tensor_params):
+        nd = p.tv.ndim
+        contig = contiguity[k] if contiguity is not None else [True] * nd
+        for d, s in enumerate(stride_exprs(p.tv, contig)):
+            kernel.strides[(p.tv.name, d)] = s
+    for _, fn in PASSES:
+        kernel = fn(kernel)
+    return kernel
+
+
+__all__ = ["lower", "codegen", "Kernel", "PASSES", "stride_exprs"]

@@ -1,0 +1,229 @@
+"""Print a lowered Kernel as CUDA C++ (one method per node kind).
+
+>>> # src = codegen(kernel)   # prelude + extern "C" __global__ void kernel(...)
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..ir import (
+    Bin,
+    BinaryOp,
+    BroadcastOp,
+    CastOp,
+    Const,
+    DataType,
+    LoadStoreOp,
+    MemoryType,
+    ParallelType,
+    ReductionOp,
+    Scalar,
+    TernaryOp,
+    UnaryOp,
+    Var,
+)
+from .kir import (
+    Allocate,
+    Assign,
+    BlockReduce,
+    BlockSync,
+    ForLoop,
+    IfThenElse,
+    Kernel,
+    TensorRef,
+)
+from .prelude import PRELUDE
+
+_BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_RED = {"sum": "cb::AddOp()", "max": "cb::MaxOp()", "min": "cb::MinOp()"}
+_SCALAR_T = {DataType.Double: "double", DataType.Float: "float", DataType.Int64: "long long", DataType.Int32: "int", DataType.Bool: "bool"}
+
+
+def literal(c: Const, dt: DataType) -> str:
+    v = c.value
+    if dt == DataType.Bool:
+        return "true" if v else "false"
+    if dt.is_float:
+        v = float(v)
+        if math.isinf(v):
+            if dt == DataType.Double:
+                return ("-" if v < 0 else "") + "__longlong_as_double(0x7ff0000000000000LL)"
+            return ("-" if v < 0 else "") + "__int_as_float(0x7f800000)"
+        s = repr(v)
+        if dt == DataType.Float:
+            return s + "f"
+        if dt.is_reduced_float:
+            return f"cb::cast<{dt.value}>({s}f)"
+        return s
+    v = int(v)
+    if dt == DataType.Int64:
+        if v == -(2**63):
+            return "(-9223372036854775807LL - 1)"
+        return f"{v}LL"
+    return str(v)
+
+
+class CudaCodegen:
+    def __init__(self, kernel: Kernel):
+        self.k = kernel
+        self.lines: list[str] = []
+        self.ind = 1
+        self.red_smem: list[str] = []
+
+    # -------------------------------------------------------- scalars
+    def scalar(self, e: Scalar) -> str:
+        if isinstance(e, Const):
+            # index math is typed index_t; plain int literals promote correctly
+            return literal(e, DataType.Int32 if e.dtype == DataType.Int64 else e.dtype)
+        if isinstance(e, Var):
+            if e.name.startswith(("threadIdx.", "blockIdx.")):
+                return f"((index_t){e.name})"
+            return e.name
+        assert isinstance(e, Bin)
+        a, b = self.scalar(e.a), self.scalar(e.b)
+        if e.op == "ceilDiv":
+            return f"ceilDiv({a}, {b})"
+        if e.op in ("min", "max"):
+            return f"({a} {'<' if e.op == 'min' else '>'} {b} ? {a} : {b})"
+        return f"({a} {e.op} {b})"
+
+    def value(self, x, dt: DataType) -> str:
+        """An operand as a value of compute type ``dt``."""
+        if isinstance(x, TensorRef):
+            return self.ref(x)
+        if isinstance(x, Const):
+            return literal(x, dt)
+        return f"(({dt.value}){self.scalar(x)})"
+
+    def ref(self, r: TensorRef) -> str:
+        idx = self.scalar(r.index)
+        if r.tv.memory_type == MemoryType.Global:
+            return f"{r.tv.name}.data[{idx}]"
+        return f"{r.tv.name}[{idx}]"
+
+    def emit(self, s: str):
+        self.lines.append("  " * self.ind + s)
+
+    # ---------------------------------------------------------- nodes
+    def node(self, n):
+        getattr(self, "visit_" + type(n).__name__)(n)
+
+    def visit_ForLoop(self, n: ForLoop):
+        ext = self.scalar(n.extent)
+        if isinstance(n.extent, Const) and (n.extent.value <= 32 or n.unroll):
+            self.emit("#pragma unroll")
+        v = n.index.name
+        self.emit(f"for (index_t {v} = 0; {v} < {ext}; ++{v}) {{")
+        self.ind += 1
+        for c in n.body:
+            self.node(c)
+        self.ind -= 1
+        self.emit("}")
+
+    def visit_IfThenElse(self, n: IfThenElse):
+        self.emit(f"if ({self.scalar(n.cond)}) {{")
+        self.ind += 1
+        for c in n.then:
+            self.node(c)
+        self.ind -= 1
+        if n.else_:
+            self.emit("} else {")
+            self.ind += 1
+            for c in n.else_:
+                self.node(c)
+            self.ind -= 1
+        self.emit("}")
+
+    def visit_Allocate(self, n: Allocate):
+        t = n.tv.dtype.value
+        if n.memory == MemoryType.Shared:
+            self.emit(f"__shared__ __align__(16) {t} {n.tv.name}[{n.size}];")
+        else:
+            self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}];")
+
+    def visit_BlockSync(self, n: BlockSync):
+        self.emit(f"__syncthreads();  // {n.reason}")
+
+    def visit_BlockReduce(self, n: BlockReduce):
+        dt = n.expr.out.dtype
+        smem = f"red_smem{len(self.red_smem)}"
+        ydim = self.k.launch.get(ParallelType.TIDy)
+        rows = ydim.value if isinstance(ydim, Const) else 1
+        self.red_smem.append(f"__shared__ {dt.value} {smem}[{32 * rows}];")
+        r = self.ref(n.ref)
+        init = literal(n.expr.init, dt)
+        self.emit(f"{r} = cb::block_reduce_x({r}, {_RED[n.expr.op_name]}, {init}, {smem});")
+
+    def visit_Assign(self, a: Assign):
+        lhs = a.lhs
+        dt = lhs.tv.dtype
+        if lhs.vector > 1:
+            src = a.operands[0]
+            self.emit(f"cb::vec_copy<{lhs.vector}>(&{self.ref(lhs)}, &{self.ref(src)});")
+            return
+        if a.init is not None:
+            self.emit(f"{self.ref(lhs)} = {literal(a.init, dt)};")
+            return
+        e = a.expr
+        ops = a.operands
+        if isinstance(e, ReductionOp):
+            acc, x = self.ref(ops[0]), self.value(ops[1], dt)
+            rhs = f"{acc} + {x}" if e.op_name == "sum" else f"cb::{'maximum' if e.op_name == 'max' else 'minimum'}({acc}, {x})"
+        elif isinstance(e, (LoadStoreOp, BroadcastOp)):
+            rhs = self.value(ops[0], dt)
+        elif isinstance(e, CastOp):
+            rhs = f"cb::cast<{dt.value}>({self.value(ops[0], e.inputs[0].dtype)})"
+        elif isinstance(e, UnaryOp):
+            rhs = f"cb::{e.op_name}({self.value(ops[0], dt)})"
+        elif isinstance(e, BinaryOp):
+            cdt = _operand_type(e)
+            x, y = self.value(ops[0], cdt), self.value(ops[1], cdt)
+            if e.op_name in _BIN:
+                rhs = f"{x} {_BIN[e.op_name]} {y}"
+            else:
+                rhs = f"cb::{e.op_name}({x}, {y})"
+        elif isinstance(e, TernaryOp):
+            c = self.value(ops[0], DataType.Bool)
+            rhs = f"{c} ? {self.value(ops[1], dt)} : {self.value(ops[2], dt)}"
+        else:
+            raise AssertionError(f"no codegen for {type(e).__name__}")
+        self.emit(f"{self.ref(lhs)} = {rhs};")
+
+    # --------------------------------------------------------- kernel
+    def generate(self) -> str:
+        k = self.k
+        params = []
+        for p in k.tensor_params:
+            params.append(f"Tensor<{p.tv.dtype.value}, {p.tv.ndim}> {p.tv.name}")
+        for v in k.scalar_params:
+            params.append(f"{_SCALAR_T[v.dtype]} {v.name}")
+        self.ind = 1
+        for name, (pi, d) in sorted(k.extent_bindings.items(), key=lambda x: int(x[0][1:])):
+            self.emit(f"const index_t {name} = {k.tensor_params[pi].tv.name}.size[{d}];")
+        for n in k.body:
+            self.node(n)
+        body = self.lines
+        smem = ["  " + s for s in self.red_smem]
+        index_t = "int" if k.index_type == DataType.Int32 else "long long"
+        head = [
+            f"typedef {index_t} index_t;",
+            PRELUDE,
+            f'extern "C" __global__ void __launch_bounds__({max(k.max_threads, 1)}) {k.name}(',
+            "    " + ",\n    ".join(params) + ") {",
+        ]
+        return "\n".join(head + smem + body + ["}", ""])
+
+
+def _operand_type(e) -> DataType:
+    from ..ir import TensorView
+
+    for x in e.inputs:
+        if isinstance(x, TensorView):
+            return x.dtype
+    return e.out.dtype
+
+
+def codegen(kernel: Kernel) -> str:
+    """Entry: Kernel -> CUDA source (prelude included)."""
+    return CudaCodegen(kernel).generate()

@@ -1,0 +1,158 @@
+"""Pass 3: turn placed exprs into indexed assignments.
+
+Consumer indices are walked back from the loop indices through the recorded
+splits and merges to logical coordinates; producers are indexed at the
+mapped logical coordinates (global tensors through strides, buffers by
+replaying their own transforms forward, which the simplifier folds back).
+Each statement records the conditions under which it is in range.
+
+Before::
+
+    T3 = add(T1, T2)          // loop axes -> j0, threadIdx.x, blockIdx.x
+
+After::
+
+    T3[j0] = add(T1[j0], T2[((blockIdx.x * 128 + threadIdx.x) * 4 + j0) % i1])
+      pred: ((blockIdx.x * 128 + threadIdx.x) * 4 + j0) < (i0 * i1)
+"""
+
+from __future__ import annotations
+
+from ..ir import (
+    BroadcastOp,
+    Const,
+    MemoryType,
+    ReductionOp,
+    Scalar,
+    TensorView,
+    Var,
+    transform_history,
+)
+from ..ir.iterdomain import Merge, Split
+from .allocation import allocation_strides
+from .kir import Assign, BlockReduce, ExprStmt, Kernel, ReductionInit, TensorRef, rewrite
+
+
+def loop_to_ids(tv: TensorView, loop_index: dict) -> dict:
+    """Indices of every IterDomain in tv's history, from its loop axes' indices."""
+    idx = dict(loop_index)
+    for t in reversed(transform_history(tv)):
+        if isinstance(t, Split):
+            o, i = idx.get(t.outer.id, Const(0)), idx.get(t.inner.id, Const(0))
+            idx[t.in_.id] = o * t.inner.loop_extent + i
+        elif isinstance(t, Merge):
+            m = idx.get(t.out.id, Const(0))
+            ext = t.inner.loop_extent
+            idx[t.outer.id] = m // ext
+            idx[t.inner.id] = m % ext
+    return idx
+
+
+def logical_to_ids(tv: TensorView, logical_index: dict) -> dict:
+    """Forward: indices of tv's loop axes from its logical axes' indices."""
+    idx = dict(logical_index)
+    for t in transform_history(tv):
+        if isinstance(t, Split):
+            x = idx.get(t.in_.id, Const(0))
+            f = t.inner.loop_extent
+            idx[t.outer.id], idx[t.inner.id] = x // f, x % f
+        elif isinstance(t, Merge):
+            a, b = idx.get(t.outer.id, Const(0)), idx.get(t.inner.id, Const(0))
+            idx[t.out.id] = a * t.inner.loop_extent + b
+    return idx
+
+
+def predicate_terms(tv: TensorView, ids: dict) -> list[Scalar]:
+    """``index < extent`` for each split that may overrun its input.
+
+    A split whose input is the outer output of another predicated split is
+    implied by that one and skipped.
+    """
+    hist = [t for t in transform_history(tv) if isinstance(t, Split)]
+    guarded = set()
+    terms = []
+    for t in hist:  # outer-to-inner order: logical side first
+        if t.divisible():
+            continue
+        if t.in_.id in guarded:
+            guarded.add(t.outer.id)
+            continue
+        if t.in_.is_broadcast:
+            continue
+        terms.append(ids[t.in_.id].lt(t.in_.loop_extent))
+        guarded.add(t.outer.id)
+    return terms
+
+
+class _Indexer:
+    def __init__(self, kernel: Kernel):
+        self.k = kernel
+
+    def global_index(self, tv: TensorView, logical: dict) -> Scalar:
+        off = Const(0)
+        for d, ax in enumerate(tv.domain.no_reductions()):
+            if ax.is_broadcast:
+                continue
+            i = logical.get(ax.id, Const(0))
+            off = off + i * self.k.strides[(tv.name, d)]
+        return off
+
+    def buffer_index(self, tv: TensorView, ids: dict) -> Scalar:
+        off = Const(0)
+        for ax, s in allocation_strides(tv):
+            off = off + ids.get(ax.id, Const(0)) * s
+        return off
+
+    def ref_out(self, tv, index: dict, logical: dict) -> TensorRef:
+        if tv.memory_type == MemoryType.Global:
+            return TensorRef(tv, self.global_index(tv, logical))
+        return TensorRef(tv, self.buffer_index(tv, index))
+
+    def ref_in(self, e, p: TensorView, logical: dict) -> TensorRef:
+        plog = {}
+        for pa, ca in e.logical_map(p):
+            plog[pa.id] = logical.get(ca.id, Const(0))
+        if p.memory_type == MemoryType.Global:
+            return TensorRef(p, self.global_index(p, plog))
+        return TensorRef(p, self.buffer_index(p, logical_to_ids(p, plog)))
+
+    def lower(self, node):
+        if isinstance(node, ExprStmt):
+            e = node.expr
+            out = e.out
+            ids = loop_to_ids(out, node.index)
+            lhs = self.ref_out(out, node.index, ids)
+            ops = [self.ref_in(e, x, ids) if isinstance(x, TensorView) else x for x in e.inputs]
+            glob = any(isinstance(o, TensorRef) and o.tv.memory_type == MemoryType.Global for o in ops)
+            glob = glob or out.memory_type == MemoryType.Global
+            red = isinstance(e, ReductionOp)
+            if red:
+                ops = [lhs] + ops
+            if isinstance(e, BroadcastOp):
+                pass
+            return Assign(
+                lhs,
+                e,
+                ops,
+                pred=predicate_terms(out, ids),
+                touches_global=glob,
+                accumulate=red,
+            )
+        if isinstance(node, ReductionInit):
+            out = node.expr.out
+            ids = loop_to_ids(out, node.index)
+            return Assign(self.ref_out(out, node.index, ids), None, [], init=node.expr.init)
+        if isinstance(node, BlockReduce):
+            out = node.expr.out
+            ids = loop_to_ids(out, node.index)
+            node.ref = self.ref_out(out, node.index, ids)
+            return node
+        return None
+
+
+def lower_indexing(kernel: Kernel) -> Kernel:
+    """Entry: ExprStmt/ReductionInit -> Assign with explicit indices."""
+    _ = Var
+    ix = _Indexer(kernel)
+    kernel.body = rewrite(kernel.body, ix.lower)
+    return kernel

@@ -1,0 +1,208 @@
+"""Kernel IR: the loop nest the CUDA code is printed from.
+
+Nodes are plain classes. ``print(kernel)`` shows the nest, e.g.::
+
+    kernel pointwise_kernel(T0, T1) grid(ceilDiv(i0, 1024)) block(128)
+      alloc T2_l_bf16[8]
+      FOR j0 in 0..1 (unroll)
+        T2[j0 * 8] = vec8 T0[...]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import DataType, Expr, MemoryType, ParallelType, Scalar, TensorView, Var
+
+
+class Node:
+    def lines(self, ind: int) -> list[str]:
+        raise NotImplementedError
+
+
+def _block(nodes, ind):
+    out = []
+    for n in nodes:
+        out += n.lines(ind)
+    return out
+
+
+@dataclass(eq=False)
+class ForLoop(Node):
+    index: Var
+    extent: Scalar
+    body: list = field(default_factory=list)
+    ptype: ParallelType = ParallelType.Serial
+    key: int = -1  # loop class of the IterDomains this loop iterates
+    unroll: bool = False
+
+    def lines(self, ind):
+        tag = f" ({self.ptype.value})" if self.ptype != ParallelType.Serial else ""
+        tag += " unroll" if self.unroll else ""
+        head = "  " * ind + f"FOR {self.index} in 0..{self.extent}{tag}"
+        return [head] + _block(self.body, ind + 1)
+
+
+@dataclass(eq=False)
+class IfThenElse(Node):
+    cond: Scalar
+    then: list = field(default_factory=list)
+    else_: list = field(default_factory=list)
+
+    def lines(self, ind):
+        out = ["  " * ind + f"IF {self.cond}"] + _block(self.then, ind + 1)
+        if self.else_:
+            out += ["  " * ind + "ELSE"] + _block(self.else_, ind + 1)
+        return out
+
+
+@dataclass(eq=False)
+class Allocate(Node):
+    tv: TensorView
+    size: int
+    memory: MemoryType
+
+    def lines(self, ind):
+        return ["  " * ind + f"ALLOC {self.tv.name}_{self.memory.value}_{self.tv.dtype.short}[{self.size}]"]
+
+
+@dataclass(eq=False)
+class ExprStmt(Node):
+    """A fusion expr placed in the nest, before indexing.
+    ``index`` maps the ids of the output's loop axes to index scalars."""
+
+    expr: Expr
+    index: dict
+
+    def lines(self, ind):
+        return ["  " * ind + str(self.expr)]
+
+
+@dataclass(eq=False)
+class ReductionInit(Node):
+    expr: Expr
+    index: dict
+
+    def lines(self, ind):
+        return ["  " * ind + f"{self.expr.out.name} = {self.expr.init}  // init"]
+
+
+@dataclass(eq=False)
+class BlockReduce(Node):
+    """Combine the partial results of a reduction across thread axes."""
+
+    expr: Expr
+    index: dict
+    ptypes: tuple
+    threads: int = 0
+    ref: object = None  # TensorRef after indexing
+
+    def lines(self, ind):
+        axes = ",".join(p.value for p in self.ptypes)
+        tgt = self.ref if self.ref is not None else self.expr.out.name
+        return ["  " * ind + f"{tgt} = block_reduce[{axes}]({self.expr.op_name})"]
+
+
+@dataclass(eq=False)
+class TensorRef:
+    """``tv[index]``; ``vector`` > 1 reads/writes that many elements at once."""
+
+    tv: TensorView
+    index: Scalar
+    vector: int = 1
+
+    def __str__(self):
+        v = f"vec{self.vector} " if self.vector > 1 else ""
+        return f"{v}{self.tv.name}[{self.index}]"
+
+
+@dataclass(eq=False)
+class Assign(Node):
+    """``lhs = op(operands)`` after indexing. ``op`` is the fusion expr (None for
+    a plain copy or an init); ``operands`` are TensorRefs and Scalars."""
+
+    lhs: TensorRef
+    expr: Expr | None
+    operands: list
+    pred: list = field(default_factory=list)  # conditions that must hold
+    touches_global: bool = False
+    accumulate: bool = False  # reduction update: lhs = lhs op rhs
+    init: Scalar | None = None
+
+    def lines(self, ind):
+        if self.init is not None:
+            rhs = str(self.init)
+        else:
+            args = ", ".join(str(o) for o in self.operands)
+            rhs = f"{self.expr.op_name}({args})" if self.expr is not None else args
+        return ["  " * ind + f"{self.lhs} = {rhs}"]
+
+
+@dataclass(eq=False)
+class BlockSync(Node):
+    reason: str = ""
+
+    def lines(self, ind):
+        return ["  " * ind + f"BLOCK_SYNC  // {self.reason}"]
+
+
+@dataclass
+class TensorParam:
+    tv: TensorView
+    is_output: bool
+
+
+@dataclass(eq=False)
+class Kernel:
+    """A lowered kernel and its signature (what the runtime needs to launch it)."""
+
+    name: str
+    body: list
+    tensor_params: list  # TensorParam, inputs then outputs
+    scalar_params: list  # Var
+    launch: dict  # ParallelType -> Scalar extent
+    extent_bindings: dict  # extent name -> (param index, dim)
+    strides: dict  # (tv name, dim) -> Scalar stride expression
+    index_type: DataType = DataType.Int32
+    smem_bytes: int = 0
+    max_threads: int = 0
+
+    def __str__(self):
+        grid = [str(self.launch.get(p, 1)) for p in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)]
+        block = [str(self.launch.get(p, 1)) for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)]
+        params = ", ".join([p.tv.name for p in self.tensor_params] + [v.name for v in self.scalar_params])
+        head = f"kernel {self.name}({params}) grid({', '.join(grid)}) block({', '.join(block)})"
+        return "\n".join([head] + _block(self.body, 1))
+
+
+def walk(nodes, fn, stack=None):
+    """Call ``fn(node, stack)`` for every node, pre-order; ``stack`` holds the
+    enclosing ForLoop/IfThenElse nodes."""
+    stack = [] if stack is None else stack
+    for n in list(nodes):
+        fn(n, stack)
+        if isinstance(n, ForLoop):
+            walk(n.body, fn, stack + [n])
+        elif isinstance(n, IfThenElse):
+            walk(n.then, fn, stack + [n])
+            walk(n.else_, fn, stack + [n])
+
+
+def rewrite(nodes, fn) -> list:
+    """Rebuild a node list: ``fn(node)`` returns a node, a list of nodes, or
+    None to keep the node (children are rewritten first)."""
+    out = []
+    for n in nodes:
+        if isinstance(n, ForLoop):
+            n.body = rewrite(n.body, fn)
+        elif isinstance(n, IfThenElse):
+            n.then = rewrite(n.then, fn)
+            n.else_ = rewrite(n.else_, fn)
+        r = fn(n)
+        if r is None:
+            out.append(n)
+        elif isinstance(r, list):
+            out.extend(r)
+        else:
+            out.append(r)
+    return out

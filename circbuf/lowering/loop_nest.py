@@ -1,0 +1,289 @@
+"""Pass 1: build the loop nest from loop domains and inline positions.
+
+Each expr is placed in the loops of its output's loop domain. Axis ``k`` of a
+producer inlined at position ``p > k`` is the same loop as axis ``k`` of its
+consumer (loops are found by their loop class). Grid and block axes become
+``blockIdx``/``threadIdx``; broadcast axes nobody shares get no loop.
+
+Before (scheduled fusion, softmax row)::
+
+    T2_l[iblockIdx.x, rS{ceilDiv(i1, 128)}, rthreadIdx.x{128}] ca_pos(1) = max(T1)
+    T4_l[iblockIdx.x, iS, ithreadIdx.x] ca_pos(3) = exp(T1 - T3)
+    T5_l[iblockIdx.x, rS, rthreadIdx.x] ca_pos(1) = sum(T4)
+
+After::
+
+    T2 = -inf  // init
+    FOR j0 in 0..ceilDiv(i1, 128)
+      T2 = max(T2, T1)
+    T2 = block_reduce[threadIdx.x](max)
+    T5 = 0  // init
+    FOR j1 in 0..ceilDiv(i1, 128)
+      T4 = exp(T1 - T3)
+      T5 = sum(T5, T4)
+    T5 = block_reduce[threadIdx.x](sum)
+"""
+
+from __future__ import annotations
+
+from ..ir import CircbufError, Const, Fusion, ParallelType, ReductionOp, TensorView, Var, simplify
+from ..ir.scalar import is_const
+from .kir import BlockReduce, ExprStmt, ForLoop, Kernel, ReductionInit, TensorParam
+
+
+class _UnionFind:
+    def __init__(self):
+        self.parent = {}
+
+    def find(self, i):
+        p = self.parent.setdefault(i, i)
+        while p != self.parent[p]:
+            self.parent[p] = self.parent[self.parent[p]]
+            p = self.parent[p]
+        self.parent[i] = p
+        return p
+
+    def union(self, a, b):
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[ra] = rb
+
+
+def _same_extent(a, b) -> bool:
+    return simplify(a.loop_extent) == simplify(b.loop_extent)
+
+
+def _check_inline(p: TensorView, c: TensorView, k: int):
+    a, b = p.loop[k], c.loop[k]
+    if not _same_extent(a, b):
+        raise CircbufError(
+            f"{p.name} is inlined at position {p.compute_at_pos} into {c.name}, but loop axis {k} "
+            f"differs: {a} vs {b} (transform both alike or lower the inline position)"
+        )
+    if a.parallel_type != b.parallel_type and (
+        a.parallel_type.is_grid_or_block or b.parallel_type.is_grid_or_block
+    ):
+        raise CircbufError(
+            f"{p.name} is inlined into {c.name} but axis {k} is parallelized differently: "
+            f"{a.parallel_type.name} vs {b.parallel_type.name}"
+        )
+
+
+def _first_reduction_axis(tv):
+    for k, ax in enumerate(tv.loop):
+        if ax.is_reduction:
+            return k
+    return None
+
+
+def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
+    """Entry: scheduled fusion -> Kernel holding ExprStmts in loops."""
+    exprs = fusion.exprs()
+    uf = _UnionFind()
+    members: dict[int, int] = {}
+    for e in exprs:
+        c = e.out
+        for p in e.tv_inputs():
+            if p.is_input:
+                continue
+            if p.compute_at_pos > len(p.loop) or p.compute_at_pos > len(c.loop):
+                raise CircbufError(
+                    f"{p.name}: inline position {p.compute_at_pos} exceeds the loop axes of "
+                    f"{p.name} or its consumer {c.name}"
+                )
+            r = _first_reduction_axis(p)
+            if r is not None and p.compute_at_pos > r:
+                raise CircbufError(
+                    f"{p.name}: cannot inline past its reduction axis {r} into {c.name}; "
+                    f"inline at {r} or less"
+                )
+            for k in range(p.compute_at_pos):
+                _check_inline(p, c, k)
+                uf.union(p.loop[k].id, c.loop[k].id)
+    for e in exprs:
+        for ax in e.out.loop:
+            r = uf.find(ax.id)
+            members[r] = members.get(r, 0) + 1
+    shared = {r for r, n in members.items() if n > 1}
+
+    launch: dict = {}
+    counter = [0]
+    body: list = []
+
+    def new_loop(ax, key):
+        v = Var(f"j{counter[0]}", lo=0, hi=ax.loop_extent)
+        counter[0] += 1
+        return ForLoop(v, ax.loop_extent, [], ax.parallel_type, key)
+
+    for e in exprs:
+        out = e.out
+        if isinstance(e, ReductionOp):
+            _check_reduction(out)
+        cur = body
+        index = {}
+        anchor = None  # (list, loop or None) where a reduction's init goes
+        for ax in out.loop:
+            pt = ax.parallel_type
+            if ax.is_reduction and anchor is None:
+                anchor = (cur, None)
+            if pt.is_grid_or_block:
+                ext = simplify(ax.loop_extent)
+                if pt in launch and launch[pt] != ext and not ax.is_broadcast:
+                    raise CircbufError(
+                        f"{out.name}: axis {ax} is bound to {pt.value} with extent {ext}, "
+                        f"but another axis bound to it has extent {launch[pt]}"
+                    )
+                if not ax.is_broadcast or pt not in launch:
+                    launch.setdefault(pt, ext)
+                hi = ext if isinstance(ext, Const) else None
+                index[ax.id] = Var(pt.value, lo=0, hi=hi)
+                continue
+            key = uf.find(ax.id)
+            if (ax.is_broadcast and key not in shared) or is_const(ax.loop_extent, 1):
+                index[ax.id] = Const(0)
+                continue
+            loop = None
+            if key in shared:
+                loop = next((n for n in reversed(cur) if isinstance(n, ForLoop) and n.key == key), None)
+            if loop is None:
+                loop = new_loop(ax, key)
+                cur.append(loop)
+            if anchor is not None and anchor[1] is None and anchor[0] is cur:
+                anchor = (cur, loop)
+            index[ax.id] = loop.index
+            cur = loop.body
+        stmt = ExprStmt(e, index)
+        cur.append(stmt)
+        if isinstance(e, ReductionOp):
+            _place_reduction(e, index, anchor, stmt, launch)
+
+    body = _sort_body(body)
+    params = [TensorParam(t, False) for t in fusion.inputs if isinstance(t, TensorView)]
+    params += [TensorParam(t, True) for t in fusion.outputs]
+    scalars = [v for v in fusion.inputs if not isinstance(v, TensorView)]
+    bindings = {}
+    for k, p in enumerate(params):
+        if p.is_output:
+            continue
+        for d, ax in enumerate(p.tv.domain.no_reductions()):
+            if isinstance(ax.extent, Var):
+                bindings.setdefault(ax.extent.name, (k, d))
+    threads = 1
+    for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
+        ext = launch.get(pt)
+        if ext is not None:
+            if not isinstance(ext, Const):
+                raise CircbufError(f"the extent bound to {pt.value} must be a constant, got {ext}")
+            threads *= ext.value
+    if threads > 1024:
+        raise CircbufError(f"{threads} threads per block exceeds the limit of 1024")
+    return Kernel(
+        name=name,
+        body=body,
+        tensor_params=params,
+        scalar_params=scalars,
+        launch=launch,
+        extent_bindings=bindings,
+        strides={},
+        max_threads=threads,
+    )
+
+
+def _check_reduction(out: TensorView):
+    seen_red = False
+    for ax in out.loop:
+        if ax.is_reduction:
+            seen_red = True
+            if ax.parallel_type.is_block:
+                raise CircbufError(
+                    f"{out.name}: reduction axis {ax} is bound to {ax.parallel_type.value}; "
+                    "grid reductions are not supported"
+                )
+        elif seen_red and not ax.is_broadcast and not is_const(ax.loop_extent, 1):
+            if not ax.parallel_type.is_grid_or_block:
+                raise CircbufError(
+                    f"{out.name}: iteration axis {ax} is inside a reduction axis; "
+                    "reorder the reduction axes innermost"
+                )
+
+
+def _place_reduction(e, index, anchor, stmt, launch):
+    out = e.out
+    tid = tuple(ax.parallel_type for ax in out.loop if ax.is_reduction and ax.parallel_type.is_thread)
+    body, loop = anchor
+    init = ReductionInit(e, index)
+    if loop is not None:
+        pos = body.index(loop)
+        body.insert(pos, init)
+        after = pos + 2
+    else:
+        pos = body.index(stmt)
+        body.insert(pos, init)
+        after = pos + 2
+    if tid:
+        if tid != (ParallelType.TIDx,):
+            raise CircbufError(f"{out.name}: block reductions are supported over threadIdx.x only")
+        n = launch.get(ParallelType.TIDx)
+        if not isinstance(n, Const) or n.value % 32:
+            raise CircbufError(
+                f"{out.name}: a reduction over threadIdx.x needs a multiple of 32 threads, got {n}"
+            )
+        body.insert(after, BlockReduce(e, index, tid, n.value))
+
+
+def _summary(node, defs, reads):
+    if isinstance(node, ExprStmt):
+        defs.add(id(node.expr.out))
+        reads.update(id(t) for t in node.expr.tv_inputs())
+    elif isinstance(node, ForLoop):
+        for c in node.body:
+            _summary(c, defs, reads)
+
+
+def _sort_body(nodes: list) -> list:
+    """Order siblings so every tensor is defined before it is read.
+
+    Exprs are placed into existing loops by loop class, which can put a
+    loop nest ahead of a sibling that produces its input; a stable
+    topological sort of each body (smallest original position first) fixes
+    that without reordering independent nodes. A reduction's init precedes
+    the node that accumulates it and its block reduction follows it.
+    """
+    for n in nodes:
+        if isinstance(n, ForLoop):
+            n.body = _sort_body(n.body)
+    info = []
+    for n in nodes:
+        d, r = set(), set()
+        if isinstance(n, ReductionInit):
+            info.append(({("init", id(n.expr.out))}, set()))
+            continue
+        if isinstance(n, BlockReduce):
+            info.append(({("br", id(n.expr.out))}, {id(n.expr.out)}))
+            continue
+        _summary(n, d, r)
+        info.append((d, r - d))
+    definer, br, init = {}, {}, {}
+    for k, (d, _) in enumerate(info):
+        for x in d:
+            if isinstance(x, tuple):
+                (br if x[0] == "br" else init)[x[1]] = k
+            else:
+                definer[x] = k
+    preds = [set() for _ in nodes]
+    for k, (d, r) in enumerate(info):
+        for x in r:
+            src = br.get(x, definer.get(x))
+            if isinstance(nodes[k], BlockReduce):
+                src = definer.get(x)
+            if src is not None and src != k:
+                preds[k].add(src)
+        for x in d:
+            if not isinstance(x, tuple) and x in init:
+                preds[k].add(init[x])
+    out, done = [], set()
+    while len(out) < len(nodes):
+        k = next(k for k in range(len(nodes)) if k not in done and preds[k] <= done)
+        done.add(k)
+        out.append(nodes[k])
+    return out

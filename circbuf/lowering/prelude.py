@@ -1,0 +1,124 @@
+"""The self-contained device library every kernel starts with.
+
+NVRTC from PyPI ships no headers, so the 16-bit float types, conversions
+(through PTX ``cvt``), math wrappers with torch's NaN behaviour, vector
+copies and the block reduction live here. Kernels call these by name; the
+kernel body itself is generated from the kernel IR.
+"""
+
+PRELUDE = r"""
+// ---- circbuf prelude (self-contained: NVRTC from PyPI has no headers) ----
+struct __align__(2) cb_bfloat16 { unsigned short raw; };
+struct __align__(2) cb_half { unsigned short raw; };
+
+template <typename T, int N> struct Tensor { T* data; index_t size[N]; index_t stride[N]; };
+template <typename T> struct Tensor<T, 0> { T* data; };
+
+__device__ __forceinline__ index_t ceilDiv(index_t a, index_t b) { return (a + b - 1) / b; }
+
+namespace cb {
+
+__device__ __forceinline__ float bf16_to_float(cb_bfloat16 x) {
+  return __uint_as_float(((unsigned)x.raw) << 16);
+}
+__device__ __forceinline__ cb_bfloat16 float_to_bf16(float f) {
+  cb_bfloat16 r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.raw) : "f"(f)); return r;
+}
+__device__ __forceinline__ float half_to_float(cb_half x) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.raw)); return f;
+}
+__device__ __forceinline__ cb_half float_to_half(float f) {
+  cb_half r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.raw) : "f"(f)); return r;
+}
+
+template <typename To, typename From> struct Caster {
+  static __device__ __forceinline__ To run(From x) { return static_cast<To>(x); }
+};
+template <typename From> struct Caster<cb_bfloat16, From> {
+  static __device__ __forceinline__ cb_bfloat16 run(From x) { return float_to_bf16(static_cast<float>(x)); }
+};
+template <typename To> struct Caster<To, cb_bfloat16> {
+  static __device__ __forceinline__ To run(cb_bfloat16 x) { return static_cast<To>(bf16_to_float(x)); }
+};
+template <typename From> struct Caster<cb_half, From> {
+  static __device__ __forceinline__ cb_half run(From x) { return float_to_half(static_cast<float>(x)); }
+};
+template <typename To> struct Caster<To, cb_half> {
+  static __device__ __forceinline__ To run(cb_half x) { return static_cast<To>(half_to_float(x)); }
+};
+template <> struct Caster<cb_bfloat16, cb_bfloat16> {
+  static __device__ __forceinline__ cb_bfloat16 run(cb_bfloat16 x) { return x; }
+};
+template <> struct Caster<cb_half, cb_half> {
+  static __device__ __forceinline__ cb_half run(cb_half x) { return x; }
+};
+template <> struct Caster<cb_bfloat16, cb_half> {
+  static __device__ __forceinline__ cb_bfloat16 run(cb_half x) { return float_to_bf16(half_to_float(x)); }
+};
+template <> struct Caster<cb_half, cb_bfloat16> {
+  static __device__ __forceinline__ cb_half run(cb_bfloat16 x) { return float_to_half(bf16_to_float(x)); }
+};
+template <typename To, typename From> __device__ __forceinline__ To cast(From x) {
+  return Caster<To, From>::run(x);
+}
+
+__device__ __forceinline__ float exp(float x) { return ::expf(x); }
+__device__ __forceinline__ double exp(double x) { return ::exp(x); }
+__device__ __forceinline__ float log(float x) { return ::logf(x); }
+__device__ __forceinline__ double log(double x) { return ::log(x); }
+__device__ __forceinline__ float sqrt(float x) { return ::sqrtf(x); }
+__device__ __forceinline__ double sqrt(double x) { return ::sqrt(x); }
+__device__ __forceinline__ float rsqrt(float x) { return ::rsqrtf(x); }
+__device__ __forceinline__ double rsqrt(double x) { return ::rsqrt(x); }
+__device__ __forceinline__ float tanh(float x) { return ::tanhf(x); }
+__device__ __forceinline__ double tanh(double x) { return ::tanh(x); }
+__device__ __forceinline__ float abs(float x) { return ::fabsf(x); }
+__device__ __forceinline__ double abs(double x) { return ::fabs(x); }
+__device__ __forceinline__ int abs(int x) { return x < 0 ? -x : x; }
+__device__ __forceinline__ long long abs(long long x) { return x < 0 ? -x : x; }
+template <typename T> __device__ __forceinline__ T neg(T x) { return -x; }
+template <typename T> __device__ __forceinline__ T relu(T x) { return x <= T(0) ? T(0) : x; }
+template <typename T> __device__ __forceinline__ T sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
+template <typename T> __device__ __forceinline__ T silu(T x) { return x / (T(1) + exp(-x)); }
+__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + ::erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ double gelu(double x) { return 0.5 * x * (1.0 + ::erf(x * 0.70710678118654752)); }
+// NaN-propagating, as torch.maximum / torch.max
+template <typename T> __device__ __forceinline__ T maximum(T a, T b) {
+  return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
+}
+template <typename T> __device__ __forceinline__ T minimum(T a, T b) {
+  return (a != a) ? a : ((b != b) ? b : (a < b ? a : b));
+}
+
+struct AddOp { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
+struct MaxOp { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return maximum(a, b); } };
+struct MinOp { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return minimum(a, b); } };
+
+template <typename T, int N> struct alignas(sizeof(T) * N) Array { T v[N]; };
+
+// dst[0..N) = src[0..N) as one access of N * sizeof(T) bytes
+template <int N, typename T> __device__ __forceinline__ void vec_copy(T* dst, const T* src) {
+  *reinterpret_cast<Array<T, N>*>(dst) = *reinterpret_cast<const Array<T, N>*>(src);
+}
+
+// Reduce v over threadIdx.x (blockDim.x a multiple of 32), separately for each
+// threadIdx.y row; every thread gets the result. smem holds 32 * blockDim.y values.
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce_x(T v, Op op, T init, T* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (nwarps == 1) return v;
+  T* row = smem + threadIdx.y * 32;
+  __syncthreads();  // an earlier reduction may still be reading smem
+  if (lane == 0) row[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? row[lane] : init;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace cb
+// ---- end of prelude ----
+"""

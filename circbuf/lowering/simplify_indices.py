@@ -1,0 +1,33 @@
+"""Pass 6: simplify every index and condition in the kernel.
+
+Before::  T2[((((j0 * 128) + threadIdx.x) * 8) / 8) % 128]
+After::   T2[threadIdx.x]
+"""
+
+from __future__ import annotations
+
+from ..ir import simplify
+from .kir import Assign, BlockReduce, ForLoop, IfThenElse, Kernel, TensorRef, walk
+
+
+def simplify_indices(kernel: Kernel) -> Kernel:
+    """Entry: simplify indices, conditions and loop extents in place."""
+
+    def ref(r):
+        if isinstance(r, TensorRef):
+            r.index = simplify(r.index)
+
+    def fn(node, _stack):
+        if isinstance(node, Assign):
+            ref(node.lhs)
+            for o in node.operands:
+                ref(o)
+        elif isinstance(node, BlockReduce):
+            ref(node.ref)
+        elif isinstance(node, IfThenElse):
+            node.cond = simplify(node.cond)
+        elif isinstance(node, ForLoop):
+            node.extent = simplify(node.extent)
+
+    walk(kernel.body, fn)
+    return kernel

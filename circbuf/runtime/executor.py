@@ -1,0 +1,374 @@
+"""FusionExecutor: bind inputs, schedule, lower, compile, cache and launch.
+
+Two caches:
+
+- plans, keyed by the exact inputs' dtypes, shapes, strides and pointer
+  alignment: a ready launch (grid, outputs, packed arguments); a hit costs a
+  dict lookup, output allocation and one ``cuLaunchKernel``;
+- compiled kernels, keyed by heuristic params + layout specialization
+  (contiguity, index type, arch): new shapes with the same params reuse them.
+
+Cubins are also cached on disk by NVRTC source hash (see ``nvrtc.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import struct
+from dataclasses import dataclass, field
+
+from .. import knobs
+from ..ir import CircbufError, DataType, Fusion, ParallelType, TensorView, Var, evaluate
+from ..lowering import codegen, lower
+from ..scheduler import InputInfo, TensorInfo
+from ..scheduler.registry import compute_params
+from ..scheduler.utils import canonicalize_extents
+
+_INT32_LIMIT = 2**31 - 1
+
+
+def torch_dtype(dt: DataType):
+    import torch
+
+    return {
+        DataType.Float: torch.float32,
+        DataType.Double: torch.float64,
+        DataType.Half: torch.float16,
+        DataType.BFloat16: torch.bfloat16,
+        DataType.Int32: torch.int32,
+        DataType.Int64: torch.int64,
+        DataType.Bool: torch.bool,
+    }[dt]
+
+
+@dataclass
+class CompiledKernel:
+    """Every stage of one compile: ``fusion_ir``, ``transforms``, ``params``,
+    ``kernel_ir``, ``cuda`` (source) and ``cubin`` (bytes) for ``arch``."""
+
+    name: str
+    arch: str
+    params: object
+    fusion_ir: str
+    transforms: str
+    kernel: object
+    cuda: str
+    cubin: bytes
+    _loaded: object = field(default=None, repr=False)
+
+    @property
+    def kernel_ir(self) -> str:
+        return str(self.kernel)
+
+    def loaded(self):
+        if self._loaded is None:
+            from .driver import LoadedKernel
+
+            self._loaded = LoadedKernel(self.cubin, self.name, self.kernel.smem_bytes)
+        return self._loaded
+
+    def sass(self) -> str:
+        """Disassembly through ``cuobjdump -sass`` (PyPI nvidia-cuda-cuobjdump)."""
+        from .tools import cuobjdump
+
+        return cuobjdump(self.cubin, "-sass")
+
+    def resource_usage(self) -> dict:
+        """REG, STACK, SHARED, LOCAL of the kernel from ``cuobjdump -res-usage``."""
+        from .tools import resource_usage
+
+        return resource_usage(self.cubin)
+
+
+class _Plan:
+    """A launch for one exact input signature."""
+
+    __slots__ = ("ck", "grid", "block", "smem", "out_specs", "argbuf", "argptrs", "ptr_offsets",
+                 "scalar_slots", "empty", "device")
+
+    def run(self, executor, inputs):
+        import torch
+
+        outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in self.out_specs]
+        if self.empty:
+            return outs
+        buf = self.argbuf
+        k = 0
+        for x in inputs:
+            if isinstance(x, torch.Tensor):
+                struct.pack_into("<Q", buf, self.ptr_offsets[k], x.data_ptr())
+                k += 1
+        for o in outs:
+            struct.pack_into("<Q", buf, self.ptr_offsets[k], o.data_ptr())
+            k += 1
+        for pos, fmt, off in self.scalar_slots:
+            struct.pack_into(fmt, buf, off, inputs[pos])
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self.ck.loaded().launch(self.grid, self.block, 0, stream, ctypes.addressof(self.argptrs))
+        return outs
+
+
+class FusionExecutor:
+    """Compiles and runs one Fusion; held by a FusionDefinition."""
+
+    MAX_PLANS = 4096
+
+    def __init__(self, fusion: Fusion):
+        self.fusion = fusion
+        self.n_inputs = len(fusion.inputs)
+        self._plans: dict = {}
+        self._compiled: dict = {}
+        self.last: CompiledKernel | None = None
+
+    # ------------------------------------------------------------- bind
+    def _bind(self, inputs, need_cuda: bool):
+        import torch
+
+        f = self.fusion
+        if not isinstance(inputs, (list, tuple)):
+            raise CircbufError("inputs must be a list of tensors and scalars")
+        if len(inputs) != self.n_inputs:
+            names = ", ".join(x.name for x in f.inputs)
+            raise CircbufError(f"expected {self.n_inputs} inputs ({names}), got {len(inputs)}")
+        env: dict = {}
+        where: dict = {}
+        infos = []
+        device = None
+        for k, (d, x) in enumerate(zip(f.inputs, inputs)):
+            if isinstance(d, Var):
+                if isinstance(x, torch.Tensor) or not isinstance(x, (int, float, bool)):
+                    raise CircbufError(f"input {k} ({d.name}) is a scalar; got {type(x).__name__}")
+                infos.append(None)
+                continue
+            label = f"input {k} ({d.name})"
+            if not isinstance(x, torch.Tensor):
+                raise CircbufError(f"{label} must be a torch.Tensor, got {type(x).__name__}")
+            if x.dtype != torch_dtype(d.dtype):
+                raise CircbufError(f"{label}: dtype {x.dtype} does not match the definition's {d.dtype.name}")
+            if x.dim() != d.ndim:
+                raise CircbufError(f"{label}: rank {x.dim()} does not match the definition's rank {d.ndim}")
+            if need_cuda and not x.is_cuda:
+                raise CircbufError(
+                    f"{label} is on {x.device}; execute needs CUDA tensors (compile() accepts CPU tensors)"
+                )
+            if device is None:
+                device = x.device
+            elif x.device != device:
+                raise CircbufError(f"{label} is on {x.device} but earlier inputs are on {device}")
+            for a, (ax, size) in enumerate(zip(d.logical, x.shape)):
+                if ax.is_broadcast:
+                    if size != 1:
+                        raise CircbufError(f"{label}: axis {a} is defined as broadcast (1) but has size {size}")
+                elif isinstance(ax.extent, Var):
+                    env[ax.extent.name] = size
+                    where[ax.extent.name] = f"axis {a} of {d.name}"
+                elif size != ax.extent.value:
+                    raise CircbufError(f"{label}: axis {a} has size {size}, the definition fixes {ax.extent.value}")
+                c = d.domain.contiguity[a]
+                if c is True and size > 1 and x.stride(a) != _contig_stride(x, a):
+                    raise CircbufError(f"{label}: axis {a} is defined contiguous but its stride is {x.stride(a)}")
+            align = 16
+            ptr = x.data_ptr()
+            while align > 1 and ptr % align:
+                align //= 2
+            infos.append(TensorInfo(tuple(x.shape), tuple(x.stride()), x.element_size(), align))
+        for a, b in f.extent_equalities:
+            va, vb = evaluate(a, env), evaluate(b, env)
+            if va != vb:
+                raise CircbufError(
+                    f"extent {a} ({where.get(str(a), a)}) = {va} and extent {b} "
+                    f"({where.get(str(b), b)}) = {vb} must be equal: the fusion combines them elementwise"
+                )
+        return InputInfo(tuple(infos), env), device
+
+    # ---------------------------------------------------------- compile
+    def _layout(self, info: InputInfo, out_shapes):
+        contig = []
+        biggest = 0
+        for t in info.tensors:
+            if t is None:
+                continue
+            contig.append(tuple(_is_contig(t.sizes, t.strides, d) for d in range(len(t.sizes))))
+            if all(s > 0 for s in t.sizes):
+                biggest = max(biggest, sum((s - 1) * abs(st) for s, st in zip(t.sizes, t.strides)) + 1)
+        for shape in out_shapes:
+            contig.append(tuple(True for _ in shape))
+            n = 1
+            for s in shape:
+                n *= s
+            biggest = max(biggest, n)
+        index_type = DataType.Int32 if biggest < _INT32_LIMIT // 2 else DataType.Int64
+        return tuple(contig), index_type
+
+    def _out_shapes(self, env):
+        return [tuple(evaluate(i.extent, env) for i in o.domain.no_reductions()) for o in self.fusion.outputs]
+
+    def _compile(self, info: InputInfo, arch: str) -> CompiledKernel:
+        out_shapes = self._out_shapes(info.extents)
+        contig, index_type = self._layout(info, out_shapes)
+        manual = self.fusion.manual_schedule
+        fusion = self.fusion if manual else copy.deepcopy(self.fusion)
+        overrides = dict(self.fusion.schedule_overrides)
+        fusion_ir = self.fusion.print_math()
+        if manual:
+            if overrides:
+                raise CircbufError("schedule() overrides do not apply to a manually scheduled fusion")
+            sched, params = None, None
+        else:
+            canonicalize_extents(fusion)
+            sched, params = compute_params(fusion, info, overrides)
+        key = (params, contig, index_type, arch, id(self.fusion) if manual else None)
+        ck = self._compiled.get(key)
+        if ck is not None:
+            return ck
+        knobs.dump("fusion_ir", fusion_ir)
+        if sched is not None:
+            knobs.dump("params", params)
+            sched.schedule(fusion, params)
+        transforms = fusion.print_transforms()
+        knobs.dump("transforms", transforms)
+        name = f"circbuf_{sched.name if sched else 'manual'}"
+        kernel = lower(fusion, contiguity=contig, index_type=index_type, name=name)
+        knobs.dump("kernel_ir", kernel)
+        src = codegen(kernel)
+        knobs.dump("cuda", src)
+        from .nvrtc import compile_cuda
+
+        cubin = compile_cuda(src, arch, name + ".cu")
+        ck = CompiledKernel(name, arch, params, fusion_ir, transforms, kernel, src, cubin)
+        self._compiled[key] = ck
+        return ck
+
+    def compile(self, inputs, arch: str | None = None) -> CompiledKernel:
+        """Compile for ``inputs`` (CPU tensors are fine) without launching."""
+        info, _ = self._bind(inputs, need_cuda=False)
+        if arch is None:
+            arch = _default_arch()
+        ck = self._compile(info, arch)
+        self.last = ck
+        return ck
+
+    # ---------------------------------------------------------- execute
+    def _key(self, inputs):
+        import torch
+
+        key = [self.fusion.schedule_overrides.__repr__()]
+        for x in inputs:
+            if isinstance(x, torch.Tensor):
+                key.append((x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.device))
+            else:
+                key.append(type(x))
+        return tuple(key)
+
+    def execute(self, inputs):
+        if not isinstance(inputs, (list, tuple)) or len(inputs) != self.n_inputs:
+            self._bind(inputs, need_cuda=True)  # raises the full message
+        key = self._key(inputs)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._make_plan(inputs)
+            if len(self._plans) >= self.MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan.run(self, inputs)
+
+    def _make_plan(self, inputs) -> _Plan:
+        import torch
+
+        info, device = self._bind(inputs, need_cuda=True)
+        if device is None:
+            raise CircbufError("execute needs at least one CUDA tensor input")
+        from .driver import device_arch
+
+        with torch.cuda.device(device):
+            ck = self._compile(info, device_arch())
+            ck.loaded()
+        self.last = ck
+        k = ck.kernel
+        env = dict(info.extents)
+        p = _Plan()
+        p.ck, p.device = ck, device
+        out_shapes = self._out_shapes(env)
+        p.out_specs = [(s, torch_dtype(o.dtype)) for s, o in zip(out_shapes, self.fusion.outputs)]
+        ev = {name: env[name] for name in env}
+        p.grid = tuple(_launch_dim(k.launch.get(pt), ev) for pt in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz))
+        p.block = tuple(_launch_dim(k.launch.get(pt), ev) for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz))
+        p.smem = k.smem_bytes
+        numel_zero = any(0 in s for s in out_shapes)
+        p.empty = numel_zero or 0 in p.grid
+        if max(p.grid[1:]) > 65535 or p.grid[0] > _INT32_LIMIT:
+            raise CircbufError(f"grid {p.grid} exceeds the launch limits")
+        knobs.dump("launch", f"{ck.name}: grid {p.grid} block {p.block} smem {p.smem}")
+        # argument buffer: each tensor param is {T* data; index_t size[N]; index_t stride[N]}
+        ifmt = "i" if k.index_type == DataType.Int32 else "q"
+        blobs, p.ptr_offsets, p.scalar_slots = [], [], []
+        tensors = [t for t in info.tensors if t is not None]
+        sizes_strides = [(t.sizes, t.strides) for t in tensors]
+        for s in out_shapes:
+            sizes_strides.append((s, _contig_strides(s)))
+        off = 0
+        for sizes, strides in sizes_strides:
+            blob = struct.pack(f"<Q{len(sizes)}{ifmt}{len(sizes)}{ifmt}", 0, *sizes, *strides)
+            blob += b"\0" * (-len(blob) % 8)
+            p.ptr_offsets.append(off)
+            blobs.append((off, blob))
+            off += len(blob)
+        scal_pos = [i for i, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
+        for pos in scal_pos:
+            v = self.fusion.inputs[pos]
+            fmt = {DataType.Double: "<d", DataType.Float: "<f", DataType.Int64: "<q",
+                   DataType.Int32: "<i", DataType.Bool: "<?"}[v.dtype]
+            p.scalar_slots.append((pos, fmt, off))
+            blobs.append((off, b"\0" * 8))
+            off += 8
+        p.argbuf = ctypes.create_string_buffer(max(off, 8))
+        for o, blob in blobs:
+            ctypes.memmove(ctypes.addressof(p.argbuf) + o, blob, len(blob))
+        base = ctypes.addressof(p.argbuf)
+        p.argptrs = (ctypes.c_void_p * max(len(blobs), 1))(*[base + o for o, _ in blobs])
+        return p
+
+
+def _launch_dim(ext, env) -> int:
+    return 1 if ext is None else int(evaluate(ext, env))
+
+
+def _contig_stride(x, a):
+    s = 1
+    for d in range(a + 1, x.dim()):
+        s *= x.shape[d]
+    return s
+
+
+def _contig_strides(shape):
+    out, s = [], 1
+    for d in range(len(shape) - 1, -1, -1):
+        out.append(s)
+        s *= shape[d]
+    return tuple(reversed(out))
+
+
+def _is_contig(sizes, strides, d) -> bool:
+    if sizes[d] == 1:
+        return True
+    s = 1
+    for k in range(d + 1, len(sizes)):
+        s *= sizes[k]
+    return strides[d] == s
+
+
+def _default_arch() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from .driver import device_arch
+
+            return device_arch()
+    except Exception:  # noqa: BLE001 - no usable GPU: build for Hopper
+        pass
+    return "sm_90a"
+
+
+__all__ = ["FusionExecutor", "CompiledKernel", "TensorView"]

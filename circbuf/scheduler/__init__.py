@@ -1,0 +1,16 @@
+"""Schedulers: heuristics -> params -> transforms on TensorViews."""
+
+from .info import InputInfo, TensorInfo
+from .params import Params, PointwiseParams, ReductionParams
+from .registry import compute_params, pick, schedule
+
+__all__ = [
+    "InputInfo",
+    "TensorInfo",
+    "Params",
+    "PointwiseParams",
+    "ReductionParams",
+    "compute_params",
+    "pick",
+    "schedule",
+]

@@ -1,0 +1,26 @@
+"""What the heuristics know about the inputs of one compile: sizes, strides,
+pointer alignment. Built by the runtime from torch tensors; plain ints here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    sizes: tuple
+    strides: tuple
+    itemsize: int
+    align: int  # largest power of two (<= 16) dividing the data pointer, in bytes
+
+    def inner_contiguous(self) -> bool:
+        return not self.sizes or self.sizes[-1] == 1 or self.strides[-1] == 1
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    tensors: tuple  # TensorInfo or None (scalar), one per fusion input
+    extents: dict  # symbolic extent name -> value
+
+    def __hash__(self):
+        return hash(self.tensors)

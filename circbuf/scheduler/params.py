@@ -1,0 +1,45 @@
+"""Heuristic parameters: frozen dataclasses with a readable ``__str__``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+class Params:
+    name = "params"
+
+    def __str__(self):
+        body = "\n".join(f"  {f.name}: {getattr(self, f.name)}" for f in fields(self))
+        return f"===== {self.name} =====\n{body}\n"
+
+
+@dataclass(frozen=True)
+class PointwiseParams(Params):
+    """Flattened 1-D schedule: [BIDx, TIDx, unroll, vectorize].
+
+    >>> print(PointwiseParams(vectorize=8, unroll=2, threads=128,
+    ...                       vectorize_inputs=(True,), vectorize_outputs=(True,)))
+    ===== Pointwise params =====
+      vectorize: 8
+      unroll: 2
+      threads: 128
+      vectorize_inputs: (True,)
+      vectorize_outputs: (True,)
+    <BLANKLINE>
+    """
+
+    name = "Pointwise params"
+    vectorize: int = 1
+    unroll: int = 1
+    threads: int = 128
+    vectorize_inputs: tuple = ()
+    vectorize_outputs: tuple = ()
+
+
+@dataclass(frozen=True)
+class ReductionParams(Params):
+    """One CTA per reduced row (inner) or one thread per output column (outer)."""
+
+    name = "Reduction params"
+    inner: bool = True
+    threads: int = 128

@@ -1,0 +1,140 @@
+"""Reduction scheduler (simple and correct): one CTA per reduced row with a
+warp-shuffle + shared-memory block reduction (inner), or one thread per output
+element walking the reduced axes (outer). Runs sum/max/min/mean/var_mean and
+the softmax, layer_norm and rms_norm composites.
+
+Inner reduction, every tensor after scheduling (I = iteration axes merged,
+R = reduced axes merged)::
+
+    [iblockIdx.x{I}, rS{ceilDiv(R, T)}, rthreadIdx.x{T}]
+
+Outer reduction::
+
+    [iblockIdx.x{ceilDiv(I, T)}, ithreadIdx.x{T}, rS{R}]
+
+Reduction results and what is broadcast from them are computed once per row
+(inlined at the row position); other intermediates are inlined into their one
+consumer, recomputed where they have several (input re-reads hit L1/L2).
+"""
+
+from __future__ import annotations
+
+from ..ir import CircbufError, Fusion, MemoryType, ParallelType, ReductionOp, evaluate
+from .info import InputInfo
+from .params import ReductionParams
+from .utils import (
+    LogicalMap,
+    concretize_broadcasts,
+    hoist_broadcasts,
+    propagate,
+    recompute_multi_use,
+)
+
+OVERRIDES = ("threads",)
+
+
+def _reductions(fusion):
+    return [e.out for e in fusion.exprs() if isinstance(e, ReductionOp)]
+
+
+class ReductionScheduler:
+    name = "reduction"
+
+    @staticmethod
+    def can_schedule(fusion: Fusion) -> str | None:
+        reds = _reductions(fusion)
+        if not reds:
+            return "fusion has no reduction"
+        lmap = LogicalMap(fusion)
+        ref = reds[0]
+        key = _red_classes(ref, lmap)
+        for r in reds[1:]:
+            if _red_classes(r, lmap) != key or len(r.logical) != len(ref.logical):
+                return f"reductions {ref.name} and {r.name} reduce different axes"
+        return None
+
+    @staticmethod
+    def compute_params(fusion: Fusion, info: InputInfo, overrides: dict) -> ReductionParams:
+        ref = _reductions(fusion)[0]
+        red = [i for i in ref.logical if i.is_reduction]
+        rext = 1
+        for i in red:
+            rext *= evaluate(i.extent, info.extents)
+        inner = _is_inner(fusion, ref)
+        if inner:
+            threads = 32
+            while threads < 512 and threads * 4 < rext:
+                threads *= 2
+        else:
+            threads = 128
+        threads = overrides.get("threads", threads)
+        if threads not in (32, 64, 128, 256, 512, 1024):
+            raise CircbufError(f"schedule(threads={threads}): must be a power of two in [32, 1024]")
+        return ReductionParams(inner=inner, threads=threads)
+
+    @staticmethod
+    def schedule(fusion: Fusion, params: ReductionParams):
+        hoist_broadcasts(fusion)
+        for o in list(fusion.outputs):
+            if isinstance(o.definition, ReductionOp) or o.uses:
+                others = [e for e in o.uses if e in fusion.exprs()]
+                c = o.cache_before()
+                for e in others:
+                    e.replace_input(o, c)
+        lmap = LogicalMap(fusion)
+        ref = _reductions(fusion)[0]
+        rclasses = _red_classes(ref, lmap)
+
+        def row_scalar(tv):
+            return not any(lmap.find(i) in rclasses and not i.is_broadcast for i in tv.logical)
+
+        recompute_multi_use(
+            fusion, keep=lambda tv: isinstance(tv.definition, ReductionOp) or row_scalar(tv), lmap=lmap
+        )
+        lmap = LogicalMap(fusion)
+        concretize_broadcasts(fusion, lmap)
+
+        its = [k for k, i in enumerate(ref.logical) if not i.is_reduction]
+        rs = [k for k, i in enumerate(ref.logical) if i.is_reduction]
+        ref.reorder(its + rs)
+        n_it = len(its)
+        for _ in range(n_it - 1):
+            ref.merge(0)
+        ni = 1 if n_it else 0
+        for _ in range(len(rs) - 1):
+            ref.merge(ni)
+        if params.inner:
+            ref.split(ni, params.threads)  # [I, R/T, T]
+            if ni:
+                ref.axis(0).parallelize(ParallelType.BIDx)
+            ref.axis(ni + 1).parallelize(ParallelType.TIDx)
+            row_pos = ni
+        else:
+            if ni:
+                ref.split(0, params.threads)  # [I/T, T, R]
+                ref.axis(0).parallelize(ParallelType.BIDx)
+                ref.axis(1).parallelize(ParallelType.TIDx)
+            row_pos = 2 * ni
+        propagate(ref, fusion.used_tvs(), lmap)
+
+        for tv in fusion.used_tvs():
+            if tv.is_input or tv.is_output:
+                continue
+            tv.memory_type = MemoryType.Local
+            if isinstance(tv.definition, ReductionOp) or row_scalar(tv):
+                tv.inline_at(min(row_pos, len(tv.loop)))
+            else:
+                tv.inline_at(len(tv.loop))
+
+
+def _red_classes(tv, lmap) -> frozenset:
+    return frozenset(lmap.find(i) for i in tv.logical if i.is_reduction)
+
+
+def _is_inner(fusion, ref) -> bool:
+    """True when the reduced axes are the innermost axes of the reduced input."""
+    flags = [i.is_reduction for i in ref.logical]
+    k = len(flags)
+    while k and flags[k - 1]:
+        k -= 1
+    return not any(flags[:k])

@@ -1,0 +1,265 @@
+"""Scheduling tools shared by the schedulers.
+
+- :class:`LogicalMap`: which logical axes of different TensorViews are the same
+  axis of the fusion (union-find over each expr's producer/consumer map).
+- :func:`concretize_broadcasts`: give broadcast axes the extent of the concrete
+  axis they meet, so loops over them can be shared with that axis.
+- :func:`replay_like`: replay a reference's splits/merges/reorders on another
+  TensorView (nvFuser's TransformPropagator, reduced to one reference).
+- :func:`recompute_multi_use`: duplicate an intermediate for each extra consumer
+  so that every consumer can inline its own copy.
+"""
+
+from __future__ import annotations
+
+from ..ir import (
+    BroadcastOp,
+    CircbufError,
+    Fusion,
+    IterDomain,
+    MemoryType,
+    ParallelType,
+    TensorView,
+    transform_history,
+)
+from ..ir.iterdomain import Merge, Split, merge, split
+
+
+class LogicalMap:
+    """Union-find over logical IterDomains of all TensorViews of a fusion."""
+
+    def __init__(self, fusion: Fusion):
+        self.parent: dict[int, int] = {}
+        self.ids: dict[int, IterDomain] = {}
+        for tv in fusion.used_tvs():
+            for i in tv.logical:
+                self._add(i)
+        for e in fusion.exprs():
+            for p in e.tv_inputs():
+                for a, b in e.logical_map(p):
+                    self.union(a, b)
+
+    def _add(self, i):
+        self.parent.setdefault(i.id, i.id)
+        self.ids[i.id] = i
+
+    def find(self, i) -> int:
+        k = i.id if isinstance(i, IterDomain) else i
+        self._add(i) if isinstance(i, IterDomain) else None
+        while self.parent[k] != k:
+            self.parent[k] = self.parent[self.parent[k]]
+            k = self.parent[k]
+        return k
+
+    def union(self, a, b):
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[ra] = rb
+
+    def same(self, a, b) -> bool:
+        return self.find(a) == self.find(b)
+
+
+def concretize_broadcasts(fusion: Fusion, lmap: LogicalMap):
+    """Set ``expanded_extent`` on broadcast logical axes that meet a concrete one."""
+    concrete: dict[int, object] = {}
+    for tv in fusion.used_tvs():
+        for i in tv.logical:
+            if not i.is_broadcast:
+                concrete.setdefault(lmap.find(i), i.extent)
+            elif i.expanded_extent is not None:
+                concrete.setdefault(lmap.find(i), i.expanded_extent)
+    for tv in fusion.used_tvs():
+        if tv.is_input:
+            continue
+        for i in tv.logical:
+            if i.is_broadcast and i.expanded_extent is None:
+                ext = concrete.get(lmap.find(i))
+                if ext is not None:
+                    i.expanded_extent = ext
+
+
+def replay_like(ref: TensorView, tv: TensorView, lmap: LogicalMap) -> dict:
+    """Apply ref's loop transforms to ``tv``; returns {ref axis id: tv axis}.
+
+    Axes of ref that ``tv`` lacks are skipped (a merge with a missing side
+    passes the other side through). tv's loop order follows ref's; tv axes
+    that ref lacks go last.
+    """
+    by_class = {}
+    for i in tv.logical:
+        by_class.setdefault(lmap.find(i), i)
+    m: dict[int, IterDomain] = {}
+    for r in ref.logical:
+        t = by_class.pop(lmap.find(r), None)
+        if t is not None:
+            m[r.id] = t
+    for t in transform_history(ref):
+        if isinstance(t, Split):
+            src = m.get(t.in_.id)
+            if src is None:
+                continue
+            o, i = split(src, t.factor, t.inner_split)
+            m[t.outer.id], m[t.inner.id] = o, i
+        elif isinstance(t, Merge):
+            a, b = m.get(t.outer.id), m.get(t.inner.id)
+            if a is not None and b is not None:
+                m[t.out.id] = merge(a, b)
+            elif a is not None or b is not None:
+                m[t.out.id] = a if a is not None else b
+    used = set()
+    loop = []
+    for r in ref.loop:
+        t = m.get(r.id)
+        if t is not None and id(t) not in used:
+            used.add(id(t))
+            loop.append(t)
+            if r.parallel_type != ParallelType.Serial:
+                t.parallel_type = r.parallel_type
+    # logical axes of tv that ref has no counterpart for stay, innermost
+    loop += list(by_class.values())
+    tv.domain.loop = loop
+    return m
+
+
+def propagate(ref: TensorView, tvs, lmap: LogicalMap):
+    """Replay ref's loop domain onto each tv (inputs are skipped)."""
+    for tv in tvs:
+        if tv is ref or tv.is_input:
+            continue
+        replay_like(ref, tv, lmap)
+
+
+def recompute_multi_use(fusion: Fusion, keep, lmap: LogicalMap | None = None) -> None:
+    """Give each extra consumer of an intermediate its own copy of it.
+
+    ``keep(tv)`` returns True for tensors computed once and shared (inputs,
+    outputs, reduction results and what is broadcast from them). Clones'
+    axes join their originals' classes in ``lmap``.
+    """
+    changed = True
+    while changed:
+        changed = False
+        for tv in fusion.used_tvs():
+            if tv.is_input or tv.is_output or keep(tv):
+                continue
+            uses = [e for e in tv.uses if e in fusion.exprs()]
+            if len(uses) <= 1:
+                continue
+            for e in uses[1:]:
+                clone = _clone_tv(fusion, tv)
+                if lmap is not None:
+                    for a, b in zip(tv.logical, clone.logical):
+                        lmap.union(b, a)  # the original keeps its class root
+                e.replace_input(tv, clone)
+            changed = True
+            break
+
+
+def _clone_tv(fusion: Fusion, tv: TensorView) -> TensorView:
+    import copy
+
+    d = tv.definition
+    c = TensorView([i.clone() for i in tv.logical], tv.dtype, MemoryType.Local)
+    fusion.register(c)
+    nd = copy.copy(d)
+    nd.outputs = [c]
+    nd.inputs = list(d.inputs)
+    c.definition = nd
+    for i in nd.tv_inputs():
+        i.uses.append(nd)
+    if isinstance(d, BroadcastOp):
+        nd.is_broadcast_dim = list(d.is_broadcast_dim)
+    return c
+
+
+def reject(msg: str):
+    raise CircbufError(msg)
+
+
+_POINTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp")
+
+
+def hoist_broadcasts(fusion: Fusion) -> None:
+    """Rewrite ``broadcast(f(x, ...))`` as ``f(broadcast(x), ...)``.
+
+    Pointwise ops commute with broadcast. After this pass every pointwise
+    intermediate has the full rank of its consumers, so a reference's
+    transforms replay onto it axis for axis and it can be inlined.
+    """
+    for e in list(fusion.exprs()):
+        if not isinstance(e, BroadcastOp):
+            continue
+        src = e.inputs[0]
+        d = src.definition
+        if d is None or type(d).__name__ not in _POINTWISE:
+            continue
+        new_inputs = []
+        for x in d.inputs:
+            if isinstance(x, TensorView):
+                b = TensorView(
+                    [i.clone() for i in e.out.logical], x.dtype, MemoryType.Local
+                )
+                for i, flag in zip(b.logical, e.is_broadcast_dim):
+                    if not flag:
+                        i.iter_type = next(
+                            j for j in [x.domain.no_reductions()[_src_pos(e, b.logical.index(i))]]
+                        ).iter_type
+                fusion.register(b)
+                BroadcastOp(b, x, e.is_broadcast_dim)
+                new_inputs.append(b)
+            else:
+                new_inputs.append(x)
+        import copy
+
+        nd = copy.copy(d)
+        nd.inputs = new_inputs
+        nd.outputs = [e.out]
+        e.out.definition = nd
+        for x in new_inputs:
+            if isinstance(x, TensorView):
+                x.uses.append(nd)
+        src.uses.remove(e)
+        hoist_broadcasts(fusion)  # the new broadcasts may hoist further
+        return
+
+
+def _src_pos(e: BroadcastOp, consumer_pos: int) -> int:
+    return sum(1 for k in range(consumer_pos) if not e.is_broadcast_dim[k])
+
+
+def canonicalize_extents(fusion: Fusion) -> dict:
+    """Replace symbolic extents the fusion equated (``a + b`` on tensors with
+    extents i0 and i2) by one representative, so their loops compare equal.
+    Returns {name: representative}. The runtime checks the equalities."""
+    from ..ir import Var
+    from ..ir.scalar import substitute
+
+    parent: dict[str, str] = {}
+
+    def find(n):
+        while parent.get(n, n) != n:
+            n = parent[n]
+        return n
+
+    def key(n):
+        return int(n[1:]) if n[1:].isdigit() else 1 << 30
+
+    for a, b in fusion.extent_equalities:
+        if isinstance(a, Var) and isinstance(b, Var):
+            ra, rb = find(a.name), find(b.name)
+            if ra != rb:
+                lo, hi = sorted((ra, rb), key=key)
+                parent[hi] = lo
+    if not parent:
+        return {}
+    reps = {v.name: v for v in fusion.extent_vars}
+    mapping = {n: reps[find(n)] for n in parent}
+    for tv in fusion.tvs:
+        for i in tv.logical:
+            i.extent = substitute(i.extent, mapping)
+            if i.expanded_extent is not None:
+                i.expanded_extent = substitute(i.expanded_extent, mapping)
+    for e in fusion.exprs():
+        e.inputs = [substitute(x, mapping) if not isinstance(x, TensorView) else x for x in e.inputs]
+    return {n: v.name for n, v in mapping.items()}
