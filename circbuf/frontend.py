@@ -163,7 +163,7 @@ class Ops:
     def _broadcast(self, t, flags, extents=None) -> TensorView:
         src = iter(t.domain.no_reductions())
         ids = []
-        for k, f in enumerate(flags):
+        for f in flags:
             if f:
                 ids.append(IterDomain(Const(1), IterType.Broadcast))
             else:
@@ -187,9 +187,7 @@ class Ops:
                 if a.extent == ext:
                     continue
                 if isinstance(a.extent, Const) and isinstance(ext, Const):
-                    raise CircbufError(
-                        f"{what}: extents {ext} and {a.extent} of axis {k} do not match"
-                    )
+                    raise CircbufError(f"{what}: extents {ext} and {a.extent} of axis {k} do not match")
                 self._f.extent_equalities.append((ext, a.extent))
                 if isinstance(a.extent, Const):
                     ext = a.extent
@@ -200,7 +198,9 @@ class Ops:
         if _is_tv(x):
             return x if x.dtype == dt else self.cast(x, dt)
         if isinstance(x, (bool, int, float)):
-            return Const(float(x) if dt.is_float else int(x), dt) if dt != DataType.Bool else Const(bool(x), dt)
+            return (
+                Const(float(x) if dt.is_float else int(x), dt) if dt != DataType.Bool else Const(bool(x), dt)
+            )
         return x  # a Scalar expression; codegen casts it
 
     def _result_dtype(self, xs):
@@ -356,8 +356,7 @@ class Ops:
         self._check(t)
         if len(broadcast_dims) != t.ndim:
             raise CircbufError(
-                f"broadcast_in_dim: {t.name} has {t.ndim} axes but broadcast_dims has "
-                f"{len(broadcast_dims)}"
+                f"broadcast_in_dim: {t.name} has {t.ndim} axes but broadcast_dims has {len(broadcast_dims)}"
             )
         n = len(shape)
         if sorted(broadcast_dims) != list(broadcast_dims) or any(not 0 <= d < n for d in broadcast_dims):

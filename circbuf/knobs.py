@@ -2,6 +2,8 @@
 
 - ``CIRCBUF_DUMP=fusion_ir,kernel_ir,cuda,params,launch``: print those stages
   as they are produced (``all`` for every one).
+- ``CIRCBUF_POISON_OUTPUTS=1``: fill outputs with NaN (all ones for integer
+  types) before each launch, so elements a kernel fails to write show up.
 - ``CIRCBUF_CACHE_DIR``: where compiled cubins are kept (default
   ``~/.cache/circbuf``); ``CIRCBUF_CACHE_DIR=`` (empty) turns the disk cache off.
 """
@@ -41,3 +43,7 @@ def cache_dir() -> str | None:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         return os.path.join(base, "circbuf")
     return d or None
+
+
+def poison_outputs() -> bool:
+    return os.environ.get("CIRCBUF_POISON_OUTPUTS", "") not in ("", "0")

@@ -20,4 +20,37 @@ from .nodes import (
 )
 from .scalar import Bin, Const, Scalar, Var, as_scalar, ceil_div, evaluate, simplify
 
-__all__ = [n for n in dir() if not n.startswith("_")]
+__all__ = [
+    "DataType",
+    "compute_type",
+    "promote",
+    "promote_with_scalar",
+    "CircbufError",
+    "Fusion",
+    "transform_history",
+    "IterDomain",
+    "IterType",
+    "Merge",
+    "ParallelType",
+    "Split",
+    "BinaryOp",
+    "BroadcastOp",
+    "CastOp",
+    "Expr",
+    "LoadStoreOp",
+    "MemoryType",
+    "ReductionOp",
+    "TensorDomain",
+    "TensorView",
+    "TernaryOp",
+    "UnaryOp",
+    "reduction_init",
+    "Bin",
+    "Const",
+    "Scalar",
+    "Var",
+    "as_scalar",
+    "ceil_div",
+    "evaluate",
+    "simplify",
+]

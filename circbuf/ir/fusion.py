@@ -22,6 +22,7 @@ class Fusion:
         # (a, b): the user promised these symbolic extents are equal (checked at run time)
         self.extent_equalities: list[tuple[Scalar, Scalar]] = []
         self.schedule_overrides: dict = {}
+        self.schedule_version = 0
         self.manual_schedule = False
         self._tv_counter = 0
 
@@ -121,6 +122,7 @@ class Fusion:
         >>> # fd.fusion.schedule(vectorize=4)
         """
         self.schedule_overrides = dict(overrides)
+        self.schedule_version += 1  # launch plans made under older overrides are not reused
         return ScheduleRequest(self.schedule_overrides)
 
     def __str__(self):

@@ -174,9 +174,7 @@ def merge(outer: IterDomain, inner: IterDomain) -> IterDomain:
     """Merge two axes into one (outer-major)."""
     kinds = {outer.iter_type, inner.iter_type} - {IterType.Broadcast}
     if kinds == {IterType.Iteration, IterType.Reduction}:
-        raise CircbufError(
-            f"merge: cannot merge reduction axis with iteration axis ({outer} and {inner})"
-        )
+        raise CircbufError(f"merge: cannot merge reduction axis with iteration axis ({outer} and {inner})")
     if outer.is_broadcast and inner.is_broadcast:
         it = IterType.Broadcast
     else:

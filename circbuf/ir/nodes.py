@@ -127,8 +127,7 @@ class TensorView:
             self.domain.loop = [self.loop[p] for p in perm]
             return self
         mapping = {
-            _norm_axis(k, n, self, "reorder"): _norm_axis(v, n, self, "reorder")
-            for k, v in order.items()
+            _norm_axis(k, n, self, "reorder"): _norm_axis(v, n, self, "reorder") for k, v in order.items()
         }
         if len(set(mapping.values())) != len(mapping):
             raise CircbufError(f"reorder: two axes sent to one position in {order}")
@@ -193,9 +192,7 @@ class TensorView:
             i.parallel_type = ParallelType.Serial
         fusion.register(c)
         d.replace_output(self, c)
-        self.domain = TensorDomain(
-            [i.clone() for i in c.domain.no_reductions()], self.domain.contiguity
-        )
+        self.domain = TensorDomain([i.clone() for i in c.domain.no_reductions()], self.domain.contiguity)
         for i in self.logical:
             i.parallel_type = ParallelType.Serial
         LoadStoreOp(self, c)

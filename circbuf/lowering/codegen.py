@@ -35,9 +35,26 @@ from .kir import (
 )
 from .prelude import PRELUDE
 
-_BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_BIN = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "eq": "==",
+    "ne": "!=",
+}
 _RED = {"sum": "cb::AddOp()", "max": "cb::MaxOp()", "min": "cb::MinOp()"}
-_SCALAR_T = {DataType.Double: "double", DataType.Float: "float", DataType.Int64: "long long", DataType.Int32: "int", DataType.Bool: "bool"}
+_SCALAR_T = {
+    DataType.Double: "double",
+    DataType.Float: "float",
+    DataType.Int64: "long long",
+    DataType.Int32: "int",
+    DataType.Bool: "bool",
+}
 
 
 def literal(c: Const, dt: DataType) -> str:
@@ -169,7 +186,11 @@ class CudaCodegen:
         ops = a.operands
         if isinstance(e, ReductionOp):
             acc, x = self.ref(ops[0]), self.value(ops[1], dt)
-            rhs = f"{acc} + {x}" if e.op_name == "sum" else f"cb::{'maximum' if e.op_name == 'max' else 'minimum'}({acc}, {x})"
+            rhs = (
+                f"{acc} + {x}"
+                if e.op_name == "sum"
+                else f"cb::{'maximum' if e.op_name == 'max' else 'minimum'}({acc}, {x})"
+            )
         elif isinstance(e, (LoadStoreOp, BroadcastOp)):
             rhs = self.value(ops[0], dt)
         elif isinstance(e, CastOp):

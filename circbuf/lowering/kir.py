@@ -169,7 +169,9 @@ class Kernel:
 
     def __str__(self):
         grid = [str(self.launch.get(p, 1)) for p in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)]
-        block = [str(self.launch.get(p, 1)) for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)]
+        block = [
+            str(self.launch.get(p, 1)) for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
+        ]
         params = ", ".join([p.tv.name for p in self.tensor_params] + [v.name for v in self.scalar_params])
         head = f"kernel {self.name}({params}) grid({', '.join(grid)}) block({', '.join(block)})"
         return "\n".join([head] + _block(self.body, 1))

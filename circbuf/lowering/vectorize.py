@@ -39,9 +39,7 @@ def vectorize_loops(kernel: Kernel) -> Kernel:
         width = ext.value
         for r in [a.lhs] + [o for o in a.operands if isinstance(o, TensorRef)]:
             if width * r.tv.dtype.size > 16:
-                raise CircbufError(
-                    f"vectorizing {r.tv.name} by {width} exceeds 16 bytes per access"
-                )
+                raise CircbufError(f"vectorizing {r.tv.name} by {width} exceeds 16 bytes per access")
         lhs = TensorRef(a.lhs.tv, substitute(a.lhs.index, zero), width)
         ops = [TensorRef(o.tv, substitute(o.index, zero), width) for o in a.operands]
         pred = [substitute(p, zero) for p in a.pred]

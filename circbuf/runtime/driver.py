@@ -55,12 +55,44 @@ class LoadedKernel:
         if smem_bytes > 48 * 1024:
             attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(drv.cuFuncSetAttribute(self.function, attr, smem_bytes), "cuFuncSetAttribute")
-        self._launch = drv.cuLaunchKernel
-        self._ok = drv.CUresult.CUDA_SUCCESS
+        self._fn = int(self.function)
+        self._launch = _raw_launch()
 
     def launch(self, grid, block, smem: int, stream: int, params_addr: int):
+        # The per-call path: one C call through ctypes (the cuda-bindings
+        # wrapper costs several microseconds of argument conversion).
         err = self._launch(
-            self.function, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params_addr, 0
-        )[0]
-        if err != self._ok:
-            check(err, "cuLaunchKernel")
+            self._fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params_addr, None
+        )
+        if err:
+            check(_drv().CUresult(err), "cuLaunchKernel")
+
+
+_RAW = None
+
+
+def _raw_launch():
+    """``cuLaunchKernel`` from libcuda through ctypes, typed once."""
+    global _RAW
+    if _RAW is None:
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernel
+        u = ctypes.c_uint
+        fn.argtypes = [
+            ctypes.c_void_p,
+            u,
+            u,
+            u,
+            u,
+            u,
+            u,
+            u,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+        fn.restype = ctypes.c_int
+        _RAW = fn
+    return _RAW

@@ -84,13 +84,32 @@ class CompiledKernel:
 class _Plan:
     """A launch for one exact input signature."""
 
-    __slots__ = ("ck", "grid", "block", "smem", "out_specs", "argbuf", "argptrs", "ptr_offsets",
-                 "scalar_slots", "empty", "device")
+    __slots__ = (
+        "ck",
+        "grid",
+        "block",
+        "smem",
+        "out_specs",
+        "argbuf",
+        "argptrs",
+        "ptr_offsets",
+        "scalar_slots",
+        "empty",
+        "device",
+        "poison",
+        "launch",
+        "args_addr",
+        "dev_index",
+    )
 
     def run(self, executor, inputs):
         import torch
 
-        outs = [torch.empty(shape, dtype=dt, device=self.device) for shape, dt in self.out_specs]
+        dev = self.device
+        outs = [torch.empty(shape, dtype=dt, device=dev) for shape, dt in self.out_specs]
+        if self.poison:
+            for o in outs:
+                o.fill_(float("nan") if o.is_floating_point() else -1)
         if self.empty:
             return outs
         buf = self.argbuf
@@ -104,8 +123,8 @@ class _Plan:
             k += 1
         for pos, fmt, off in self.scalar_slots:
             struct.pack_into(fmt, buf, off, inputs[pos])
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        self.ck.loaded().launch(self.grid, self.block, 0, stream, ctypes.addressof(self.argptrs))
+        stream = torch._C._cuda_getCurrentRawStream(self.dev_index)
+        self.launch(self.grid, self.block, self.smem, stream, self.args_addr)
         return outs
 
 
@@ -159,15 +178,21 @@ class FusionExecutor:
             for a, (ax, size) in enumerate(zip(d.logical, x.shape)):
                 if ax.is_broadcast:
                     if size != 1:
-                        raise CircbufError(f"{label}: axis {a} is defined as broadcast (1) but has size {size}")
+                        raise CircbufError(
+                            f"{label}: axis {a} is defined as broadcast (1) but has size {size}"
+                        )
                 elif isinstance(ax.extent, Var):
                     env[ax.extent.name] = size
                     where[ax.extent.name] = f"axis {a} of {d.name}"
                 elif size != ax.extent.value:
-                    raise CircbufError(f"{label}: axis {a} has size {size}, the definition fixes {ax.extent.value}")
+                    raise CircbufError(
+                        f"{label}: axis {a} has size {size}, the definition fixes {ax.extent.value}"
+                    )
                 c = d.domain.contiguity[a]
                 if c is True and size > 1 and x.stride(a) != _contig_stride(x, a):
-                    raise CircbufError(f"{label}: axis {a} is defined contiguous but its stride is {x.stride(a)}")
+                    raise CircbufError(
+                        f"{label}: axis {a} is defined contiguous but its stride is {x.stride(a)}"
+                    )
             align = 16
             ptr = x.data_ptr()
             while align > 1 and ptr % align:
@@ -253,13 +278,11 @@ class FusionExecutor:
     def _key(self, inputs):
         import torch
 
-        key = [self.fusion.schedule_overrides.__repr__()]
-        for x in inputs:
-            if isinstance(x, torch.Tensor):
-                key.append((x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.device))
-            else:
-                key.append(type(x))
-        return tuple(key)
+        T = torch.Tensor
+        return (self.fusion.schedule_version,) + tuple(
+            (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.device) if isinstance(x, T) else type(x)
+            for x in inputs
+        )
 
     def execute(self, inputs):
         if not isinstance(inputs, (list, tuple)) or len(inputs) != self.n_inputs:
@@ -288,12 +311,18 @@ class FusionExecutor:
         k = ck.kernel
         env = dict(info.extents)
         p = _Plan()
-        p.ck, p.device = ck, device
+        p.ck, p.device, p.poison = ck, device, knobs.poison_outputs()
         out_shapes = self._out_shapes(env)
         p.out_specs = [(s, torch_dtype(o.dtype)) for s, o in zip(out_shapes, self.fusion.outputs)]
         ev = {name: env[name] for name in env}
-        p.grid = tuple(_launch_dim(k.launch.get(pt), ev) for pt in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz))
-        p.block = tuple(_launch_dim(k.launch.get(pt), ev) for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz))
+        p.grid = tuple(
+            _launch_dim(k.launch.get(pt), ev)
+            for pt in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)
+        )
+        p.block = tuple(
+            _launch_dim(k.launch.get(pt), ev)
+            for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
+        )
         p.smem = k.smem_bytes
         numel_zero = any(0 in s for s in out_shapes)
         p.empty = numel_zero or 0 in p.grid
@@ -317,8 +346,13 @@ class FusionExecutor:
         scal_pos = [i for i, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
         for pos in scal_pos:
             v = self.fusion.inputs[pos]
-            fmt = {DataType.Double: "<d", DataType.Float: "<f", DataType.Int64: "<q",
-                   DataType.Int32: "<i", DataType.Bool: "<?"}[v.dtype]
+            fmt = {
+                DataType.Double: "<d",
+                DataType.Float: "<f",
+                DataType.Int64: "<q",
+                DataType.Int32: "<i",
+                DataType.Bool: "<?",
+            }[v.dtype]
             p.scalar_slots.append((pos, fmt, off))
             blobs.append((off, b"\0" * 8))
             off += 8
@@ -327,6 +361,9 @@ class FusionExecutor:
             ctypes.memmove(ctypes.addressof(p.argbuf) + o, blob, len(blob))
         base = ctypes.addressof(p.argbuf)
         p.argptrs = (ctypes.c_void_p * max(len(blobs), 1))(*[base + o for o, _ in blobs])
+        p.args_addr = ctypes.addressof(p.argptrs)
+        p.launch = ck.loaded().launch
+        p.dev_index = device.index if device.index is not None else torch.cuda.current_device()
         return p
 
 

@@ -43,9 +43,7 @@ def compile_cuda(source: str, arch: str, name: str = "kernel.cu") -> bytes:
     """CUDA source -> cubin for ``arch`` (e.g. ``sm_90a``); cached on disk by a
     hash of source, options and NVRTC version."""
     opts = compile_options(arch)
-    key = hashlib.sha256(
-        "\0".join([source, *opts, repr(nvrtc_version())]).encode()
-    ).hexdigest()[:32]
+    key = hashlib.sha256("\0".join([source, *opts, repr(nvrtc_version())]).encode()).hexdigest()[:32]
     cdir = knobs.cache_dir()
     path = os.path.join(cdir, f"{key}.cubin") if cdir else None
     if path and os.path.exists(path):

@@ -32,9 +32,7 @@ def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
     unknown = sorted(set(overrides) - set(allowed))
     if unknown:
         later = {"persistent", "stages", "warp_specialized", "tma", "prefetch"}
-        hint = (
-            " (TMA circular buffering is not built yet)" if set(unknown) & later else ""
-        )
+        hint = " (TMA circular buffering is not built yet)" if set(unknown) & later else ""
         raise CircbufError(
             f"schedule(): the {sched.name} scheduler does not take {', '.join(unknown)}{hint}; "
             f"it takes {', '.join(allowed)}"

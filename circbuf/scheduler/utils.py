@@ -197,9 +197,7 @@ def hoist_broadcasts(fusion: Fusion) -> None:
         new_inputs = []
         for x in d.inputs:
             if isinstance(x, TensorView):
-                b = TensorView(
-                    [i.clone() for i in e.out.logical], x.dtype, MemoryType.Local
-                )
+                b = TensorView([i.clone() for i in e.out.logical], x.dtype, MemoryType.Local)
                 for i, flag in zip(b.logical, e.is_broadcast_dim):
                     if not flag:
                         i.iter_type = next(

@@ -1,0 +1,49 @@
+"""Timing helpers shared by the benchmarks (median of triton's do_bench)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+
+def bench_ms(fn, warmup=25, rep=100) -> float:
+    """Median milliseconds of ``fn`` on the current stream, after warm-up."""
+    try:
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    except ImportError:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(50):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        times.sort()
+        return times[len(times) // 2]
+
+
+def copy_bandwidth_gbs(nbytes: int) -> float:
+    """Device-to-device copy of ``nbytes``: bytes read + written per second."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * nbytes / ms / 1e6
+
+
+def write_json(name: str, rows):
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, name), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def gpu_name() -> str:
+    return torch.cuda.get_device_name()

@@ -1,0 +1,139 @@
+"""Pointwise benchmark: silu, gelu and x*y+1 on bf16 tensors of 2^28 elements
+against torch eager, torch.compile and a device-to-device copy, plus the host
+overhead of a cached ``fd.execute`` on a 1024-element fusion.
+
+    PYTHONPATH=. python benchmarks/pointwise.py [--log2n 28]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+import circbuf as cb  # noqa: E402
+from benchmarks.common import bench_ms, copy_bandwidth_gbs, gpu_name, write_json  # noqa: E402
+
+D = cb.DataType
+F = torch.nn.functional
+
+
+def make(op):
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.BFloat16)
+        if op == "x*y+1":
+            y = fd.define_tensor([-1], dtype=D.BFloat16)
+            z = fd.ops.add(fd.ops.mul(x, y), 1.0)
+        else:
+            z = getattr(fd.ops, op)(x)
+        fd.add_output(fd.ops.cast(z, D.BFloat16))
+    return fd
+
+
+TORCH_FN = {
+    "silu": lambda x: F.silu(x),
+    "gelu": lambda x: F.gelu(x),
+    "x*y+1": lambda x, y: x * y + 1,
+}
+
+
+def host_overhead_us(n_calls=2000):
+    fd = make("x*y+1")
+    x = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+
+    def per_call(fn):
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n_calls):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / n_calls * 1e6
+
+    return {
+        "circbuf_execute_us": per_call(lambda: fd.execute([x, y])),
+        "torch_eager_add_us": per_call(lambda: torch.add(x, 1)),
+        "torch_eager_x*y+1_us": per_call(lambda: x * y + 1),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--log2n", type=int, default=28)
+    ap.add_argument("--sweep", action="store_true", help="time unroll x threads variants")
+    args = ap.parse_args()
+    n = 1 << args.log2n
+    if args.sweep:
+        return sweep(n)
+    copy_gbs = copy_bandwidth_gbs(n * 2)
+    rows = []
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    for op in ("silu", "gelu", "x*y+1"):
+        ins = [x, y] if op == "x*y+1" else [x]
+        nbytes = (len(ins) + 1) * n * 2
+        fd = make(op)
+        (out,) = fd.execute(ins)
+        ref = TORCH_FN[op](*ins)
+        err = (out.float() - ref.float()).abs().max().item()
+        compiled = torch.compile(TORCH_FN[op])
+        compiled(*ins)
+        t_cb = bench_ms(lambda fd=fd, ins=ins: fd.execute(ins))
+        t_eager = bench_ms(lambda op=op, ins=ins: TORCH_FN[op](*ins))
+        t_comp = bench_ms(lambda c=compiled, ins=ins: c(*ins))
+        gbs = nbytes / t_cb / 1e6
+        rows.append(
+            {
+                "op": op,
+                "ms": t_cb,
+                "GB/s": gbs,
+                "of_copy": gbs / copy_gbs,
+                "vs_eager": t_eager / t_cb,
+                "vs_compile": t_comp / t_cb,
+                "eager_ms": t_eager,
+                "compile_ms": t_comp,
+                "max_abs_err": err,
+                "params": str(fd.last_params()).replace("\n", " "),
+            }
+        )
+    host = host_overhead_us()
+    print(f"GPU: {gpu_name()}   n = 2^{args.log2n} bf16   copy bandwidth {copy_gbs:.0f} GB/s")
+    print(
+        f"{'op':8s} {'ms':>8s} {'GB/s':>8s} {'of copy':>8s} {'x eager':>8s} {'x compile':>9s} {'max err':>8s}"
+    )
+    for r in rows:
+        print(
+            f"{r['op']:8s} {r['ms']:8.3f} {r['GB/s']:8.0f} {r['of_copy']:8.3f} {r['vs_eager']:8.2f} "
+            f"{r['vs_compile']:9.2f} {r['max_abs_err']:8.3g}"
+        )
+    print("host overhead per call (1024 elements): " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
+    print(f"  ratio circbuf / torch eager add: {host['circbuf_execute_us'] / host['torch_eager_add_us']:.2f}")
+    write_json("pointwise.json", {"gpu": gpu_name(), "copy_GBs": copy_gbs, "rows": rows, "host": host})
+
+
+def sweep(n):
+    """Time schedule variants (overrides) of each op; prints ms per variant."""
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    copy_gbs = copy_bandwidth_gbs(n * 2)
+    print(f"GPU: {gpu_name()} sweep, copy {copy_gbs:.0f} GB/s")
+    for op in ("silu", "gelu", "x*y+1"):
+        ins = [x, y] if op == "x*y+1" else [x]
+        nbytes = (len(ins) + 1) * n * 2
+        for threads in (128, 256, 512):
+            line = []
+            for unroll in (1, 2, 4, 8):
+                fd = make(op)
+                fd.fusion.schedule(unroll=unroll, threads=threads)
+                t = bench_ms(lambda fd=fd, ins=ins: fd.execute(ins))
+                line.append(f"u{unroll} {t:.3f}ms {nbytes / t / 1e6 / copy_gbs:.3f}")
+            print(f"{op:6s} t{threads:<4d} " + " | ".join(line))
+
+
+if __name__ == "__main__":
+    main()

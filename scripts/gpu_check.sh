@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One call on the lent GPU: GPU tests, then benchmarks; full logs under $OUT,
+# a short table last. Usage (device tool): bash scripts/gpu_check.sh [tests|bench|all]
+set -u
+what=${1:-all}
+OUT=${OUT:-/tmp/circbuf_out}; mkdir -p "$OUT"; export OUT
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export CIRCBUF_CACHE_DIR=/tmp/circbuf_cache
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c "import torch, cuda.bindings, hypothesis; from cuda.bindings import nvrtc; print('torch', torch.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:])" | tee -a "$OUT/gpu.txt"
+summary=()
+if [[ $what == tests || $what == all ]]; then
+  timeout 420 python3 -m pytest -q -x -p no:cacheprovider tests ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
+  summary+=("pytest: $(tail -n 1 "$OUT/pytest.log")")
+fi
+if [[ $what == bench || $what == all ]]; then
+  for b in ${BENCHES:-pointwise}; do
+    timeout 300 python3 benchmarks/$b.py ${BENCH_ARGS:-} > "$OUT/bench_$b.log" 2>&1
+    summary+=("bench $b: exit $?")
+  done
+fi
+echo "================ summary ================"
+cat "$OUT/gpu.txt"
+for s in "${summary[@]}"; do echo "$s"; done
+grep -E "FAILED|Error" "$OUT/pytest.log" 2>/dev/null | head -20
+for b in ${BENCHES:-pointwise}; do [[ -f $OUT/bench_$b.log ]] && tail -n ${TAIL:-12} "$OUT/bench_$b.log"; done

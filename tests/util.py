@@ -1,0 +1,85 @@
+"""Shared helpers for tests: fusions used in several files and comparisons."""
+
+import torch
+
+import circbuf as cb
+
+D = cb.DataType
+TORCH = {
+    D.Float: torch.float32,
+    D.Double: torch.float64,
+    D.Half: torch.float16,
+    D.BFloat16: torch.bfloat16,
+    D.Int32: torch.int32,
+    D.Int64: torch.int64,
+    D.Bool: torch.bool,
+}
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def assert_close(out, ref, rtol=None, atol=None):
+    """``out`` against a float64 reference, with a tolerance set by out's dtype."""
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    if not out.is_floating_point():
+        assert torch.equal(out.cpu(), ref.to(out.dtype).cpu())
+        return
+    tol = TOL[out.dtype]
+    o, r = out.double().cpu(), ref.double().cpu()
+    assert not torch.isnan(o).any() or torch.isnan(r).any(), "NaN in output (unwritten element?)"
+    torch.testing.assert_close(o, r, rtol=rtol or tol, atol=atol or tol, equal_nan=True)
+
+
+def unary_fusion(op, dtype=D.BFloat16, rank=2, out_dtype=None):
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1] * rank, dtype=dtype)
+        y = getattr(fd.ops, op)(x)
+        fd.add_output(fd.ops.cast(y, out_dtype or dtype))
+    return fd
+
+
+def axpy_fusion(dtype=D.BFloat16, rank=2):
+    """``x * y + 1``, the benchmark's third op."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1] * rank, dtype=dtype)
+        y = fd.define_tensor([-1] * rank, dtype=dtype)
+        fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.mul(x, y), 1.0), dtype))
+    return fd
+
+
+def norm_fusion(kind, dtype, eps=1e-5):
+    """softmax / layer_norm / rms_norm over the last axis of a 2-D tensor."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=dtype)
+        if kind == "softmax":
+            fd.add_output(fd.ops.softmax(x, -1))
+        elif kind == "layer_norm":
+            w = fd.define_tensor([-1], dtype=dtype)
+            b = fd.define_tensor([-1], dtype=dtype)
+            fd.add_output(fd.ops.layer_norm(x, w, b, eps))
+        elif kind == "rms_norm":
+            w = fd.define_tensor([-1], dtype=dtype)
+            fd.add_output(fd.ops.rms_norm(x, w, eps))
+        else:
+            raise ValueError(kind)
+    return fd
+
+
+def norm_inputs(kind, rows, cols, dtype, device):
+    x = torch.randn(rows, cols, dtype=dtype, device=device)
+    if kind == "softmax":
+        return [x]
+    w = torch.randn(cols, dtype=dtype, device=device)
+    if kind == "layer_norm":
+        return [x, w, torch.randn(cols, dtype=dtype, device=device)]
+    return [x, w]
+
+
+def norm_reference(kind, inputs, eps=1e-5):
+    x = inputs[0].double()
+    if kind == "softmax":
+        return torch.softmax(x, -1)
+    if kind == "layer_norm":
+        w, b = inputs[1].double(), inputs[2].double()
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, eps)
+    w = inputs[1].double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
