@@ -23,8 +23,23 @@ class Fusion:
         self.extent_equalities: list[tuple[Scalar, Scalar]] = []
         self.schedule_overrides: dict = {}
         self.schedule_version = 0
-        self.manual_schedule = False
+        self._caches_added = False
         self._tv_counter = 0
+
+    @property
+    def manual_schedule(self) -> bool:
+        """True once the user transformed, parallelized, inlined or cached any
+        tensor: then the fusion is lowered as scheduled, without heuristics."""
+        from .iterdomain import ParallelType
+
+        if self._caches_added:
+            return True
+        for tv in self.tvs:
+            if tv.compute_at_pos or tv.loop != tv.logical:
+                return True
+            if any(i.parallel_type != ParallelType.Serial for i in tv.loop):
+                return True
+        return False
 
     def register(self, tv: TensorView) -> TensorView:
         tv.fusion = self

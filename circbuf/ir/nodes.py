@@ -157,6 +157,8 @@ class TensorView:
     compute_at = inline_at
 
     def set_memory_type(self, mt: MemoryType) -> TensorView:
+        if self.fusion is not None:
+            self.fusion._caches_added = True
         if (self.is_input or self.is_output) and mt != MemoryType.Global:
             raise CircbufError(f"{self.name} is a fusion input/output and must stay in global memory")
         self.memory_type = mt
@@ -171,6 +173,7 @@ class TensorView:
         if op != "set":
             raise CircbufError(f"cache_after: op={op!r} is not supported yet (supported: 'set')")
         fusion = self._need_fusion("cache_after")
+        fusion._caches_added = True
         uses = list(self.uses)
         c = TensorView([i.clone() for i in self.domain.no_reductions()], self.dtype, MemoryType.Local)
         for i in c.logical:
@@ -184,6 +187,7 @@ class TensorView:
     def cache_before(self) -> TensorView:
         """Make the definition of self write a local ``c``; self = set(c)."""
         fusion = self._need_fusion("cache_before")
+        fusion._caches_added = True
         d = self.definition
         if d is None:
             raise CircbufError(f"cache_before: {self.name} has no definition (is it an input?)")

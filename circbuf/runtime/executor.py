@@ -102,7 +102,7 @@ class _Plan:
         "dev_index",
     )
 
-    def run(self, executor, inputs):
+    def run(self, inputs):
         import torch
 
         dev = self.device
@@ -112,19 +112,18 @@ class _Plan:
                 o.fill_(float("nan") if o.is_floating_point() else -1)
         if self.empty:
             return outs
-        buf = self.argbuf
+        slots = self.ptr_slots
         k = 0
-        for x in inputs:
-            if isinstance(x, torch.Tensor):
-                struct.pack_into("<Q", buf, self.ptr_offsets[k], x.data_ptr())
-                k += 1
+        for x in self.tensor_inputs(inputs):
+            slots[self.ptr_offsets[k]] = x.data_ptr()
+            k += 1
         for o in outs:
-            struct.pack_into("<Q", buf, self.ptr_offsets[k], o.data_ptr())
+            slots[self.ptr_offsets[k]] = o.data_ptr()
             k += 1
         for pos, fmt, off in self.scalar_slots:
-            struct.pack_into(fmt, buf, off, inputs[pos])
-        stream = torch._C._cuda_getCurrentRawStream(self.dev_index)
-        self.launch(self.grid, self.block, self.smem, stream, self.args_addr)
+            struct.pack_into(fmt, self.argbuf, off, inputs[pos])
+        self.launch(self.grid, self.block, self.smem, torch._C._cuda_getCurrentRawStream(self.dev_index),
+                    self.args_addr)
         return outs
 
 
@@ -136,6 +135,9 @@ class FusionExecutor:
     def __init__(self, fusion: Fusion):
         self.fusion = fusion
         self.n_inputs = len(fusion.inputs)
+        self._tpos = [k for k, x in enumerate(fusion.inputs) if isinstance(x, TensorView)]
+        tp = self._tpos
+        self._tensor_inputs = lambda inputs: [inputs[k] for k in tp]
         self._plans: dict = {}
         self._compiled: dict = {}
         self.last: CompiledKernel | None = None
@@ -240,6 +242,7 @@ class FusionExecutor:
             if overrides:
                 raise CircbufError("schedule() overrides do not apply to a manually scheduled fusion")
             sched, params = None, None
+            canonicalize_extents(fusion)
         else:
             canonicalize_extents(fusion)
             sched, params = compute_params(fusion, info, overrides)
@@ -275,26 +278,28 @@ class FusionExecutor:
         return ck
 
     # ---------------------------------------------------------- execute
-    def _key(self, inputs):
-        import torch
-
-        T = torch.Tensor
-        return (self.fusion.schedule_version,) + tuple(
-            (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.device) if isinstance(x, T) else type(x)
-            for x in inputs
-        )
-
     def execute(self, inputs):
-        if not isinstance(inputs, (list, tuple)) or len(inputs) != self.n_inputs:
-            self._bind(inputs, need_cuda=True)  # raises the full message
-        key = self._key(inputs)
-        plan = self._plans.get(key)
+        """Hot path: one tuple for the key, a dict lookup, then the plan's launch."""
+        try:
+            if len(inputs) != self.n_inputs:
+                raise TypeError
+            key = [(x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.device) for x in self._tensor_inputs(inputs)]
+            key.append(self.fusion.schedule_version)
+            key = tuple(key)
+            plan = self._plans.get(key)
+        except (TypeError, AttributeError):
+            self._bind(inputs, need_cuda=True)  # raises the message naming the bad input
+            raise
         if plan is None:
             plan = self._make_plan(inputs)
             if len(self._plans) >= self.MAX_PLANS:
                 self._plans.clear()
             self._plans[key] = plan
-        return plan.run(self, inputs)
+        elif plan.scalar_slots:
+            for pos, _, _ in plan.scalar_slots:  # a plan never checked these values
+                if not isinstance(inputs[pos], (int, float, bool)):
+                    self._bind(inputs, need_cuda=True)
+        return plan.run(inputs)
 
     def _make_plan(self, inputs) -> _Plan:
         import torch
@@ -356,12 +361,15 @@ class FusionExecutor:
             p.scalar_slots.append((pos, fmt, off))
             blobs.append((off, b"\0" * 8))
             off += 8
-        p.argbuf = ctypes.create_string_buffer(max(off, 8))
+        p.argbuf = ctypes.create_string_buffer(max(off, 8) + (-max(off, 8) % 8))
         for o, blob in blobs:
             ctypes.memmove(ctypes.addressof(p.argbuf) + o, blob, len(blob))
         base = ctypes.addressof(p.argbuf)
         p.argptrs = (ctypes.c_void_p * max(len(blobs), 1))(*[base + o for o, _ in blobs])
         p.args_addr = ctypes.addressof(p.argptrs)
+        p.ptr_slots = (ctypes.c_uint64 * (len(p.argbuf) // 8)).from_buffer(p.argbuf)
+        p.ptr_offsets = [o // 8 for o in p.ptr_offsets]
+        p.tensor_inputs = self._tensor_inputs
         p.launch = ck.loaded().launch
         p.dev_index = device.index if device.index is not None else torch.cuda.current_device()
         return p

@@ -3,6 +3,7 @@
 from .info import InputInfo, TensorInfo
 from .params import Params, PointwiseParams, ReductionParams
 from .registry import compute_params, pick, schedule
+from .utils import propagate_transforms
 
 __all__ = [
     "InputInfo",
@@ -13,4 +14,5 @@ __all__ = [
     "compute_params",
     "pick",
     "schedule",
+    "propagate_transforms",
 ]

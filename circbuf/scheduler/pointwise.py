@@ -91,9 +91,12 @@ class PointwiseScheduler:
         n_vec = -(-numel // vec)
         unroll = overrides.get("unroll")
         if unroll is None:
+            # Measured on H200 (benchmarks/pointwise.py --sweep): 2 vectors per
+            # thread saturate memory for cheap math; erf/tanh-heavy math needs 4
+            # to hide its issue time. Never unroll below ~8 CTAs per SM.
+            want = 4 if _math_cost(fusion) >= 4 else 2
             unroll = 1
-            # keep enough CTAs for every SM several times over before unrolling
-            while unroll < 4 and n_vec >= threads * unroll * 2 * 132 * 8:
+            while unroll < want and n_vec >= threads * unroll * 2 * 132 * 8:
                 unroll *= 2
         if not isinstance(unroll, int) or unroll < 1 or unroll > 16:
             raise CircbufError(f"schedule(unroll={unroll}): must be an int in [1, 16]")
@@ -151,6 +154,16 @@ class PointwiseScheduler:
             c.inline_at(2)
             if vec and len(o.loop) == 4:
                 o.axis(3).parallelize(ParallelType.Vectorize)
+
+
+_COST = {"gelu": 4, "tanh": 2, "sigmoid": 1, "silu": 1, "exp": 1, "log": 1}
+
+
+def _math_cost(fusion) -> int:
+    """Rough special-function cost of one element of the fusion."""
+    from ..ir import UnaryOp
+
+    return sum(_COST.get(e.op_name, 0) for e in fusion.exprs() if isinstance(e, UnaryOp))
 
 
 def _vector_candidates(fusion, ref) -> list[int]:

@@ -261,3 +261,15 @@ def canonicalize_extents(fusion: Fusion) -> dict:
     for e in fusion.exprs():
         e.inputs = [substitute(x, mapping) if not isinstance(x, TensorView) else x for x in e.inputs]
     return {n: v.name for n, v in mapping.items()}
+
+
+def propagate_transforms(fusion: Fusion, ref: TensorView) -> None:
+    """Give every non-input tensor ``ref``'s splits, merges, order and parallel
+    types (for manual schedules).
+
+    >>> # out.split(0, 128); out.axis(0).parallelize(ParallelType.BIDx)
+    >>> # propagate_transforms(fd.fusion, out)
+    """
+    lmap = LogicalMap(fusion)
+    concretize_broadcasts(fusion, lmap)
+    propagate(ref, fusion.used_tvs(), lmap)

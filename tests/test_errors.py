@@ -1,0 +1,100 @@
+"""One test per user error, checking that the message names what is wrong."""
+
+import pytest
+import torch
+
+import circbuf as cb
+from tests.util import D, axpy_fusion
+
+
+def test_wrong_number_of_inputs():
+    fd = axpy_fusion(D.Float, 1)
+    with pytest.raises(cb.CircbufError, match=r"expected 2 inputs \(T0, T1\), got 1"):
+        fd.compile([torch.randn(4)], arch="sm_90a")
+    with pytest.raises(cb.CircbufError, match="expected 2 inputs"):
+        fd.execute([torch.randn(4)])
+
+
+def test_dtype_unlike_definition():
+    fd = axpy_fusion(D.BFloat16, 1)
+    with pytest.raises(cb.CircbufError, match=r"input 1 \(T1\): dtype torch.float32 does not match .*BFloat16"):
+        fd.compile([torch.randn(4, dtype=torch.bfloat16), torch.randn(4)], arch="sm_90a")
+
+
+def test_rank_unlike_definition():
+    fd = axpy_fusion(D.Float, 2)
+    with pytest.raises(cb.CircbufError, match=r"input 0 \(T0\): rank 1 does not match the definition's rank 2"):
+        fd.compile([torch.randn(4), torch.randn(4, 4)], arch="sm_90a")
+
+
+def test_inconsistent_symbolic_extents():
+    fd = axpy_fusion(D.Float, 2)
+    with pytest.raises(cb.CircbufError, match=r"extent i1 \(axis 1 of T0\) = 5 and extent i3 \(axis 1 of T1\) = 6"):
+        fd.compile([torch.randn(4, 5), torch.randn(4, 6)], arch="sm_90a")
+
+
+def test_fixed_and_broadcast_extents_checked():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([4, 1], dtype=D.Float)
+        fd.add_output(fd.ops.exp(x))
+    with pytest.raises(cb.CircbufError, match="axis 0 has size 3, the definition fixes 4"):
+        fd.compile([torch.randn(3, 1)], arch="sm_90a")
+    with pytest.raises(cb.CircbufError, match=r"axis 1 is defined as broadcast \(1\) but has size 2"):
+        fd.compile([torch.randn(4, 2)], arch="sm_90a")
+
+
+def test_contiguity_checked():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float, contiguity=[True, True])
+        fd.add_output(fd.ops.exp(x))
+    with pytest.raises(cb.CircbufError, match="axis 0 is defined contiguous but its stride is 10"):
+        fd.compile([torch.randn(4, 10)[:, :5]], arch="sm_90a")
+
+
+def test_cpu_tensor_passed_to_execute():
+    fd = axpy_fusion(D.Float, 1)
+    with pytest.raises(cb.CircbufError, match=r"input 0 \(T0\) is on cpu; execute needs CUDA tensors"):
+        fd.execute([torch.randn(4), torch.randn(4)])
+
+
+def test_non_tensor_and_scalar_inputs():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.Float)
+        s = fd.define_scalar()
+        fd.add_output(fd.ops.mul(x, s))
+    with pytest.raises(cb.CircbufError, match=r"input 0 \(T0\) must be a torch.Tensor, got list"):
+        fd.compile([[1.0], 2.0], arch="sm_90a")
+    with pytest.raises(cb.CircbufError, match=r"input 1 \(s0\) is a scalar; got Tensor"):
+        fd.compile([torch.randn(3), torch.randn(1)], arch="sm_90a")
+
+
+def test_unknown_schedule_override():
+    fd = axpy_fusion(D.Float, 1)
+    fd.fusion.schedule(stages=4)
+    with pytest.raises(cb.CircbufError, match=r"does not take stages \(TMA circular buffering is not built yet\)"):
+        fd.compile([torch.randn(8)] * 2, arch="sm_90a")
+    fd.fusion.schedule(vectorize=3)
+    with pytest.raises(cb.CircbufError, match=r"schedule\(vectorize=3\): must be a power of two"):
+        fd.compile([torch.randn(8)] * 2, arch="sm_90a")
+
+
+def test_reductions_over_different_axes_are_refused():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        fd.add_output(fd.ops.sum(x, [0]))
+        fd.add_output(fd.ops.sum(x, [1]))
+    with pytest.raises(cb.CircbufError, match="reduce different axes"):
+        fd.compile([torch.randn(4, 4)], arch="sm_90a")
+
+
+def test_unknown_dump_stage(monkeypatch):
+    monkeypatch.setenv("CIRCBUF_DUMP", "ptx_please")
+    fd = axpy_fusion(D.Float, 1)
+    with pytest.raises(cb.CircbufError, match="CIRCBUF_DUMP: unknown stage"):
+        fd.compile([torch.randn(8)] * 2, arch="sm_90a")
+
+
+def test_zero_size_compiles():
+    fd = axpy_fusion(D.Float, 2)
+    ck = fd.compile([torch.randn(0, 5)] * 2, arch="sm_90a")
+    assert ck.cubin

@@ -1,0 +1,89 @@
+"""Frontend: dtype rules, broadcasting, composites and definition-time errors."""
+
+import pytest
+
+import circbuf as cb
+from circbuf.ir import IterType
+
+D = cb.DataType
+
+
+def test_arithmetic_on_bf16_computes_in_fp32():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.BFloat16)
+        y = fd.ops.mul(x, 2.0)
+        c = fd.ops.lt(x, 0.0)
+        i = fd.define_tensor([-1], dtype=D.Int32)
+        assert y.dtype == D.Float and c.dtype == D.Bool
+        assert fd.ops.add(i, 1).dtype == D.Int32
+        assert fd.ops.div(i, 2).dtype == D.Float
+        assert fd.ops.sum(i, [0]).dtype == D.Int64
+        assert fd.ops.max(x, [0]).dtype == D.Float
+
+
+def test_implicit_broadcast_and_extent_equalities():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        b = fd.define_tensor([-1], dtype=D.Float)
+        col = fd.define_tensor([-1, 1], dtype=D.Float)
+        y = fd.ops.add(fd.ops.add(x, b), col)
+        fd.add_output(y)
+    assert y.ndim == 2 and all(a.iter_type == IterType.Iteration for a in y.logical)
+    eq = {(str(a), str(c)) for a, c in fd.fusion.extent_equalities}
+    assert ("i1", "i2") in eq and ("i0", "i3") in eq
+
+
+def test_fixed_extent_mismatch_is_a_definition_error():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([4, 8], dtype=D.Float)
+        y = fd.define_tensor([4, 9], dtype=D.Float)
+        with pytest.raises(cb.CircbufError, match="extents 8 and 9 of axis 1 do not match"):
+            fd.ops.add(x, y)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda fd, x: fd.ops.sum(x, [2]), "dim 2 out of range for T0"),
+        (lambda fd, x: fd.ops.sum(x, [0, -2]), "repeated dims"),
+        (lambda fd, x: fd.ops.cast(x, "float"), "must be a circbuf DataType"),
+        (lambda fd, x: fd.ops.softmax(x, 5), "dim 5 out of range"),
+        (lambda fd, x: fd.ops.broadcast_in_dim(x, [2, 3], [0]), "has 2 axes but broadcast_dims has 1"),
+        (lambda fd, x: fd.ops.matmul(x, fd.define_tensor([-1, -1, -1])), "needs a"),
+        (lambda fd, x: fd.ops.exp(3.0), "operand must be a tensor"),
+        (lambda fd, x: fd.define_tensor([-1], dtype="bf16"), "dtype must be a circbuf DataType"),
+        (lambda fd, x: fd.define_tensor([-1], contiguity=[True, True]), "contiguity has 2 entries"),
+    ],
+)
+def test_definition_errors(build, match):
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        with pytest.raises(cb.CircbufError, match=match):
+            build(fd, x)
+
+
+def test_output_must_be_produced_by_the_fusion():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.Float)
+        with pytest.raises(cb.CircbufError, match="is a fusion input, not produced by the fusion"):
+            fd.add_output(x)
+    with cb.FusionDefinition() as other:
+        y = other.define_tensor([-1], dtype=D.Float)
+    with pytest.raises(cb.CircbufError, match="not a tensor of this fusion"):
+        fd.add_output(y)
+    with pytest.raises(cb.CircbufError, match="belongs to another FusionDefinition"):
+        fd.ops.add(x, y)
+
+
+def test_composites_are_built_from_primitives():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Half)
+        w = fd.define_tensor([-1], dtype=D.Half)
+        b = fd.define_tensor([-1], dtype=D.Half)
+        ln = fd.ops.layer_norm(x, w, b, 1e-5)
+        rn = fd.ops.rms_norm(x, w, 1e-6)
+        fd.add_output(ln)
+        fd.add_output(rn)
+    names = {type(e).__name__ for e in fd.fusion.exprs()}
+    assert names <= {"CastOp", "ReductionOp", "BroadcastOp", "BinaryOp", "UnaryOp"}
+    assert ln.dtype == D.Half and rn.dtype == D.Half
