@@ -26,12 +26,18 @@ FUSIONS = {
     "silu": lambda: (unary_fusion("silu", D.BFloat16, 1), lambda dt: [torch.randn(1 << 20, dtype=dt)]),
     "gelu": lambda: (unary_fusion("gelu", D.Half, 2), lambda dt: [torch.randn(64, 1024, dtype=dt)]),
     "axpy": lambda: (axpy_fusion(D.BFloat16, 3), lambda dt: [torch.randn(4, 8, 64, dtype=dt)] * 2),
-    "softmax": lambda: (norm_fusion("softmax", D.BFloat16), lambda dt: norm_inputs("softmax", 32, 4096, dt, "cpu")),
+    "softmax": lambda: (
+        norm_fusion("softmax", D.BFloat16),
+        lambda dt: norm_inputs("softmax", 32, 4096, dt, "cpu"),
+    ),
     "layer_norm": lambda: (
         norm_fusion("layer_norm", D.BFloat16),
         lambda dt: norm_inputs("layer_norm", 32, 1000, dt, "cpu"),
     ),
-    "rms_norm": lambda: (norm_fusion("rms_norm", D.BFloat16), lambda dt: norm_inputs("rms_norm", 8, 8192, dt, "cpu")),
+    "rms_norm": lambda: (
+        norm_fusion("rms_norm", D.BFloat16),
+        lambda dt: norm_inputs("rms_norm", 8, 8192, dt, "cpu"),
+    ),
 }
 
 
@@ -64,8 +70,16 @@ def test_matmul_linear_broadcast_fusions_compile():
         w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
         b = fd.define_tensor([-1], dtype=D.BFloat16)
         fd.add_output(fd.ops.cast(fd.ops.gelu(fd.ops.linear(a, w, b)), D.BFloat16))
-    check_clean(fd.compile([torch.randn(16, 32, dtype=torch.bfloat16), torch.randn(8, 32, dtype=torch.bfloat16),
-                            torch.randn(8, dtype=torch.bfloat16)], arch="sm_90a"))
+    check_clean(
+        fd.compile(
+            [
+                torch.randn(16, 32, dtype=torch.bfloat16),
+                torch.randn(8, 32, dtype=torch.bfloat16),
+                torch.randn(8, dtype=torch.bfloat16),
+            ],
+            arch="sm_90a",
+        )
+    )
 
 
 def test_noncontiguous_inputs_use_runtime_strides():

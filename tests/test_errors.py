@@ -17,19 +17,25 @@ def test_wrong_number_of_inputs():
 
 def test_dtype_unlike_definition():
     fd = axpy_fusion(D.BFloat16, 1)
-    with pytest.raises(cb.CircbufError, match=r"input 1 \(T1\): dtype torch.float32 does not match .*BFloat16"):
+    with pytest.raises(
+        cb.CircbufError, match=r"input 1 \(T1\): dtype torch.float32 does not match .*BFloat16"
+    ):
         fd.compile([torch.randn(4, dtype=torch.bfloat16), torch.randn(4)], arch="sm_90a")
 
 
 def test_rank_unlike_definition():
     fd = axpy_fusion(D.Float, 2)
-    with pytest.raises(cb.CircbufError, match=r"input 0 \(T0\): rank 1 does not match the definition's rank 2"):
+    with pytest.raises(
+        cb.CircbufError, match=r"input 0 \(T0\): rank 1 does not match the definition's rank 2"
+    ):
         fd.compile([torch.randn(4), torch.randn(4, 4)], arch="sm_90a")
 
 
 def test_inconsistent_symbolic_extents():
     fd = axpy_fusion(D.Float, 2)
-    with pytest.raises(cb.CircbufError, match=r"extent i1 \(axis 1 of T0\) = 5 and extent i3 \(axis 1 of T1\) = 6"):
+    with pytest.raises(
+        cb.CircbufError, match=r"extent i1 \(axis 1 of T0\) = 5 and extent i3 \(axis 1 of T1\) = 6"
+    ):
         fd.compile([torch.randn(4, 5), torch.randn(4, 6)], arch="sm_90a")
 
 
@@ -71,7 +77,9 @@ def test_non_tensor_and_scalar_inputs():
 def test_unknown_schedule_override():
     fd = axpy_fusion(D.Float, 1)
     fd.fusion.schedule(stages=4)
-    with pytest.raises(cb.CircbufError, match=r"does not take stages \(TMA circular buffering is not built yet\)"):
+    with pytest.raises(
+        cb.CircbufError, match=r"does not take stages \(TMA circular buffering is not built yet\)"
+    ):
         fd.compile([torch.randn(8)] * 2, arch="sm_90a")
     fd.fusion.schedule(vectorize=3)
     with pytest.raises(cb.CircbufError, match=r"schedule\(vectorize=3\): must be a power of two"):
@@ -98,3 +106,27 @@ def test_zero_size_compiles():
     fd = axpy_fusion(D.Float, 2)
     ck = fd.compile([torch.randn(0, 5)] * 2, arch="sm_90a")
     assert ck.cubin
+
+
+def test_launch_plan_packs_sizes_strides_and_pointers():
+    """The argument buffer a launch passes, built on the CPU: each tensor is
+    {T* data; index_t size[N]; index_t stride[N]}, scalars follow."""
+    import ctypes
+    import struct
+
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        s = fd.define_scalar()
+        fd.add_output(fd.ops.mul(x, s))
+    xt = torch.randn(6, 10)[:, 1:8]  # non-contiguous view
+    ck = fd.compile([xt, 2.5], arch="sm_90a")
+    ex = fd._executor
+    info, _ = ex._bind([xt, 2.5], need_cuda=False)
+    plan = ex._build_plan(ck, info, torch.device("cpu"))
+    out = torch.empty(6, 7)
+    plan.write_args([xt, 2.5], [out])
+    raw = ctypes.string_at(plan.argbuf, len(plan.argbuf))
+    assert struct.unpack_from("<Q4i", raw, 0) == (xt.data_ptr(), 6, 7, 10, 1)
+    assert struct.unpack_from("<Q4i", raw, 24) == (out.data_ptr(), 6, 7, 7, 1)
+    assert struct.unpack_from("<d", raw, 48) == (2.5,)
+    assert plan.block[0] > 1 and plan.grid[0] >= 1 and not plan.empty

@@ -29,7 +29,15 @@ def norm_ids(text: str) -> str:
 
 
 def test_dtype_sizes_and_promotion():
-    assert [d.size for d in (D.Float, D.Double, D.Half, D.BFloat16, D.Int32, D.Int64, D.Bool)] == [4, 8, 2, 2, 4, 8, 1]
+    assert [d.size for d in (D.Float, D.Double, D.Half, D.BFloat16, D.Int32, D.Int64, D.Bool)] == [
+        4,
+        8,
+        2,
+        2,
+        4,
+        8,
+        1,
+    ]
     assert promote(D.Half, D.BFloat16) == D.Float
     assert promote(D.Int32, D.Half) == D.Half
     assert promote(D.Int32, D.Int64) == D.Int64

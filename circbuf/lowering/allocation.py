@@ -82,8 +82,12 @@ def insert_allocations(kernel: Kernel) -> Kernel:
         placed[id(tv)] = (host, Allocate(tv, allocation_size(tv), tv.memory_type))
 
     walk(kernel.body, visit)
-    for host, alloc in placed.values():
-        (host.body if host is not None else kernel.body).insert(0, alloc)
+    per_host: dict = {}
+    for host, alloc in placed.values():  # first-write order
+        per_host.setdefault(id(host), (host, []))[1].append(alloc)
+    for host, allocs in per_host.values():
+        body = host.body if host is not None else kernel.body
+        body[0:0] = allocs
     kernel.smem_bytes = sum(
         a.size * a.tv.dtype.size for _, a in placed.values() if a.memory == MemoryType.Shared
     )

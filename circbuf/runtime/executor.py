@@ -85,22 +85,9 @@ class _Plan:
     """A launch for one exact input signature."""
 
     __slots__ = (
-        "ck",
-        "grid",
-        "block",
-        "smem",
-        "out_specs",
-        "argbuf",
-        "argptrs",
-        "ptr_offsets",
-        "scalar_slots",
-        "empty",
-        "device",
-        "poison",
-        "launch",
-        "args_addr",
-        "dev_index",
-    )
+        "ck", "grid", "block", "smem", "out_specs", "argbuf", "argptrs", "args_addr", "ptr_offsets",
+        "ptr_slots", "scalar_slots", "tensor_inputs", "empty", "device", "dev_index", "poison", "launch",
+    )  # fmt: skip
 
     def run(self, inputs):
         import torch
@@ -112,6 +99,13 @@ class _Plan:
                 o.fill_(float("nan") if o.is_floating_point() else -1)
         if self.empty:
             return outs
+        self.write_args(inputs, outs)
+        stream = torch._C._cuda_getCurrentRawStream(self.dev_index)
+        self.launch(self.grid, self.block, self.smem, stream, self.args_addr)
+        return outs
+
+    def write_args(self, inputs, outs):
+        """Put this call's data pointers and scalars into the argument buffer."""
         slots = self.ptr_slots
         k = 0
         for x in self.tensor_inputs(inputs):
@@ -122,9 +116,6 @@ class _Plan:
             k += 1
         for pos, fmt, off in self.scalar_slots:
             struct.pack_into(fmt, self.argbuf, off, inputs[pos])
-        self.launch(self.grid, self.block, self.smem, torch._C._cuda_getCurrentRawStream(self.dev_index),
-                    self.args_addr)
-        return outs
 
 
 class FusionExecutor:
@@ -283,7 +274,10 @@ class FusionExecutor:
         try:
             if len(inputs) != self.n_inputs:
                 raise TypeError
-            key = [(x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.device) for x in self._tensor_inputs(inputs)]
+            key = [
+                (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.device)
+                for x in self._tensor_inputs(inputs)
+            ]
             key.append(self.fusion.schedule_version)
             key = tuple(key)
             plan = self._plans.get(key)
@@ -313,6 +307,14 @@ class FusionExecutor:
             ck = self._compile(info, device_arch())
             ck.loaded()
         self.last = ck
+        p = self._build_plan(ck, info, device)
+        p.launch = ck.loaded().launch
+        p.dev_index = device.index if device.index is not None else torch.cuda.current_device()
+        return p
+
+    def _build_plan(self, ck: CompiledKernel, info: InputInfo, device) -> _Plan:
+        """Launch geometry, output specs and the packed argument buffer for
+        one input signature (no CUDA calls: testable on the CPU)."""
         k = ck.kernel
         env = dict(info.extents)
         p = _Plan()
@@ -370,8 +372,6 @@ class FusionExecutor:
         p.ptr_slots = (ctypes.c_uint64 * (len(p.argbuf) // 8)).from_buffer(p.argbuf)
         p.ptr_offsets = [o // 8 for o in p.ptr_offsets]
         p.tensor_inputs = self._tensor_inputs
-        p.launch = ck.loaded().launch
-        p.dev_index = device.index if device.index is not None else torch.cuda.current_device()
         return p
 
 
