@@ -122,6 +122,8 @@ _dims = st.sampled_from([1, 2, 3, 7, 8, 16, 31, 128, 1000, 1024, 4099])
     transpose=st.booleans(),
 )
 def test_hypothesis_pointwise_compiles(shape, dtype, transpose):
+    while len(shape) > 1 and torch.Size(shape).numel() > 1 << 24:
+        shape = shape[1:]  # keep the CPU tensors small: only their layout matters here
     fd = axpy_fusion(dtype, len(shape))
     x = torch.empty(shape, dtype=TORCH[dtype])
     y = x
