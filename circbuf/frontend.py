@@ -99,7 +99,8 @@ class FusionDefinition:
 
     def execute(self, inputs):
         """Run on torch CUDA tensors; returns a list of output tensors."""
-        return self._get_executor().execute(inputs)
+        ex = self._executor or self._get_executor()
+        return ex.execute(inputs)
 
     def compile(self, inputs, arch: str | None = None):
         """Compile without running (no GPU needed when ``arch`` is given).

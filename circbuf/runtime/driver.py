@@ -56,43 +56,68 @@ class LoadedKernel:
             attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(drv.cuFuncSetAttribute(self.function, attr, smem_bytes), "cuFuncSetAttribute")
         self._fn = int(self.function)
-        self._launch = _raw_launch()
 
-    def launch(self, grid, block, smem: int, stream: int, params_addr: int):
-        # The per-call path: one C call through ctypes (the cuda-bindings
-        # wrapper costs several microseconds of argument conversion).
-        err = self._launch(
-            self._fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params_addr, None
-        )
-        if err:
-            check(_drv().CUresult(err), "cuLaunchKernel")
+    def launcher(self, grid, block, smem: int):
+        """A launch function for fixed geometry: ``launch(stream, params_addr)``.
+
+        The per-call path is one ``cuLaunchKernelEx`` through ctypes with four
+        pointer arguments; the CUlaunchConfig is built once here (the
+        cuda-bindings wrapper and an 11-argument ``cuLaunchKernel`` both cost
+        several microseconds of argument conversion per call).
+        """
+        import ctypes
+
+        cfg = _LaunchConfig(*grid, *block, smem, None, None, 0)
+        cfg_addr = ctypes.addressof(cfg)
+        fn, launch_ex = self._fn, _raw_launch_ex()
+
+        def launch(stream: int, params_addr: int):
+            if cfg.hStream != stream:
+                cfg.hStream = stream
+            err = launch_ex(cfg_addr, fn, params_addr, None)
+            if err:
+                check(_drv().CUresult(err), "cuLaunchKernelEx")
+
+        launch.config = cfg  # keeps the struct alive with the closure
+        return launch
 
 
+def _ctypes_config():
+    import ctypes
+
+    class LaunchConfig(ctypes.Structure):
+        _fields_ = [
+            ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+            ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+            ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+            ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint),
+        ]  # fmt: skip
+
+    return LaunchConfig
+
+
+class _LazyConfig:
+    cls = None
+
+    def __call__(self, *args):
+        if self.cls is None:
+            self.cls = _ctypes_config()
+        return self.cls(*args)
+
+
+_LaunchConfig = _LazyConfig()
 _RAW = None
 
 
-def _raw_launch():
-    """``cuLaunchKernel`` from libcuda through ctypes, typed once."""
+def _raw_launch_ex():
+    """``cuLaunchKernelEx`` from libcuda through ctypes, typed once."""
     global _RAW
     if _RAW is None:
         import ctypes
 
         lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernel
-        u = ctypes.c_uint
-        fn.argtypes = [
-            ctypes.c_void_p,
-            u,
-            u,
-            u,
-            u,
-            u,
-            u,
-            u,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-        ]
+        fn = lib.cuLaunchKernelEx
+        fn.argtypes = [ctypes.c_void_p] * 4
         fn.restype = ctypes.c_int
         _RAW = fn
     return _RAW

@@ -93,15 +93,15 @@ class _Plan:
         import torch
 
         dev = self.device
-        outs = [torch.empty(shape, dtype=dt, device=dev) for shape, dt in self.out_specs]
+        # sizes unpacked (torch.empty(4, 8)) parse faster than a tuple; () for 0-dim
+        outs = [torch.empty(*shape, dtype=dt, device=dev) for shape, dt in self.out_specs]
         if self.poison:
             for o in outs:
                 o.fill_(float("nan") if o.is_floating_point() else -1)
         if self.empty:
             return outs
         self.write_args(inputs, outs)
-        stream = torch._C._cuda_getCurrentRawStream(self.dev_index)
-        self.launch(self.grid, self.block, self.smem, stream, self.args_addr)
+        self.launch(torch._C._cuda_getCurrentRawStream(self.dev_index), self.args_addr)
         return outs
 
     def write_args(self, inputs, outs):
@@ -308,7 +308,7 @@ class FusionExecutor:
             ck.loaded()
         self.last = ck
         p = self._build_plan(ck, info, device)
-        p.launch = ck.loaded().launch
+        p.launch = ck.loaded().launcher(p.grid, p.block, p.smem)
         p.dev_index = device.index if device.index is not None else torch.cuda.current_device()
         return p
 
@@ -320,7 +320,7 @@ class FusionExecutor:
         p = _Plan()
         p.ck, p.device, p.poison = ck, device, knobs.poison_outputs()
         out_shapes = self._out_shapes(env)
-        p.out_specs = [(s, torch_dtype(o.dtype)) for s, o in zip(out_shapes, self.fusion.outputs)]
+        p.out_specs = [(s or ((),), torch_dtype(o.dtype)) for s, o in zip(out_shapes, self.fusion.outputs)]
         ev = {name: env[name] for name in env}
         p.grid = tuple(
             _launch_dim(k.launch.get(pt), ev)

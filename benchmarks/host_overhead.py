@@ -1,0 +1,65 @@
+"""Where the host time of a cached ``fd.execute`` goes (1024-element x*y+1).
+
+PYTHONPATH=. python benchmarks/host_overhead.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+import circbuf as cb  # noqa: E402
+
+D = cb.DataType
+
+
+def per_call_us(fn, n=5000):
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def main():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.BFloat16)
+        y = fd.define_tensor([-1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.mul(x, y), 1.0), D.BFloat16))
+    a = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    fd.execute([a, b])
+    ex = fd._executor
+    plan = next(iter(ex._plans.values()))
+    out = torch.empty(1024, device="cuda", dtype=torch.bfloat16)
+    stream = torch._C._cuda_getCurrentRawStream(0)
+    rows = {
+        "fd.execute": lambda: fd.execute([a, b]),
+        "executor.execute": lambda: ex.execute([a, b]),
+        "plan.run": lambda: plan.run([a, b]),
+        "torch.empty": lambda: torch.empty((1024,), dtype=torch.bfloat16, device=plan.device),
+        "write_args": lambda: plan.write_args([a, b], [out]),
+        "raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "launch only": lambda: plan.launch(stream, plan.args_addr),
+        "empty int size": lambda: torch.empty(1024, dtype=torch.bfloat16, device=plan.device),
+        "a.new_empty": lambda: a.new_empty((1024,)),
+        "empty_like": lambda: torch.empty_like(a),
+        "key": lambda: tuple(
+            [(t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.device) for t in (a, b)] + [0]
+        ),
+        "torch.add(x, 1)": lambda: torch.add(a, 1),
+        "torch x*y+1": lambda: a * b + 1,
+    }
+    print(f"GPU: {torch.cuda.get_device_name()}  host time per call, us")
+    for k, fn in rows.items():
+        print(f"  {k:18s} {per_call_us(fn):7.2f}")
+
+
+if __name__ == "__main__":
+    main()
