@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import torch
 
@@ -47,3 +48,15 @@ def write_json(name: str, rows):
 
 def gpu_name() -> str:
     return torch.cuda.get_device_name()
+
+
+def host_us_per_call(fn, n=2000) -> float:
+    """Wall-clock microseconds per call of a host-bound ``fn`` (tiny inputs)."""
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6

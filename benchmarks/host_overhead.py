@@ -6,25 +6,14 @@ PYTHONPATH=. python benchmarks/host_overhead.py
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import circbuf as cb  # noqa: E402
+from benchmarks.common import host_us_per_call  # noqa: E402
 
 D = cb.DataType
-
-
-def per_call_us(fn, n=5000):
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
 
 
 def main():
@@ -58,7 +47,7 @@ def main():
     }
     print(f"GPU: {torch.cuda.get_device_name()}  host time per call, us")
     for k, fn in rows.items():
-        print(f"  {k:18s} {per_call_us(fn):7.2f}")
+        print(f"  {k:18s} {host_us_per_call(fn, 5000):7.2f}")
 
 
 if __name__ == "__main__":

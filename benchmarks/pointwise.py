@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import circbuf as cb  # noqa: E402
-from benchmarks.common import bench_ms, copy_bandwidth_gbs, gpu_name, write_json  # noqa: E402
+from benchmarks.common import bench_ms, copy_bandwidth_gbs, gpu_name, host_us_per_call, write_json  # noqa: E402
 
 D = cb.DataType
 F = torch.nn.functional
@@ -45,15 +44,7 @@ def host_overhead_us(n_calls=2000):
     x = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
 
-    def per_call(fn):
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n_calls):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t) / n_calls * 1e6
+    per_call = host_us_per_call
 
     return {
         "circbuf_execute_us": per_call(lambda: fd.execute([x, y])),

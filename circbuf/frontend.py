@@ -62,7 +62,7 @@ class FusionDefinition:
             raise CircbufError(f"define_tensor: dtype must be a circbuf DataType, got {dtype!r}")
         ids = []
         for k, s in enumerate(shape):
-            if not isinstance(s, int) or isinstance(s, bool) or s < -1 or s == 0 and False:
+            if not isinstance(s, int) or isinstance(s, bool) or s < -1:
                 raise CircbufError(f"define_tensor: extent {s!r} of axis {k} must be -1 or >= 0")
             if s == -1:
                 ids.append(IterDomain(self.fusion.new_extent()))

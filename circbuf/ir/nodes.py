@@ -379,4 +379,3 @@ __all__ = [
     "IterType",
     "reduction_init",
 ]
-_ = IterType

@@ -355,15 +355,11 @@ def _linear(e: Scalar) -> dict:
                     m = tuple(sorted(mx + my, key=_atom_key))
                     out[m] = out.get(m, 0) + kx * ky
             return {m: k for m, k in out.items() if k}
-    return _recombine_divmod({(e,): 1})
+    return {(e,): 1}
 
 
 def _atom_key(a):
     return str(a)
-
-
-def _recombine_divmod(t: dict) -> dict:
-    return t
 
 
 def _from_linear(terms: dict) -> Scalar:

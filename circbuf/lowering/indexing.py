@@ -19,13 +19,11 @@ After::
 from __future__ import annotations
 
 from ..ir import (
-    BroadcastOp,
     Const,
     MemoryType,
     ReductionOp,
     Scalar,
     TensorView,
-    Var,
     transform_history,
 )
 from ..ir.iterdomain import Merge, Split
@@ -128,8 +126,6 @@ class _Indexer:
             red = isinstance(e, ReductionOp)
             if red:
                 ops = [lhs] + ops
-            if isinstance(e, BroadcastOp):
-                pass
             return Assign(
                 lhs,
                 e,
@@ -152,7 +148,6 @@ class _Indexer:
 
 def lower_indexing(kernel: Kernel) -> Kernel:
     """Entry: ExprStmt/ReductionInit -> Assign with explicit indices."""
-    _ = Var
     ix = _Indexer(kernel)
     kernel.body = rewrite(kernel.body, ix.lower)
     return kernel
