@@ -15,7 +15,9 @@ from .ir import (
     IterType,
     MemoryType,
     ParallelType,
+    Pipelined,
     TensorView,
+    WarpSpecialized,
 )
 
 __version__ = "0.1.0"
@@ -31,4 +33,6 @@ __all__ = [
     "MemoryType",
     "ParallelType",
     "TensorView",
+    "Pipelined",
+    "WarpSpecialized",
 ]

@@ -4,6 +4,9 @@
   as they are produced (``all`` for every one).
 - ``CIRCBUF_POISON_OUTPUTS=1``: fill outputs with NaN (all ones for integer
   types) before each launch, so elements a kernel fails to write show up.
+- ``CIRCBUF_DEBUG_HANG=<tries>``: every mbarrier wait gives up after that many
+  tries and traps; the runtime raises a CircbufError naming the barrier and
+  stage instead of hanging.
 - ``CIRCBUF_CACHE_DIR``: where compiled cubins are kept (default
   ``~/.cache/circbuf``); ``CIRCBUF_CACHE_DIR=`` (empty) turns the disk cache off.
 """
@@ -47,3 +50,16 @@ def cache_dir() -> str | None:
 
 def poison_outputs() -> bool:
     return os.environ.get("CIRCBUF_POISON_OUTPUTS", "") not in ("", "0")
+
+
+def debug_hang() -> int:
+    raw = os.environ.get("CIRCBUF_DEBUG_HANG", "")
+    if not raw:
+        return 0
+    try:
+        n = int(raw)
+    except ValueError:
+        from .ir import CircbufError
+
+        raise CircbufError(f"CIRCBUF_DEBUG_HANG={raw!r}: expected a number of tries") from None
+    return max(n, 0)

@@ -10,11 +10,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 python3 -c "import torch, cuda.bindings, hypothesis; from cuda.bindings import nvrtc; print('torch', torch.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:])" | tee -a "$OUT/gpu.txt"
 summary=()
 if [[ $what == tests || $what == all ]]; then
-  timeout 420 python3 -m pytest -q -x -p no:cacheprovider tests ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
+  CIRCBUF_DEBUG_HANG=${CIRCBUF_DEBUG_HANG:-2000000} timeout 480 python3 -m pytest -q -p no:cacheprovider tests ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
   summary+=("pytest: $(tail -n 1 "$OUT/pytest.log")")
 fi
 if [[ $what == bench || $what == all ]]; then
-  for b in ${BENCHES:-pointwise host_overhead}; do
+  for b in ${BENCHES:-pointwise host_overhead normalization}; do
     timeout 300 python3 benchmarks/$b.py ${BENCH_ARGS:-} > "$OUT/bench_$b.log" 2>&1
     summary+=("bench $b: exit $?")
   done
@@ -23,4 +23,4 @@ echo "================ summary ================"
 cat "$OUT/gpu.txt"
 for s in "${summary[@]}"; do echo "$s"; done
 grep -E "FAILED|Error" "$OUT/pytest.log" 2>/dev/null | head -20
-for b in ${BENCHES:-pointwise host_overhead}; do [[ -f $OUT/bench_$b.log ]] && tail -n ${TAIL:-12} "$OUT/bench_$b.log"; done
+for b in ${BENCHES:-pointwise host_overhead normalization}; do [[ -f $OUT/bench_$b.log ]] && tail -n ${TAIL:-12} "$OUT/bench_$b.log"; done

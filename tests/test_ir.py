@@ -159,8 +159,10 @@ def test_cache_after_and_before_rewire_uses():
     assert z.definition.inputs[0] is cz
     assert cz.definition.op_name == "add"
     assert fd.fusion.manual_schedule
-    with pytest.raises(cb.CircbufError, match="not supported yet"):
-        x.cache_after(op="tma")
+    with pytest.raises(cb.CircbufError, match="op='bulk' is not supported"):
+        x.cache_after(op="bulk")
+    with pytest.raises(cb.CircbufError, match="must be a global fusion input"):
+        c.cache_after(op="tma")
 
 
 def test_reduction_output_keeps_reduction_axis():

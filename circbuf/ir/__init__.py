@@ -1,5 +1,6 @@
 """The fusion IR: math only, no scheduling policy and no CUDA."""
 
+from .circular import Pipelined, WarpSpecialized
 from .dtype import DataType, compute_type, promote, promote_with_scalar
 from .errors import CircbufError
 from .fusion import Fusion, transform_history
@@ -21,6 +22,8 @@ from .nodes import (
 from .scalar import Bin, Const, Scalar, Var, as_scalar, ceil_div, evaluate, simplify
 
 __all__ = [
+    "Pipelined",
+    "WarpSpecialized",
     "DataType",
     "compute_type",
     "promote",

@@ -37,6 +37,7 @@ class ParallelType(Enum):
     TIDz = "threadIdx.z"
     Vectorize = "V"
     Unroll = "UR"
+    Bulk = "B"  # moved whole by one bulk (TMA) copy: no loop, no thread
 
     @property
     def is_block(self):
@@ -92,6 +93,12 @@ class IterDomain:
         """
         if not isinstance(ptype, ParallelType):
             raise CircbufError(f"parallelize: {ptype!r} is not a ParallelType")
+        if ptype == ParallelType.Bulk and not (
+            isinstance(self.loop_extent, Const) and 1 <= self.loop_extent.value <= 256
+        ):
+            raise CircbufError(
+                f"parallelize: a bulk (TMA box) axis needs a constant extent in [1, 256], got {self}"
+            )
         if ptype == ParallelType.Vectorize and not isinstance(self.loop_extent, Const):
             raise CircbufError(f"parallelize: vectorized axis {self} needs a constant extent")
         self.parallel_type = ptype

@@ -52,6 +52,7 @@ class TensorView:
         self.fusion = None
         self.name = "T?"
         self.is_input = False
+        self.circular = None  # (stages, prefetch, Pipelined | WarpSpecialized)
 
     # ------------------------------------------------------------ shape
     @property
@@ -170,16 +171,19 @@ class TensorView:
         The cache starts in local memory. ``op="tma"`` arrives with the circular
         buffering work.
         """
-        if op != "set":
-            raise CircbufError(f"cache_after: op={op!r} is not supported yet (supported: 'set')")
+        if op not in ("set", "tma"):
+            raise CircbufError(f"cache_after: op={op!r} is not supported (supported: 'set', 'tma')")
+        if op == "tma" and not (self.is_input and self.memory_type == MemoryType.Global):
+            raise CircbufError(f"cache_after(op='tma'): {self.name} must be a global fusion input")
         fusion = self._need_fusion("cache_after")
         fusion._caches_added = True
         uses = list(self.uses)
-        c = TensorView([i.clone() for i in self.domain.no_reductions()], self.dtype, MemoryType.Local)
+        mem = MemoryType.Shared if op == "tma" else MemoryType.Local
+        c = TensorView([i.clone() for i in self.domain.no_reductions()], self.dtype, mem)
         for i in c.logical:
             i.parallel_type = ParallelType.Serial
         fusion.register(c)
-        LoadStoreOp(c, self)
+        LoadStoreOp(c, self, kind=op)
         for e in uses:
             e.replace_input(self, c)
         return c
@@ -207,12 +211,64 @@ class TensorView:
             raise CircbufError(f"{what}: {self.name} is not part of a fusion")
         return self.fusion
 
+    def circular_buffer(self, stages: int, prefetch: int | None = None, type=None) -> TensorView:
+        """Pipeline this shared-memory TMA buffer over the innermost serial loop
+        left of its compute-at position: ``stages`` slots, ``prefetch`` loads in
+        flight (default ``stages - 1``), ``type`` Pipelined() or WarpSpecialized().
+
+        >>> # xs = x.cache_after(op="tma"); xs.inline_at(2); xs.circular_buffer(3)
+        """
+        from .circular import Pipelined, WarpSpecialized
+
+        type = Pipelined() if type is None else type
+        if not isinstance(type, (Pipelined, WarpSpecialized)):
+            raise CircbufError(
+                f"circular_buffer: type must be Pipelined(...) or WarpSpecialized(...), got {type!r}"
+            )
+        if not isinstance(stages, int) or stages < 2:
+            raise CircbufError(f"circular_buffer({self.name}): stages must be an int >= 2, got {stages!r}")
+        prefetch = stages - 1 if prefetch is None else prefetch
+        if not isinstance(prefetch, int) or not 0 < prefetch < stages:
+            raise CircbufError(
+                f"circular_buffer({self.name}): prefetch must satisfy 0 < prefetch < stages ({stages}), got {prefetch!r}"
+            )
+        if self.memory_type != MemoryType.Shared:
+            raise CircbufError(
+                f"circular_buffer({self.name}): the tensor must be in shared memory (it is {self.memory_type.name})"
+            )
+        d = self.definition
+        is_tma = isinstance(d, LoadStoreOp) and d.kind == "tma"
+        if isinstance(type, WarpSpecialized) and not is_tma:
+            raise CircbufError(
+                f"circular_buffer({self.name}): a warp-specialized buffer must be filled by TMA"
+            )
+        if self.circular_buffer_axis() is None:
+            raise CircbufError(
+                f"circular_buffer({self.name}): no serial loop left of its compute-at position "
+                f"({self.compute_at_pos}) to buffer over"
+            )
+        self.circular = (stages, prefetch, type)
+        if self.fusion is not None:
+            self.fusion._caches_added = True
+        return self
+
+    def circular_buffer_axis(self) -> int | None:
+        """Position of the loop the buffer rotates over: the innermost serial
+        axis left of the compute-at position."""
+        for k in range(self.compute_at_pos - 1, -1, -1):
+            ax = self.loop[k]
+            if ax.parallel_type in (ParallelType.Serial, ParallelType.Unroll) and not ax.is_broadcast:
+                return k
+        return None
+
     # ---------------------------------------------------------- printing
     def __str__(self):
         ids = ", ".join(str(i) for i in self.loop)
         s = f"{self.name}_{self.memory_type.value}_{self.dtype.short}[{ids}]"
         if self.compute_at_pos:
             s += f" ca_pos({self.compute_at_pos})"
+        if self.circular:
+            s += f" circular_buffer(stages={self.circular[0]}, prefetch={self.circular[1]}, {self.circular[2]})"
         return s
 
     __repr__ = __str__

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..ir import Const, DataType, Fusion, TensorView, Var
 from .allocation import insert_allocations
+from .circular_buffer import circular_buffer
 from .codegen import codegen
 from .indexing import lower_indexing
 from .kir import Kernel
@@ -22,6 +23,7 @@ PASSES = [
     ("indexing", lower_indexing),
     ("vectorize", vectorize_loops),
     ("predicate", insert_predicates),
+    ("circular_buffer", circular_buffer),
     ("simplify", simplify_indices),
     ("sync", insert_syncs),
 ]

@@ -1,9 +1,12 @@
 """Pass 2: allocate local and shared buffers.
 
 A buffer holds the loop axes right of its compute-at position, less the axes
-bound to threads/blocks (each thread owns its registers), broadcast axes and
-reduction axes. It is declared at the top of the innermost loop it is shared
-by (or of the kernel).
+bound to blocks, broadcast and reduction axes, and (for registers) thread
+axes: each thread owns its registers. Register buffers need constant sizes
+and are declared at the top of the innermost loop they are shared by. Shared
+buffers live in dynamic shared memory at 128-byte aligned offsets; their size
+may depend on extents (the runtime evaluates it at launch); a circular buffer
+holds ``stages`` copies.
 
 Before::
 
@@ -22,8 +25,10 @@ After::
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Const, MemoryType, TensorView, simplify
+from ..ir import CircbufError, Const, MemoryType, Scalar, TensorView, simplify
 from .kir import Allocate, ExprStmt, ForLoop, Kernel, ReductionInit, walk
+
+SMEM_ALIGN = 128  # TMA destinations need 128-byte alignment
 
 
 def allocation_axes(tv: TensorView) -> list:
@@ -43,24 +48,24 @@ def allocation_axes(tv: TensorView) -> list:
 
 def allocation_strides(tv: TensorView) -> list:
     """(axis, stride) for row-major storage over :func:`allocation_axes`."""
-    axes = allocation_axes(tv)
-    strides, s = [], 1
-    for ax in reversed(axes):
+    strides, s = [], Const(1)
+    for ax in reversed(allocation_axes(tv)):
         ext = simplify(ax.loop_extent)
-        if not isinstance(ext, Const):
+        if not isinstance(ext, Const) and tv.memory_type == MemoryType.Local:
             raise CircbufError(
-                f"{tv.name} ({tv.memory_type.name.lower()}) would need a buffer over axis {ax} "
+                f"{tv.name} (local) would need a buffer over axis {ax} "
                 f"of symbolic extent {ext}; inline it further (raise its compute-at position)"
             )
         strides.append((ax, s))
-        s *= ext.value
+        s = simplify(s * ext)
     return list(reversed(strides))
 
 
-def allocation_size(tv: TensorView) -> int:
-    size = 1
+def allocation_size(tv: TensorView) -> Scalar:
+    """Elements of one stage of the buffer."""
+    size = Const(1)
     for ax, _ in allocation_strides(tv):
-        size *= simplify(ax.loop_extent).value
+        size = simplify(size * ax.loop_extent)
     return size
 
 
@@ -79,16 +84,26 @@ def insert_allocations(kernel: Kernel) -> Kernel:
         for loop in stack:
             if isinstance(loop, ForLoop) and any(node.index.get(k) is loop.index for k in keys):
                 host = loop
-        placed[id(tv)] = (host, Allocate(tv, allocation_size(tv), tv.memory_type))
+        size = allocation_size(tv)
+        if tv.memory_type == MemoryType.Local:
+            size = size.value
+        stages = tv.circular[0] if tv.circular else 1
+        if tv.memory_type == MemoryType.Shared:
+            host = None  # dynamic shared memory is carved once, at the top
+        placed[id(tv)] = (host, Allocate(tv, size, tv.memory_type, stages))
 
     walk(kernel.body, visit)
+    offset = Const(0)
+    for _, a in placed.values():
+        if a.memory == MemoryType.Shared:
+            a.offset = offset
+            nbytes = simplify(a.size * (a.tv.dtype.size * a.stages))
+            offset = simplify(((offset + nbytes + (SMEM_ALIGN - 1)) // SMEM_ALIGN) * SMEM_ALIGN)
+    kernel.smem_bytes = offset if not (isinstance(offset, Const) and offset.value == 0) else 0
     per_host: dict = {}
     for host, alloc in placed.values():  # first-write order
         per_host.setdefault(id(host), (host, []))[1].append(alloc)
     for host, allocs in per_host.values():
         body = host.body if host is not None else kernel.body
         body[0:0] = allocs
-    kernel.smem_bytes = sum(
-        a.size * a.tv.dtype.size for _, a in placed.values() if a.memory == MemoryType.Shared
-    )
     return kernel

@@ -28,10 +28,20 @@ from .kir import (
     Assign,
     BlockReduce,
     BlockSync,
+    Comment,
+    Fence,
     ForLoop,
     IfThenElse,
     Kernel,
+    MBarrierAlloc,
+    MBarrierArrive,
+    MBarrierArriveExpectTx,
+    MBarrierInit,
+    MBarrierInval,
+    MBarrierRef,
+    MBarrierWait,
     TensorRef,
+    TmaLoad,
 )
 from .prelude import PRELUDE
 
@@ -82,8 +92,9 @@ def literal(c: Const, dt: DataType) -> str:
 
 
 class CudaCodegen:
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: Kernel, debug_hang: int = 0):
         self.k = kernel
+        self.debug_hang = debug_hang if kernel.barrier_names else 0
         self.lines: list[str] = []
         self.ind = 1
         self.red_smem: list[str] = []
@@ -155,9 +166,52 @@ class CudaCodegen:
     def visit_Allocate(self, n: Allocate):
         t = n.tv.dtype.value
         if n.memory == MemoryType.Shared:
-            self.emit(f"__shared__ __align__(16) {t} {n.tv.name}[{n.size}];")
+            stages = f" x {n.stages} stages" if n.stages > 1 else ""
+            self.emit(f"// {n.tv.name}: {self.scalar(n.size)} elements{stages}")
+            self.emit(f"{t}* {n.tv.name} = reinterpret_cast<{t}*>(cb_smem + {self.scalar(n.offset)});")
         else:
             self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}];")
+
+    def bar(self, r: MBarrierRef) -> str:
+        return f"&{r.name}[{self.scalar(r.stage)}]"
+
+    def visit_MBarrierAlloc(self, n: MBarrierAlloc):
+        self.emit(f"__shared__ __align__(8) unsigned long long {n.name}[{n.count}];")
+
+    def visit_MBarrierInit(self, n: MBarrierInit):
+        self.emit(f"cb::mbar_init({self.bar(n.bar)}, {self.scalar(n.arrivals)});")
+
+    def visit_MBarrierInval(self, n: MBarrierInval):
+        self.emit(f"cb::mbar_inval({self.bar(n.bar)});")
+
+    def visit_MBarrierArriveExpectTx(self, n: MBarrierArriveExpectTx):
+        self.emit(f"cb::mbar_arrive_expect_tx({self.bar(n.bar)}, (unsigned)({self.scalar(n.bytes)}));")
+
+    def visit_MBarrierArrive(self, n: MBarrierArrive):
+        self.emit(f"cb::mbar_arrive({self.bar(n.bar)});")
+
+    def visit_MBarrierWait(self, n: MBarrierWait):
+        parity = f"(unsigned)({self.scalar(n.parity)})"
+        if self.debug_hang:
+            bid = self.k.barrier_names.index(n.bar.name)
+            self.emit(
+                f"cb::mbar_wait_bounded({self.bar(n.bar)}, {parity}, {self.debug_hang}LL, {bid}, "
+                f"(int)({self.scalar(n.bar.stage)}), cb_hang);"
+            )
+        else:
+            self.emit(f"cb::mbar_wait({self.bar(n.bar)}, {parity});")
+
+    def visit_Fence(self, n: Fence):
+        self.emit(
+            {"mbarrier_init": "cb::fence_mbarrier_init();", "proxy_async": "cb::fence_proxy_async();"}[n.kind]
+        )
+
+    def visit_Comment(self, n: Comment):
+        self.emit(f"// {n.text}")
+
+    def visit_TmaLoad(self, n: TmaLoad):
+        coords = ", ".join(f"(int)({self.scalar(c)})" for c in n.coords)
+        self.emit(f"cb::tma_load(&{self.ref(n.dst)}, &tmap{n.map_index}, {self.bar(n.bar)}, {coords});")
 
     def visit_BlockSync(self, n: BlockSync):
         self.emit(f"__syncthreads();  // {n.reason}")
@@ -219,6 +273,10 @@ class CudaCodegen:
             params.append(f"Tensor<{p.tv.dtype.value}, {p.tv.ndim}> {p.tv.name}")
         for v in k.scalar_params:
             params.append(f"{_SCALAR_T[v.dtype]} {v.name}")
+        for m in range(len(k.tensor_maps)):
+            params.append(f"const __grid_constant__ CUtensorMap tmap{m}")
+        if self.debug_hang:
+            params.append("unsigned* cb_hang")
         self.ind = 1
         for name, (pi, d) in sorted(k.extent_bindings.items(), key=lambda x: int(x[0][1:])):
             self.emit(f"const index_t {name} = {k.tensor_params[pi].tv.name}.size[{d}];")
@@ -226,6 +284,8 @@ class CudaCodegen:
             self.node(n)
         body = self.lines
         smem = ["  " + s for s in self.red_smem]
+        if k.smem_bytes:
+            smem.insert(0, "  extern __shared__ __align__(1024) unsigned char cb_smem[];")
         index_t = "int" if k.index_type == DataType.Int32 else "long long"
         head = [
             f"typedef {index_t} index_t;",
@@ -245,6 +305,10 @@ def _operand_type(e) -> DataType:
     return e.out.dtype
 
 
-def codegen(kernel: Kernel) -> str:
-    """Entry: Kernel -> CUDA source (prelude included)."""
-    return CudaCodegen(kernel).generate()
+def codegen(kernel: Kernel, debug_hang: int = 0) -> str:
+    """Entry: Kernel -> CUDA source (prelude included). ``debug_hang`` > 0
+    bounds every mbarrier wait to that many tries (CIRCBUF_DEBUG_HANG)."""
+    cg = CudaCodegen(kernel, debug_hang)
+    src = cg.generate()
+    kernel.hang_record = bool(cg.debug_hang)
+    return src

@@ -19,16 +19,30 @@ After::
 from __future__ import annotations
 
 from ..ir import (
+    CircbufError,
     Const,
+    LoadStoreOp,
     MemoryType,
+    ParallelType,
     ReductionOp,
     Scalar,
     TensorView,
+    simplify,
     transform_history,
 )
 from ..ir.iterdomain import Merge, Split
 from .allocation import allocation_strides
-from .kir import Assign, BlockReduce, ExprStmt, Kernel, ReductionInit, TensorRef, rewrite
+from .kir import (
+    Assign,
+    BlockReduce,
+    ExprStmt,
+    Kernel,
+    ReductionInit,
+    TensorMapSpec,
+    TensorRef,
+    TmaLoad,
+    rewrite,
+)
 
 
 def loop_to_ids(tv: TensorView, loop_index: dict) -> dict:
@@ -114,7 +128,58 @@ class _Indexer:
             return TensorRef(p, self.global_index(p, plog))
         return TensorRef(p, self.buffer_index(p, logical_to_ids(p, plog)))
 
+    def tma_load(self, node) -> TmaLoad:
+        """A bulk copy of the box whose first element the loop indices name."""
+        e = node.expr
+        out, g = e.out, e.inputs[0]
+        ids = loop_to_ids(out, node.index)
+        dst = TensorRef(out, self.buffer_index(out, node.index))
+        to_g = {c.id: d for d, (_, c) in enumerate(e.logical_map(g))}
+        dims, covered = [], set()
+        for ax in out.loop:
+            if ax.parallel_type != ParallelType.Bulk:
+                continue
+            t = ax.definition
+            if not (isinstance(t, Split) and t.inner is ax and t.inner_split):
+                raise CircbufError(f"{out.name}: bulk axis {ax} must be the inner part of a split")
+            leaves = _merged_leaves(t.in_)
+            if leaves is None:
+                raise CircbufError(
+                    f"{out.name}: bulk axis {ax} must split logical axes joined by merges only"
+                )
+            axes = tuple(to_g[i.id] for i in leaves)
+            covered.update(axes)
+            dims.append((axes, simplify_box(ax), ids[t.in_.id]))
+        for d, (_, c) in enumerate(e.logical_map(g)):
+            if d not in covered:
+                dims.append(((d,), 1, ids.get(c.id, Const(0))))
+        dims.sort(key=lambda x: -x[0][-1])  # innermost logical axis first
+        if len(dims) > 5:
+            raise CircbufError(f"{out.name}: a tensor map has at most 5 dims, this copy needs {len(dims)}")
+        box = [b for _, b, _ in dims]
+        if (box[0] * g.dtype.size) % 16:
+            raise CircbufError(
+                f"{out.name}: the innermost box extent ({box[0]} x {g.dtype.size} B) must be a multiple of 16 bytes"
+            )
+        # the box lands densely: its axes must be the buffer's innermost, in order
+        strides = dict((a.id, s) for a, s in allocation_strides(out))
+        expect = 1
+        for ax in reversed([a for a in out.loop if a.parallel_type == ParallelType.Bulk]):
+            if simplify(strides.get(ax.id, Const(-1))) != Const(expect):
+                raise CircbufError(
+                    f"{out.name}: bulk axes must be the innermost axes of the buffer, in order"
+                )
+            expect *= simplify_box(ax)
+        param = next(k for k, p in enumerate(self.k.tensor_params) if p.tv is g)
+        self.k.tensor_maps.append(TensorMapSpec(param, [(a, b) for a, b, _ in dims]))
+        nbytes = g.dtype.size
+        for b in box:
+            nbytes *= b
+        return TmaLoad(dst, len(self.k.tensor_maps) - 1, [c for _, _, c in dims], nbytes)
+
     def lower(self, node):
+        if isinstance(node, ExprStmt) and isinstance(node.expr, LoadStoreOp) and node.expr.kind == "tma":
+            return self.tma_load(node)
         if isinstance(node, ExprStmt):
             e = node.expr
             out = e.out
@@ -151,3 +216,18 @@ def lower_indexing(kernel: Kernel) -> Kernel:
     ix = _Indexer(kernel)
     kernel.body = rewrite(kernel.body, ix.lower)
     return kernel
+
+
+def simplify_box(ax) -> int:
+    return int(ax.loop_extent.value)
+
+
+def _merged_leaves(i):
+    """Logical axes merged (outer to inner) into ``i``, or None if a split is in the way."""
+    d = i.definition
+    if d is None:
+        return [i]
+    if isinstance(d, Merge):
+        a, b = _merged_leaves(d.outer), _merged_leaves(d.inner)
+        return None if a is None or b is None else a + b
+    return None

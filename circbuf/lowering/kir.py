@@ -58,12 +58,22 @@ class IfThenElse(Node):
 
 @dataclass(eq=False)
 class Allocate(Node):
+    """A buffer. Shared buffers live in dynamic shared memory at ``offset``
+    bytes; a circular buffer holds ``stages`` copies of ``size`` elements."""
+
     tv: TensorView
-    size: int
+    size: object  # elements per stage (int, or Scalar for shared memory)
     memory: MemoryType
+    stages: int = 1
+    offset: object = None
 
     def lines(self, ind):
-        return ["  " * ind + f"ALLOC {self.tv.name}_{self.memory.value}_{self.tv.dtype.short}[{self.size}]"]
+        st = f" x {self.stages} stages" if self.stages > 1 else ""
+        at = f" @smem+{self.offset}" if self.offset is not None else ""
+        return [
+            "  " * ind
+            + f"ALLOC {self.tv.name}_{self.memory.value}_{self.tv.dtype.short}[{self.size}]{st}{at}"
+        ]
 
 
 @dataclass(eq=False)
@@ -139,6 +149,114 @@ class Assign(Node):
 
 
 @dataclass(eq=False)
+class TensorMapSpec:
+    """A tensor map the runtime encodes for a TMA copy of parameter
+    ``param``: each map dim (innermost first) flattens the logical axes
+    ``axes`` (outer to inner) and moves ``box`` elements per copy."""
+
+    param: int
+    dims: list  # list of (axes tuple, box)
+
+    def __str__(self):
+        return f"tmap(param {self.param}, " + ", ".join(f"{list(a)}:{b}" for a, b in self.dims) + ")"
+
+
+@dataclass(eq=False)
+class TmaLoad(Node):
+    """One bulk tensor copy global -> shared, completing on ``bar``."""
+
+    dst: TensorRef
+    map_index: int
+    coords: list  # innermost first
+    box_bytes: int
+    bar: object = None  # MBarrierRef, set by the circular-buffer pass
+
+    def lines(self, ind):
+        c = ", ".join(str(x) for x in self.coords)
+        return ["  " * ind + f"TMA_LOAD {self.dst} <- tmap{self.map_index}{{{c}}} on {self.bar}"]
+
+
+@dataclass(eq=False)
+class MBarrierRef:
+    name: str
+    stage: object  # Scalar
+
+    def __str__(self):
+        return f"{self.name}[{self.stage}]"
+
+
+@dataclass(eq=False)
+class MBarrierAlloc(Node):
+    name: str
+    count: int
+
+    def lines(self, ind):
+        return ["  " * ind + f"ALLOC mbarrier {self.name}[{self.count}]"]
+
+
+@dataclass(eq=False)
+class MBarrierInit(Node):
+    bar: MBarrierRef
+    arrivals: object
+
+    def lines(self, ind):
+        return ["  " * ind + f"MBARRIER_INIT {self.bar} arrivals={self.arrivals}"]
+
+
+@dataclass(eq=False)
+class MBarrierInval(Node):
+    bar: MBarrierRef
+
+    def lines(self, ind):
+        return ["  " * ind + f"MBARRIER_INVAL {self.bar}"]
+
+
+@dataclass(eq=False)
+class MBarrierArriveExpectTx(Node):
+    bar: MBarrierRef
+    bytes: object
+
+    def lines(self, ind):
+        return ["  " * ind + f"MBARRIER_ARRIVE_EXPECT_TX {self.bar} bytes={self.bytes}"]
+
+
+@dataclass(eq=False)
+class MBarrierArrive(Node):
+    bar: MBarrierRef
+
+    def lines(self, ind):
+        return ["  " * ind + f"MBARRIER_ARRIVE {self.bar}"]
+
+
+@dataclass(eq=False)
+class MBarrierWait(Node):
+    bar: MBarrierRef
+    parity: object
+
+    def lines(self, ind):
+        return ["  " * ind + f"MBARRIER_WAIT {self.bar} parity={self.parity}"]
+
+
+@dataclass(eq=False)
+class Fence(Node):
+    """``mbarrier_init`` (fence.mbarrier_init.release.cluster) or
+    ``proxy_async`` (fence.proxy.async.shared::cta)."""
+
+    kind: str
+
+    def lines(self, ind):
+        return ["  " * ind + f"FENCE {self.kind}"]
+
+
+@dataclass(eq=False)
+class Comment(Node):
+    text: str
+
+    def lines(self, ind):
+        return ["  " * ind + f"// {self.text}"]
+
+
+@dataclass(eq=False)
 class BlockSync(Node):
     reason: str = ""
 
@@ -164,16 +282,27 @@ class Kernel:
     extent_bindings: dict  # extent name -> (param index, dim)
     strides: dict  # (tv name, dim) -> Scalar stride expression
     index_type: DataType = DataType.Int32
-    smem_bytes: int = 0
+    smem_bytes: object = 0  # dynamic shared memory: int or Scalar of extents
     max_threads: int = 0
+    circular_loops: dict = field(default_factory=dict)  # tv name -> loop key
+    tensor_maps: list = field(default_factory=list)  # TensorMapSpec, passed after scalars
+    barrier_names: list = field(default_factory=list)  # for hang diagnostics
+    min_blocks: int = 0  # __launch_bounds__ second argument, 0: none
+    hang_record: bool = False  # the kernel takes a host-mapped record (CIRCBUF_DEBUG_HANG)
 
     def __str__(self):
         grid = [str(self.launch.get(p, 1)) for p in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)]
         block = [
             str(self.launch.get(p, 1)) for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
         ]
-        params = ", ".join([p.tv.name for p in self.tensor_params] + [v.name for v in self.scalar_params])
+        params = ", ".join(
+            [p.tv.name for p in self.tensor_params]
+            + [v.name for v in self.scalar_params]
+            + [f"tmap{k}" for k in range(len(self.tensor_maps))]
+        )
         head = f"kernel {self.name}({params}) grid({', '.join(grid)}) block({', '.join(block)})"
+        if self.smem_bytes:
+            head += f" smem({self.smem_bytes})"
         return "\n".join([head] + _block(self.body, 1))
 
 

@@ -139,6 +139,9 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
                 index[ax.id] = Var(pt.value, lo=0, hi=hi)
                 continue
             key = uf.find(ax.id)
+            if pt == ParallelType.Bulk:  # the copy moves the whole box: index of its first element
+                index[ax.id] = Const(0)
+                continue
             if (ax.is_broadcast and key not in shared) or is_const(ax.loop_extent, 1):
                 index[ax.id] = Const(0)
                 continue
@@ -177,7 +180,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             threads *= ext.value
     if threads > 1024:
         raise CircbufError(f"{threads} threads per block exceeds the limit of 1024")
-    return Kernel(
+    kernel = Kernel(
         name=name,
         body=body,
         tensor_params=params,
@@ -187,6 +190,11 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
         strides={},
         max_threads=threads,
     )
+    for tv in fusion.used_tvs():
+        if tv.circular is not None:
+            k = tv.circular_buffer_axis()
+            kernel.circular_loops[tv.name] = uf.find(tv.loop[k].id)
+    return kernel
 
 
 def _check_reduction(out: TensorView):

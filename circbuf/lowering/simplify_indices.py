@@ -7,7 +7,18 @@ After::   T2[threadIdx.x]
 from __future__ import annotations
 
 from ..ir import simplify
-from .kir import Assign, BlockReduce, ForLoop, IfThenElse, Kernel, TensorRef, walk
+from .kir import (
+    Assign,
+    BlockReduce,
+    ForLoop,
+    IfThenElse,
+    Kernel,
+    MBarrierArriveExpectTx,
+    MBarrierWait,
+    TensorRef,
+    TmaLoad,
+    walk,
+)
 
 
 def simplify_indices(kernel: Kernel) -> Kernel:
@@ -28,6 +39,13 @@ def simplify_indices(kernel: Kernel) -> Kernel:
             node.cond = simplify(node.cond)
         elif isinstance(node, ForLoop):
             node.extent = simplify(node.extent)
+        elif isinstance(node, TmaLoad):
+            ref(node.dst)
+            node.coords = [simplify(c) for c in node.coords]
+        elif isinstance(node, MBarrierWait):
+            node.parity = simplify(node.parity)
+        elif isinstance(node, MBarrierArriveExpectTx):
+            node.bytes = simplify(node.bytes)
 
     walk(kernel.body, fn)
     return kernel

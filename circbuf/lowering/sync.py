@@ -22,12 +22,21 @@ from ..ir import MemoryType
 from .kir import Assign, BlockSync, ForLoop, IfThenElse, Kernel, TensorRef
 
 
+def _synced_by_barriers(tv) -> bool:
+    d = tv.definition
+    return getattr(d, "kind", None) == "tma"  # mbarriers order these (circular-buffer pass)
+
+
 def _access(node, reads, writes):
     if isinstance(node, Assign):
-        if node.lhs.tv.memory_type == MemoryType.Shared:
+        if node.lhs.tv.memory_type == MemoryType.Shared and not _synced_by_barriers(node.lhs.tv):
             writes.add(node.lhs.tv.name)
         for o in node.operands:
-            if isinstance(o, TensorRef) and o.tv.memory_type == MemoryType.Shared:
+            if (
+                isinstance(o, TensorRef)
+                and o.tv.memory_type == MemoryType.Shared
+                and not _synced_by_barriers(o.tv)
+            ):
                 reads.add(o.tv.name)
     elif isinstance(node, ForLoop):
         for n in node.body:

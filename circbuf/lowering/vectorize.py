@@ -16,7 +16,7 @@ After::
 
 from __future__ import annotations
 
-from ..ir import CircbufError, LoadStoreOp, ParallelType, simplify
+from ..ir import BroadcastOp, CircbufError, LoadStoreOp, ParallelType, simplify
 from ..ir.scalar import Const, substitute
 from .kir import Assign, ForLoop, Kernel, TensorRef, rewrite
 
@@ -28,7 +28,8 @@ def vectorize_loops(kernel: Kernel) -> Kernel:
         if not isinstance(node, ForLoop) or node.ptype != ParallelType.Vectorize:
             return None
         body = node.body
-        if len(body) != 1 or not isinstance(body[0], Assign) or not isinstance(body[0].expr, LoadStoreOp):
+        copy = (LoadStoreOp, BroadcastOp)
+        if len(body) != 1 or not isinstance(body[0], Assign) or not isinstance(body[0].expr, copy):
             what = ", ".join(type(b).__name__ for b in body)
             raise CircbufError(f"a vectorized loop must hold exactly one copy (set), found: {what}")
         ext = simplify(node.extent)

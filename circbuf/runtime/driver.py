@@ -52,10 +52,16 @@ class LoadedKernel:
         drv = _drv()
         self.module = check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.function = check(drv.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
-        if smem_bytes > 48 * 1024:
-            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            check(drv.cuFuncSetAttribute(self.function, attr, smem_bytes), "cuFuncSetAttribute")
         self._fn = int(self.function)
+        self._smem_limit = 48 * 1024
+
+    def ensure_smem(self, nbytes: int):
+        """Raise the kernel's dynamic shared memory limit to ``nbytes`` if needed."""
+        if nbytes > self._smem_limit:
+            drv = _drv()
+            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(drv.cuFuncSetAttribute(self.function, attr, nbytes), "cuFuncSetAttribute")
+            self._smem_limit = nbytes
 
     def launcher(self, grid, block, smem: int):
         """A launch function for fixed geometry: ``launch(stream, params_addr)``.

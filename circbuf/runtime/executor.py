@@ -65,7 +65,7 @@ class CompiledKernel:
         if self._loaded is None:
             from .driver import LoadedKernel
 
-            self._loaded = LoadedKernel(self.cubin, self.name, self.kernel.smem_bytes)
+            self._loaded = LoadedKernel(self.cubin, self.name, 0)
         return self._loaded
 
     def sass(self) -> str:
@@ -87,6 +87,7 @@ class _Plan:
     __slots__ = (
         "ck", "grid", "block", "smem", "out_specs", "argbuf", "argptrs", "args_addr", "ptr_offsets",
         "ptr_slots", "scalar_slots", "tensor_inputs", "empty", "device", "dev_index", "poison", "launch",
+        "tmaps", "hang", "name",
     )  # fmt: skip
 
     def run(self, inputs):
@@ -102,6 +103,8 @@ class _Plan:
             return outs
         self.write_args(inputs, outs)
         self.launch(torch._C._cuda_getCurrentRawStream(self.dev_index), self.args_addr)
+        if self.hang is not None:
+            _check_hang(self, self.hang)
         return outs
 
     def write_args(self, inputs, outs):
@@ -116,6 +119,23 @@ class _Plan:
             k += 1
         for pos, fmt, off in self.scalar_slots:
             struct.pack_into(fmt, self.argbuf, off, inputs[pos])
+        for m in self.tmaps:  # re-encoded only when the tensor's address changes
+            t = inputs[m.input_pos]
+            ptr = t.data_ptr()
+            if ptr != m.ptr:
+                from .tensormap import encode
+
+                ctypes.memmove(ctypes.addressof(self.argbuf) + m.offset, encode(m.spec, t, m.name), 128)
+                m.ptr = ptr
+
+
+@dataclass
+class _MapSlot:
+    spec: object
+    input_pos: int
+    offset: int
+    name: str
+    ptr: int = -1
 
 
 class FusionExecutor:
@@ -198,7 +218,11 @@ class FusionExecutor:
                     f"extent {a} ({where.get(str(a), a)}) = {va} and extent {b} "
                     f"({where.get(str(b), b)}) = {vb} must be equal: the fusion combines them elementwise"
                 )
-        return InputInfo(tuple(infos), env), device
+        sm, smem = 132, 232448
+        if need_cuda and device is not None:
+            props = _device_props(device)
+            sm, smem = props
+        return InputInfo(tuple(infos), env, sm, smem), device
 
     # ---------------------------------------------------------- compile
     def _layout(self, info: InputInfo, out_shapes):
@@ -237,7 +261,7 @@ class FusionExecutor:
         else:
             canonicalize_extents(fusion)
             sched, params = compute_params(fusion, info, overrides)
-        key = (params, contig, index_type, arch, id(self.fusion) if manual else None)
+        key = (params, contig, index_type, arch, id(self.fusion) if manual else None, knobs.debug_hang())
         ck = self._compiled.get(key)
         if ck is not None:
             return ck
@@ -250,7 +274,7 @@ class FusionExecutor:
         name = f"circbuf_{sched.name if sched else 'manual'}"
         kernel = lower(fusion, contiguity=contig, index_type=index_type, name=name)
         knobs.dump("kernel_ir", kernel)
-        src = codegen(kernel)
+        src = codegen(kernel, debug_hang=knobs.debug_hang())
         knobs.dump("cuda", src)
         from .nvrtc import compile_cuda
 
@@ -308,6 +332,7 @@ class FusionExecutor:
             ck.loaded()
         self.last = ck
         p = self._build_plan(ck, info, device)
+        ck.loaded().ensure_smem(p.smem)
         p.launch = ck.loaded().launcher(p.grid, p.block, p.smem)
         p.dev_index = device.index if device.index is not None else torch.cuda.current_device()
         return p
@@ -330,7 +355,11 @@ class FusionExecutor:
             _launch_dim(k.launch.get(pt), ev)
             for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
         )
-        p.smem = k.smem_bytes
+        p.smem = int(evaluate(k.smem_bytes, ev)) if not isinstance(k.smem_bytes, int) else k.smem_bytes
+        if p.smem > info.smem_per_block:
+            raise CircbufError(
+                f"{ck.name} needs {p.smem} bytes of shared memory; the limit per block is {info.smem_per_block}"
+            )
         numel_zero = any(0 in s for s in out_shapes)
         p.empty = numel_zero or 0 in p.grid
         if max(p.grid[1:]) > 65535 or p.grid[0] > _INT32_LIMIT:
@@ -363,6 +392,8 @@ class FusionExecutor:
             p.scalar_slots.append((pos, fmt, off))
             blobs.append((off, b"\0" * 8))
             off += 8
+        p.tmaps, p.hang, off = self._extra_args(ck, info, out_shapes, blobs, off)
+        p.name = ck.name
         p.argbuf = ctypes.create_string_buffer(max(off, 8) + (-max(off, 8) % 8))
         for o, blob in blobs:
             ctypes.memmove(ctypes.addressof(p.argbuf) + o, blob, len(blob))
@@ -373,6 +404,83 @@ class FusionExecutor:
         p.ptr_offsets = [o // 8 for o in p.ptr_offsets]
         p.tensor_inputs = self._tensor_inputs
         return p
+
+    def _extra_args(self, ck, info, out_shapes, blobs, off):
+        """Tensor maps and the hang record follow the scalars in the parameters."""
+        k = ck.kernel
+        maps = []
+        tpos = self._tpos
+        for spec in k.tensor_maps:
+            if spec.param >= len(tpos):
+                raise CircbufError("TMA copies are supported from fusion inputs only")
+            name = self.fusion.inputs[tpos[spec.param]].name
+            t = info.tensors[tpos[spec.param]]
+            if not p_empty(out_shapes):
+                from .tensormap import check_map, map_geometry
+
+                dims, gstr, box = map_geometry(spec, t.sizes, t.strides, t.itemsize)
+                check_map(name, t.align, dims, gstr, box, t.itemsize)
+            maps.append(_MapSlot(spec, tpos[spec.param], off, name))
+            blobs.append((off, b"\0" * 128))
+            off += 128
+        hang = None
+        if k.hang_record:
+            import torch
+
+            hang = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+            blobs.append((off, struct.pack("<Q", hang.data_ptr())))
+            off += 8
+        return maps, hang, off
+
+
+def p_empty(out_shapes) -> bool:
+    return any(0 in s for s in out_shapes)
+
+
+_PROPS: dict = {}
+
+
+def _device_props(device):
+    """(SM count, opt-in shared memory per block) of a CUDA device, cached."""
+    import torch
+
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _PROPS:
+        from cuda.bindings import driver as drv
+
+        from .driver import check, init
+
+        init()
+        a = drv.CUdevice_attribute
+        dev = check(drv.cuDeviceGet(idx), "cuDeviceGet")
+        sm = check(
+            drv.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute"
+        )
+        smem = check(
+            drv.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+            "cuDeviceGetAttribute",
+        )
+        _PROPS[idx] = (sm, smem)
+    return _PROPS[idx]
+
+
+def _check_hang(plan, record):
+    """CIRCBUF_DEBUG_HANG: wait for the kernel; a trapped barrier wait becomes a CircbufError."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        rec = record.tolist()  # host-mapped: readable after the context failed
+        if rec[0]:
+            names = plan.ck.kernel.barrier_names
+            bar = names[rec[1]] if 0 <= rec[1] < len(names) else f"#{rec[1]}"
+            raise CircbufError(
+                f"{plan.name}: mbarrier wait on {bar}[{rec[2]}] (parity {rec[3]}) gave up after "
+                f"CIRCBUF_DEBUG_HANG={knobs.debug_hang()} tries: the pipeline protocol is stuck "
+                "(a missing arrive, or bytes expected that never land). The CUDA context is unusable now."
+            ) from e
+        raise
 
 
 def _launch_dim(ext, env) -> int:

@@ -21,6 +21,8 @@ class TensorInfo:
 class InputInfo:
     tensors: tuple  # TensorInfo or None (scalar), one per fusion input
     extents: dict  # symbolic extent name -> value
+    sm_count: int = 132  # of the target GPU (an H100/H200 when compiling without one)
+    smem_per_block: int = 232448  # opt-in dynamic shared memory limit per block, bytes
 
     def __hash__(self):
         return hash(self.tensors)

@@ -37,6 +37,27 @@ class PointwiseParams(Params):
 
 
 @dataclass(frozen=True)
+class NormalizationParams(Params):
+    """Inner-persistent normalization: rows staged through a TMA circular buffer.
+
+    Loop domain of the reduction: [row_iter, BIDx{grid}, TIDy{rows}, r_o, TIDx{threads}, V{vectorize}];
+    the shared buffer: [row_iter, BIDx, box_iter, Bulk{rows}, Bulk{box_cols}].
+    """
+
+    name = "Normalization params"
+    rows: int = 1
+    threads: int = 128
+    vectorize: int = 8
+    box_cols: int = 256
+    stages: int = 2
+    prefetch: int = 1
+    grid: int = 132
+    war: str = "block_sync"
+    vectorize_inputs: tuple = ()
+    vectorize_outputs: tuple = ()
+
+
+@dataclass(frozen=True)
 class ReductionParams(Params):
     """One CTA per reduced row (inner) or one thread per output column (outer)."""
 

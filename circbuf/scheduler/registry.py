@@ -6,29 +6,50 @@
 from __future__ import annotations
 
 from ..ir import CircbufError, Fusion
-from . import pointwise, reduction
+from . import normalization, pointwise, reduction
 from .info import InputInfo
 from .utils import canonicalize_extents
 
 SCHEDULERS = [
+    (normalization.NormalizationScheduler, normalization.OVERRIDES),
     (reduction.ReductionScheduler, reduction.OVERRIDES),
     (pointwise.PointwiseScheduler, pointwise.OVERRIDES),
 ]
 
 
-def pick(fusion: Fusion):
-    reasons = []
+def candidates(fusion: Fusion):
+    """Schedulers that accept the fusion's structure, in order of preference."""
+    reasons, out = [], []
     for sched, overrides in SCHEDULERS:
         why = sched.can_schedule(fusion)
         if why is None:
-            return sched, overrides
-        reasons.append(f"{sched.name}: {why}")
-    raise CircbufError("no scheduler can take this fusion (" + "; ".join(reasons) + ")")
+            out.append((sched, overrides))
+        else:
+            reasons.append(f"{sched.name}: {why}")
+    if not out:
+        raise CircbufError("no scheduler can take this fusion (" + "; ".join(reasons) + ")")
+    return out
+
+
+def pick(fusion: Fusion):
+    return candidates(fusion)[0]
 
 
 def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
-    """Heuristics for ``fusion`` on these inputs, with user overrides applied."""
-    sched, allowed = pick(fusion)
+    """Heuristics for ``fusion`` on these inputs, with user overrides applied.
+    A scheduler may decline these inputs (params None): the next one is asked,
+    with the overrides it does not know dropped (e.g. ``stages`` when the rows
+    cannot be staged by TMA)."""
+    cands = candidates(fusion)
+    allowed_any = set().union(*(set(a) for _, a in cands))
+    for sched, allowed in cands[:-1]:
+        if set(overrides) <= set(allowed):
+            params = sched.compute_params(fusion, info, overrides)
+            if params is not None:
+                return sched, params
+    sched, allowed = cands[-1]
+    if len(cands) > 1:
+        overrides = {k: v for k, v in overrides.items() if k in allowed or k not in allowed_any}
     unknown = sorted(set(overrides) - set(allowed))
     if unknown:
         later = {"persistent", "stages", "warp_specialized", "tma", "prefetch"}

@@ -1,0 +1,77 @@
+"""Normalization benchmark: softmax, layer_norm and rms_norm in bf16 against
+torch eager, torch.compile and a device-to-device copy, with circbuf's TMA
+circular-buffered and plain (tma=False) variants side by side.
+
+    PYTHONPATH=. python benchmarks/normalization.py
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+from benchmarks.common import bench_ms, copy_bandwidth_gbs, gpu_name, write_json  # noqa: E402
+from tests.util import D, norm_fusion, norm_inputs  # noqa: E402
+
+F = torch.nn.functional
+SHAPES = [(32768, 4096), (8192, 16384), (65536, 1024), (16384, 3000)]  # 3000: not a multiple of 64
+
+
+def torch_fn(kind):
+    if kind == "softmax":
+        return lambda x: torch.softmax(x, -1)
+    if kind == "layer_norm":
+        return lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, 1e-5)
+    return lambda x, w: F.rms_norm(x, x.shape[-1:], w, 1e-5)
+
+
+def main():
+    copy_gbs = copy_bandwidth_gbs(1 << 30)
+    rows = []
+    for kind in ("softmax", "layer_norm", "rms_norm"):
+        for r, c in SHAPES:
+            ins = norm_inputs(kind, r, c, torch.bfloat16, "cuda")
+            nbytes = 2 * r * c * 2  # read x, write y
+            res = {"kind": kind, "shape": f"{r}x{c}"}
+            for variant, ov in (("tma", {}), ("plain", {"tma": False})):
+                fd = norm_fusion(kind, D.BFloat16)
+                if ov:
+                    fd.fusion.schedule(**ov)
+                (out,) = fd.execute(ins)
+                res[f"{variant}_params"] = type(fd.last_params()).__name__
+                res[f"{variant}_ms"] = bench_ms(lambda fd=fd, ins=ins: fd.execute(ins))
+            fn = torch_fn(kind)
+            ref = fn(*ins)
+            res["max_err"] = (out.float() - ref.float()).abs().max().item()
+            comp = torch.compile(fn)
+            comp(*ins)
+            res["eager_ms"] = bench_ms(lambda fn=fn, ins=ins: fn(*ins))
+            res["compile_ms"] = bench_ms(lambda comp=comp, ins=ins: comp(*ins))
+            best = min(res["tma_ms"], res["plain_ms"])
+            res["of_copy"] = nbytes / res["tma_ms"] / 1e6 / copy_gbs
+            res["vs_compile"] = res["compile_ms"] / res["tma_ms"]
+            res["vs_eager"] = res["eager_ms"] / res["tma_ms"]
+            res["best_ms"] = best
+            rows.append(res)
+    print(f"GPU: {gpu_name()}  bf16  copy bandwidth {copy_gbs:.0f} GB/s")
+    hdr = f"{'op':10s} {'shape':11s} {'tma ms':>8s} {'plain ms':>8s} {'eager':>7s} {'compile':>7s} {'of copy':>7s} {'x comp':>6s} {'x eager':>7s}"
+    print(hdr)
+    for x in rows:
+        tag = "" if x["tma_params"] == "NormalizationParams" else " (tma declined)"
+        print(
+            f"{x['kind']:10s} {x['shape']:11s} {x['tma_ms']:8.3f} {x['plain_ms']:8.3f} {x['eager_ms']:7.3f} "
+            f"{x['compile_ms']:7.3f} {x['of_copy']:7.3f} {x['vs_compile']:6.2f} {x['vs_eager']:7.2f}{tag}"
+        )
+    geo = math.exp(sum(math.log(x["vs_compile"]) for x in rows) / len(rows))
+    print(
+        f"geomean vs torch.compile: {geo:.3f}   min: {min(x['vs_compile'] for x in rows):.3f}   "
+        f"min of copy: {min(x['of_copy'] for x in rows):.3f}"
+    )
+    write_json("normalization.json", {"gpu": gpu_name(), "copy_GBs": copy_gbs, "rows": rows, "geomean": geo})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Kinds of circular buffering a shared-memory buffer can ask for.
+
+>>> Pipelined(war="mbarrier"), WarpSpecialized(registers=(40, 232))
+(Pipelined(war='mbarrier'), WarpSpecialized(on=TIDy, registers=(40, 232)))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import CircbufError
+from .iterdomain import ParallelType
+
+
+@dataclass(frozen=True)
+class Pipelined:
+    """Every thread loads and computes: one elected thread issues the copies
+    ``prefetch`` iterations ahead; ``war`` says how a slot is known free again:
+    ``"block_sync"`` (a __syncthreads at the end of each iteration) or
+    ``"mbarrier"`` (consumers arrive on an ``empty[stage]`` barrier)."""
+
+    war: str = "block_sync"
+
+    def __post_init__(self):
+        if self.war not in ("block_sync", "mbarrier"):
+            raise CircbufError(f"Pipelined(war={self.war!r}): war must be 'block_sync' or 'mbarrier'")
+
+    def __repr__(self):
+        return f"Pipelined(war={self.war!r})"
+
+
+@dataclass(frozen=True)
+class WarpSpecialized:
+    """A producer row of threads (``on``) only issues copies; the rest compute.
+    ``registers=(producer, consumer)`` rebalances registers with setmaxnreg."""
+
+    on: ParallelType = ParallelType.TIDy
+    registers: tuple | None = None
+
+    def __post_init__(self):
+        if self.on not in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
+            raise CircbufError(f"WarpSpecialized(on={self.on}): must be a thread parallel type")
+        if self.registers is not None:
+            ok = len(self.registers) == 2 and all(
+                isinstance(r, int) and 24 <= r <= 256 and r % 8 == 0 for r in self.registers
+            )
+            if not ok:
+                raise CircbufError(
+                    f"WarpSpecialized(registers={self.registers}): two multiples of 8 in [24, 256]"
+                )
+
+    def __repr__(self):
+        return f"WarpSpecialized(on={self.on.name}, registers={self.registers})"

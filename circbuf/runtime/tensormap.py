@@ -1,0 +1,98 @@
+"""Tensor maps for TMA copies, encoded on the host with cuTensorMapEncodeTiled.
+
+Every documented constraint is checked here first and named in the error;
+the driver itself only answers CUDA_ERROR_INVALID_VALUE. The scheduler only
+asks for TMA on inputs that pass these checks (others take the non-TMA path),
+so a CircbufError from here means a hand-written schedule asked for a map
+its tensor cannot have.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from ..ir import CircbufError
+
+_DTYPES = {
+    "torch.bfloat16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+    "torch.float16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+    "torch.float32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
+    "torch.float64": "CU_TENSOR_MAP_DATA_TYPE_FLOAT64",
+    "torch.int32": "CU_TENSOR_MAP_DATA_TYPE_INT32",
+    "torch.int64": "CU_TENSOR_MAP_DATA_TYPE_INT64",
+    "torch.bool": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+}
+
+
+def map_geometry(spec, shape, strides, itemsize):
+    """(globalDim, globalStrides in bytes, boxDim), innermost first."""
+    dims, gstrides, box = [], [], []
+    for axes, b in spec.dims:
+        ext = 1
+        for a in axes:
+            ext *= shape[a]
+        dims.append(ext)
+        gstrides.append(strides[axes[-1]] * itemsize)
+        box.append(b)
+    return dims, gstrides, box
+
+
+def check_map(name, ptr, dims, gstrides, box, itemsize):
+    """Raise a CircbufError naming the first TMA rule the map breaks."""
+    rank = len(dims)
+    if not 1 <= rank <= 5:
+        raise CircbufError(f"tensor map for {name}: rank {rank} not in [1, 5]")
+    if ptr % 16:
+        raise CircbufError(f"tensor map for {name}: global address {ptr:#x} is not 16-byte aligned")
+    for d, n in enumerate(dims):
+        if not 1 <= n <= 1 << 32:
+            raise CircbufError(f"tensor map for {name}: globalDim[{d}] = {n} not in [1, 2^32]")
+    for d in range(1, rank):
+        s = gstrides[d]
+        if s % 16:
+            raise CircbufError(
+                f"tensor map for {name}: globalStride[{d}] = {s} bytes is not a multiple of 16"
+            )
+        if s >= 1 << 40:
+            raise CircbufError(f"tensor map for {name}: globalStride[{d}] = {s} bytes is not below 2^40")
+    for d, b in enumerate(box):
+        if not 1 <= b <= 256:
+            raise CircbufError(f"tensor map for {name}: boxDim[{d}] = {b} not in [1, 256]")
+    if (box[0] * itemsize) % 16:
+        raise CircbufError(
+            f"tensor map for {name}: boxDim[0] x element size = {box[0] * itemsize} bytes is not a multiple of 16"
+        )
+    if gstrides[0] != itemsize:
+        raise CircbufError(f"tensor map for {name}: the innermost dimension must be contiguous")
+
+
+def encode(spec, tensor, name: str) -> bytes:
+    """The 128 opaque bytes of a tensor map for ``tensor`` (tiled, no swizzle,
+    out-of-range elements read as zero)."""
+    from cuda.bindings import driver as drv
+
+    from .driver import check
+
+    item = tensor.element_size()
+    dims, gstrides, box = map_geometry(spec, tensor.shape, tensor.stride(), item)
+    ptr = tensor.data_ptr()
+    check_map(name, ptr, dims, gstrides, box, item)
+    dtype = getattr(drv.CUtensorMapDataType, _DTYPES[str(tensor.dtype)])
+    rank = len(dims)
+    tmap = check(
+        drv.cuTensorMapEncodeTiled(
+            dtype,
+            rank,
+            ptr,
+            [drv.cuuint64_t(d) for d in dims],
+            [drv.cuuint64_t(s) for s in gstrides[1:]],
+            [drv.cuuint32_t(b) for b in box],
+            [drv.cuuint32_t(1)] * rank,
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        ),
+        f"cuTensorMapEncodeTiled({name})",
+    )
+    return ctypes.string_at(tmap.getPtr(), 128)

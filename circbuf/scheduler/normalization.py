@@ -1,0 +1,256 @@
+"""Normalization scheduler: inner-persistent softmax / layer_norm / rms_norm
+(any fusion whose reductions reduce the innermost axes) with each CTA's rows
+staged through a TMA circular buffer in shared memory.
+
+Every tensor after scheduling (I = rows, R = row length; G = persistent grid)::
+
+    [iS{ceilDiv(ceilDiv(I, Y), G)}, iblockIdx.x{G}, ithreadIdx.y{Y},      <- row loop, row position 3
+     rS{ceilDiv(R, T*V)}, rthreadIdx.x{T}, rV{V}]                         <- a row pass
+
+The TMA buffer of each input row block (loaded once, read by every pass)::
+
+    Ts_s[iS{row loop}, iblockIdx.x{G}, iS{ceilDiv(R, B)}, iB{Y}, iB{B}] ca_pos(2)
+        circular_buffer(stages)
+
+so ``row loop`` is the circular-buffer loop: while a CTA reduces and writes
+rows ``i``, the copies for rows ``i + prefetch`` are in flight. Each pass
+reads the rows from shared memory with 16-byte vector loads; reductions are
+warp shuffles + a shared-memory step per row (threadIdx.y). Inputs a tensor map
+cannot describe, rows too long for shared memory, and ``tma=False`` go to the
+plain reduction scheduler.
+"""
+
+from __future__ import annotations
+
+from ..ir import (
+    BroadcastOp,
+    CircbufError,
+    Fusion,
+    LoadStoreOp,
+    MemoryType,
+    ParallelType,
+    Pipelined,
+    ReductionOp,
+    evaluate,
+)
+from .info import InputInfo
+from .params import NormalizationParams
+from .reduction import ReductionScheduler, _is_inner, _red_classes, _reductions
+from .utils import (
+    LogicalMap,
+    concretize_broadcasts,
+    hoist_broadcasts,
+    propagate,
+    recompute_multi_use,
+)
+
+OVERRIDES = ("stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized")
+SMEM_BUDGET = 200 * 1024  # leave room for reduction scratch and barriers
+MAX_BOX = 256
+
+
+def tma_describable(t, rows_dims: int) -> str | None:
+    """None when a 2-D tensor map [rows, R] can describe this input, else why not
+    (the constraints cuTensorMapEncodeTiled checks, named)."""
+    if t is None:
+        return "not a tensor"
+    if t.align % 16:
+        return "global address not 16-byte aligned"
+    if t.sizes[-1] > 1 and t.strides[-1] != 1:
+        return "innermost axis not contiguous"
+    row_stride = t.strides[-2] if len(t.sizes) > 1 else t.sizes[-1]
+    if len(t.sizes) > 1 and (row_stride * t.itemsize) % 16:
+        return f"row stride {row_stride * t.itemsize} bytes not a multiple of 16"
+    for d in range(rows_dims - 1):  # the row axes must flatten into one
+        if t.sizes[d] > 1 and t.strides[d] != t.strides[d + 1] * t.sizes[d + 1]:
+            return f"row axes {d} and {d + 1} do not flatten"
+    if row_stride * t.itemsize >= 1 << 40:
+        return "stride >= 2^40 bytes"
+    return None
+
+
+class NormalizationScheduler:
+    name = "normalization"
+
+    @staticmethod
+    def can_schedule(fusion: Fusion) -> str | None:
+        why = ReductionScheduler.can_schedule(fusion)
+        if why:
+            return why
+        if not _is_inner(fusion, _reductions(fusion)[0]):
+            return "reductions are not over the innermost axes"
+        return None
+
+    @staticmethod
+    def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
+        """Params, or None to hand the fusion to the plain reduction scheduler."""
+        if overrides.get("tma", True) is False:
+            return None
+        if overrides.get("warp_specialized"):
+            raise CircbufError(
+                "schedule(warp_specialized=True): the warp-specialized normalization variant is not built yet "
+                "(Pipelined circular buffering is)"
+            )
+        ref = _reductions(fusion)[0]
+        n_red = sum(i.is_reduction for i in ref.logical)
+        rows_dims = len(ref.logical) - n_red
+        if rows_dims == 0 or n_red != 1:
+            return None
+        R = evaluate([i for i in ref.logical if i.is_reduction][0].extent, info.extents)
+        rows = 1
+        for i in ref.logical:
+            if not i.is_reduction:
+                rows *= evaluate(i.extent, info.extents)
+        cands = _row_inputs(fusion, ref)
+        if not cands:
+            return None
+        item = max(fusion.inputs[k].dtype.size for k in cands)
+        for k in cands:
+            if tma_describable(info.tensors[k], rows_dims):
+                return None
+        vec = 16 // item
+        box = MAX_BOX if R >= MAX_BOX else R
+        if (box * item) % 16:
+            return None
+        padded = -(-R // box) * box
+        threads = overrides.get("threads")
+        if threads is None:
+            threads = 32
+            while threads < 512 and threads * vec * 4 < R:
+                threads *= 2
+        y = overrides.get("rows")
+        if y is None:
+            y = 1
+            while y * 2 * threads <= 1024 and y * 2 * padded * item <= 16384 and y * 2 <= 16 and y < rows:
+                y *= 2
+        stages = overrides.get("stages", 2)
+        prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
+        stage_bytes = y * padded * item * len(cands)
+        if stages * stage_bytes > min(SMEM_BUDGET, info.smem_per_block - 8192):
+            if "stages" in overrides:
+                raise CircbufError(
+                    f"schedule(stages={stages}): {stages} x {stage_bytes} bytes of row buffers exceed shared memory"
+                )
+            return None
+        per_sm = max(1, min(228 * 1024 // (stages * stage_bytes + 2048), 2048 // (threads * y)))
+        grid = max(1, min(-(-rows // y), info.sm_count * per_sm))
+        vin = []
+        for t in info.tensors:
+            ok = t is not None and R % vec == 0 and t.align % 16 == 0 and t.sizes and t.strides[-1] == 1
+            vin.append(bool(ok))
+        return NormalizationParams(
+            rows=y,
+            threads=threads,
+            vectorize=vec,
+            box_cols=box,
+            stages=stages,
+            prefetch=prefetch,
+            grid=grid,
+            war=overrides.get("war", "block_sync"),
+            vectorize_inputs=tuple(vin),
+            vectorize_outputs=tuple(R % vec == 0 for _ in fusion.outputs),
+        )
+
+    @staticmethod
+    def schedule(fusion: Fusion, params: NormalizationParams):
+        hoist_broadcasts(fusion)
+        ref0 = _reductions(fusion)[0]
+        cands = _row_inputs(fusion, ref0)
+        smem = []
+        for k in cands:
+            x = fusion.inputs[k]
+            xs = x.cache_after(op="tma")
+            xl = xs.cache_after()  # registers, 16-byte vector reads of shared memory
+            smem.append((xs, xl))
+        outs = []
+        for k, o in enumerate(fusion.outputs):
+            others = [e for e in o.uses if e in fusion.exprs()]
+            c = o.cache_before()
+            for e in others:
+                e.replace_input(o, c)
+            outs.append((o, c, params.vectorize_outputs[k]))
+        lmap = LogicalMap(fusion)
+        ref = _reductions(fusion)[0]
+        rclasses = _red_classes(ref, lmap)
+
+        def row_scalar(tv):
+            return not any(lmap.find(i) in rclasses and not i.is_broadcast for i in tv.logical)
+
+        shared = {id(xs) for xs, _ in smem}
+        recompute_multi_use(
+            fusion,
+            keep=lambda tv: id(tv) in shared or isinstance(tv.definition, ReductionOp) or row_scalar(tv),
+            lmap=lmap,
+        )
+        lmap = LogicalMap(fusion)
+        concretize_broadcasts(fusion, lmap)
+
+        _row_transforms(ref, params)
+        ref.split(3, params.vectorize)  # [.., R/V, V]
+        ref.split(3, params.threads)  # [.., R/V/T, T, V]
+        ref.axis(1).parallelize(ParallelType.BIDx)
+        ref.axis(2).parallelize(ParallelType.TIDy)
+        ref.axis(4).parallelize(ParallelType.TIDx)
+        propagate(ref, fusion.used_tvs(), lmap)
+
+        for tv in fusion.used_tvs():
+            if tv.is_input or tv.is_output:
+                continue
+            tv.memory_type = MemoryType.Local
+            if isinstance(tv.definition, ReductionOp) or row_scalar(tv):
+                tv.inline_at(min(3, len(tv.loop)))
+            else:
+                tv.inline_at(len(tv.loop))
+        for xs, _ in smem:
+            xs.memory_type = MemoryType.Shared
+            xs.domain.loop = list(xs.logical)
+            _row_transforms(xs, params)
+            xs.split(3, params.box_cols)  # [row_iter, G, Y, R/B, B]
+            xs.reorder([0, 1, 3, 2, 4])
+            xs.axis(1).parallelize(ParallelType.BIDx)
+            xs.axis(3).parallelize(ParallelType.Bulk)
+            xs.axis(4).parallelize(ParallelType.Bulk)
+            xs.inline_at(2)
+            war = params.war
+            xs.circular_buffer(params.stages, params.prefetch, Pipelined(war=war))
+        # 16-byte register copies: shared -> registers, broadcast inputs, output stores
+        for tv in fusion.used_tvs():
+            d = tv.definition
+            if tv.is_input or d is None or len(tv.loop) != 6:
+                continue
+            src = d.inputs[0] if d.inputs else None
+            if isinstance(d, LoadStoreOp) and getattr(src, "memory_type", None) == MemoryType.Shared:
+                tv.inline_at(5)
+                tv.axis(5).parallelize(ParallelType.Vectorize)
+            elif isinstance(d, BroadcastOp) and getattr(src, "is_input", False):
+                k = fusion.inputs.index(src)
+                if params.vectorize_inputs[k] and src.ndim == 1:
+                    tv.inline_at(5)
+                    tv.axis(5).parallelize(ParallelType.Vectorize)
+        for o, c, vec in outs:
+            if len(o.loop) == 6 and not isinstance(
+                c.definition, ReductionOp
+            ):  # a full row, stored in vectors
+                c.inline_at(5)
+                if vec:
+                    o.axis(5).parallelize(ParallelType.Vectorize)
+
+
+def _row_transforms(tv, params):
+    """[I..., R] -> [row_iter, G, Y, R]: rows flattened, Y rows at a time,
+    a grid-stride loop over row blocks."""
+    n_rows = len(tv.loop) - 1
+    for _ in range(n_rows - 1):
+        tv.merge(0)
+    tv.split(0, params.rows)  # [I/Y, Y, R]
+    tv.split(0, params.grid)  # [I/Y/G, G, Y, R]
+
+
+def _row_inputs(fusion, ref) -> list[int]:
+    """Inputs with the reduced input's full shape: these are staged by TMA."""
+    out = []
+    for k, x in enumerate(fusion.inputs):
+        if getattr(x, "ndim", None) == len(ref.logical) and not any(i.is_broadcast for i in x.logical):
+            if fusion.consumers(x):
+                out.append(k)
+    return out

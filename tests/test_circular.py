@@ -1,0 +1,189 @@
+"""Circular buffering and TMA, on the CPU: the API's rules, the lowered
+pipeline's structure, the SASS it compiles to, the tensor-map rules, and the
+scheduler's choice between the TMA and plain paths."""
+
+import re
+
+import pytest
+import torch
+
+import circbuf as cb
+from circbuf.ir import ParallelType
+from circbuf.lowering.kir import (
+    BlockSync,
+    ForLoop,
+    MBarrierAlloc,
+    MBarrierArrive,
+    MBarrierArriveExpectTx,
+    MBarrierInit,
+    MBarrierWait,
+    TmaLoad,
+    walk,
+)
+from circbuf.runtime.tensormap import check_map
+from circbuf.scheduler import propagate_transforms
+from tests.util import D, norm_fusion, norm_inputs
+
+
+def nodes(kernel, kind):
+    out = []
+    walk(kernel.body, lambda n, s: out.append(n) if isinstance(n, kind) else None)
+    return out
+
+
+def compile_norm(kind="softmax", rows=4096, cols=4096, dtype=torch.bfloat16, **overrides):
+    fd = norm_fusion(kind, {torch.bfloat16: D.BFloat16, torch.float32: D.Float, torch.float16: D.Half}[dtype])
+    if overrides:
+        fd.fusion.schedule(**overrides)
+    return fd.compile(norm_inputs(kind, rows, cols, dtype, "cpu"), arch="sm_90a")
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("war", ["block_sync", "mbarrier"])
+def test_pipelined_structure(stages, war):
+    ck = compile_norm(stages=stages, war=war)
+    p = ck.params
+    assert type(p).__name__ == "NormalizationParams" and p.stages == stages and p.prefetch == stages - 1
+    k = ck.kernel
+    allocs = nodes(k, MBarrierAlloc)
+    assert [a.count for a in allocs] == [stages] * (2 if war == "mbarrier" else 1)
+    inits = nodes(k, MBarrierInit)
+    assert len(inits) == stages * len(allocs)
+    top = [n for n in k.body if isinstance(n, ForLoop)]
+    prologue, main = top
+    assert prologue.extent.value == stages - 1  # prefetch distance
+    waits = nodes(k, MBarrierWait)
+    full_wait = [w for w in waits if w.bar.name.endswith("_full")]
+    assert len(full_wait) == 1
+    assert str(full_wait[0].bar.stage) == f"({main.index} % {stages})"
+    assert str(full_wait[0].parity) == f"(({main.index} / {stages}) % 2)"
+    # two issue sites: the prologue and the main loop, each announcing its bytes
+    assert len(nodes(k, MBarrierArriveExpectTx)) == 2
+    assert len(nodes(k, TmaLoad)) == 2
+    if war == "mbarrier":
+        empty_wait = [w for w in waits if w.bar.name.endswith("_empty")]
+        assert len(empty_wait) == 2 and len(nodes(k, MBarrierArrive)) == 1
+        assert str(
+            empty_wait[-1].parity
+        ) == f"((((({main.index} + {stages - 1}) / {stages}) + 1)) % 2)".replace(
+            "(((((", "((((("
+        ) or "% 2" in str(empty_wait[-1].parity)
+    else:
+        assert isinstance(main.body[-1], BlockSync) and "WAR" in main.body[-1].reason
+
+
+def test_tma_sass_and_no_local_memory():
+    ck = compile_norm("layer_norm", 1024, 8192)
+    sass = ck.sass()
+    for op in ("UTMALDG", "SYNCS.ARRIVE.TRANS", "SYNCS.PHASECHK.TRANS", "LDS.128", "STG.E.128"):
+        assert op in sass, op
+    use = ck.resource_usage()
+    assert use["LOCAL"] == 0 and use["STACK"] == 0
+    assert "cb::tma_load(&" in ck.cuda and "CUtensorMap tmap0" in ck.cuda
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layer_norm", "rms_norm"])
+@pytest.mark.parametrize("cols", [8, 1000, 4104, 16384])
+def test_norm_tma_kernels_compile(kind, cols):
+    ck = compile_norm(kind, 513, cols)
+    assert type(ck.params).__name__ == "NormalizationParams"
+    assert "UTMALDG" in ck.sass()
+    assert ck.resource_usage()["LOCAL"] == 0
+
+
+def test_scheduler_falls_back_when_tma_cannot_describe_the_input():
+    # a bf16 row of 1001 elements: row stride 2002 bytes is not a multiple of 16
+    assert type(compile_norm(cols=1001).params).__name__ == "ReductionParams"
+    # too long for shared memory: plain path
+    assert type(compile_norm(rows=4, cols=131072).params).__name__ == "ReductionParams"
+    # forced off
+    assert type(compile_norm(tma=False).params).__name__ == "ReductionParams"
+    # misaligned pointer
+    fd = norm_fusion("softmax", D.BFloat16)
+    x = torch.randn(64 * 1024 + 8, dtype=torch.bfloat16)[1:].view(-1)[: 64 * 1024].view(64, 1024)
+    assert type(fd.compile([x], arch="sm_90a").params).__name__ == "ReductionParams"
+
+
+def test_warp_specialized_override_is_refused_clearly():
+    with pytest.raises(cb.CircbufError, match="warp-specialized normalization variant is not built yet"):
+        compile_norm(stages=3, warp_specialized=True)
+
+
+def tma_fusion():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        y = fd.ops.cast(fd.ops.exp(x), D.BFloat16)
+        fd.add_output(y)
+    return fd, x, y
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda xs: xs.circular_buffer(1), "stages must be an int >= 2"),
+        (lambda xs: xs.circular_buffer(3, prefetch=3), "prefetch must satisfy 0 < prefetch < stages"),
+        (lambda xs: xs.circular_buffer(3, prefetch=0), "prefetch must satisfy"),
+        (lambda xs: xs.circular_buffer(2, type="fast"), "type must be Pipelined"),
+    ],
+)
+def test_invalid_circular_buffer_calls(call, match):
+    fd, x, y = tma_fusion()
+    xs = x.cache_after(op="tma")
+    y.split(0, 4)
+    propagate_transforms(fd.fusion, y)
+    xs.inline_at(1)
+    with pytest.raises(cb.CircbufError, match=match):
+        call(xs)
+
+
+def test_circular_buffer_needs_shared_tma_and_a_serial_loop():
+    fd, x, y = tma_fusion()
+    xl = x.cache_after()
+    with pytest.raises(cb.CircbufError, match="must be in shared memory"):
+        xl.circular_buffer(2)
+    xl.set_memory_type(cb.MemoryType.Shared)
+    xl.inline_at(1)
+    with pytest.raises(cb.CircbufError, match="warp-specialized buffer must be filled by TMA"):
+        xl.circular_buffer(2, type=cb.WarpSpecialized())
+    fd2, x2, y2 = tma_fusion()
+    xs = x2.cache_after(op="tma")
+    with pytest.raises(cb.CircbufError, match="no serial loop left of its compute-at position"):
+        xs.circular_buffer(2)
+    y2.axis(0).parallelize(ParallelType.BIDx)
+    propagate_transforms(fd2.fusion, y2)
+    xs.inline_at(1)
+    with pytest.raises(cb.CircbufError, match="no serial loop"):
+        xs.circular_buffer(2)
+    with pytest.raises(cb.CircbufError, match="bulk .* constant extent in \\[1, 256\\]"):
+        xs.axis(1).parallelize(ParallelType.Bulk)
+    with pytest.raises(cb.CircbufError, match="WarpSpecialized\\(registers=\\(41, 232\\)\\)"):
+        cb.WarpSpecialized(registers=(41, 232))
+    with pytest.raises(cb.CircbufError, match="war must be"):
+        cb.Pipelined(war="sometimes")
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (dict(ptr=8), "global address 0x8 is not 16-byte aligned"),
+        (dict(gstrides=[2, 2002]), r"globalStride\[1\] = 2002 bytes is not a multiple of 16"),
+        (dict(gstrides=[2, 1 << 41]), r"globalStride\[1\] = .* is not below 2\^40"),
+        (dict(dims=[0, 4]), r"globalDim\[0\] = 0 not in \[1, 2\^32\]"),
+        (dict(box=[300, 1]), r"boxDim\[0\] = 300 not in \[1, 256\]"),
+        (dict(box=[4, 1]), r"boxDim\[0\] x element size = 8 bytes is not a multiple of 16"),
+        (dict(dims=[1] * 6, gstrides=[2] + [16] * 5, box=[8] + [1] * 5), r"rank 6 not in \[1, 5\]"),
+        (dict(gstrides=[4, 64]), "innermost dimension must be contiguous"),
+    ],
+)
+def test_tensor_map_rules_are_named(args, match):
+    kw = dict(ptr=0x1000, dims=[1024, 64], gstrides=[2, 2048], box=[256, 2])
+    kw.update(args)
+    with pytest.raises(cb.CircbufError, match=match):
+        check_map("T0", kw["ptr"], kw["dims"], kw["gstrides"], kw["box"], 2)
+
+
+def test_debug_hang_knob_bounds_every_wait(monkeypatch):
+    monkeypatch.setenv("CIRCBUF_DEBUG_HANG", "1000")
+    ck = compile_norm()
+    assert "cb::mbar_wait_bounded(" in ck.cuda and "unsigned* cb_hang" in ck.cuda
+    assert not re.search(r"cb::mbar_wait\(", ck.cuda.split("end of prelude")[1])
