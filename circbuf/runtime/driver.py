@@ -53,7 +53,7 @@ class LoadedKernel:
         self.module = check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.function = check(drv.cuModuleGetFunction(self.module, name.encode()), "cuModuleGetFunction")
         self._fn = int(self.function)
-        self._smem_limit = 48 * 1024
+        self._smem_limit = 0  # static + dynamic above 48 KB needs the attribute: always set it
 
     def ensure_smem(self, nbytes: int):
         """Raise the kernel's dynamic shared memory limit to ``nbytes`` if needed."""
