@@ -28,7 +28,25 @@ def torch_fn(kind):
     return lambda x, w: F.rms_norm(x, x.shape[-1:], w, 1e-5)
 
 
+def sweep():
+    """Pipeline variants (stages x war) per case: picks the defaults by measurement."""
+    print(f"GPU: {gpu_name()} normalization sweep (ms)")
+    for kind in ("softmax", "layer_norm", "rms_norm"):
+        for r, c in SHAPES:
+            ins = norm_inputs(kind, r, c, torch.bfloat16, "cuda")
+            line = []
+            for stages in (2, 3, 4):
+                for war in ("block_sync", "mbarrier"):
+                    fd = norm_fusion(kind, D.BFloat16)
+                    fd.fusion.schedule(stages=stages, war=war)
+                    fd.execute(ins)
+                    line.append(f"s{stages}{war[0]} {bench_ms(lambda fd=fd, ins=ins: fd.execute(ins)):.3f}")
+            print(f"{kind:10s} {r}x{c}: " + " ".join(line))
+
+
 def main():
+    if "--sweep" in sys.argv:
+        return sweep()
     copy_gbs = copy_bandwidth_gbs(1 << 30)
     rows = []
     for kind in ("softmax", "layer_norm", "rms_norm"):

@@ -31,13 +31,14 @@ UNARY_REF = {
     "log": torch.log,
     "sqrt": torch.sqrt,
     "rsqrt": torch.rsqrt,
+    "reciprocal": torch.reciprocal,
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
     "relu": torch.relu,
     "gelu": torch.nn.functional.gelu,
     "silu": torch.nn.functional.silu,
 }
-POSITIVE = {"log": 0.5, "sqrt": 0.0, "rsqrt": 0.5}
+POSITIVE = {"log": 0.5, "sqrt": 0.0, "rsqrt": 0.5, "reciprocal": 0.5}
 
 
 @pytest.mark.parametrize("op", sorted(UNARY_REF))

@@ -130,7 +130,7 @@ def test_print_math_golden():
         "Inputs:\n"
         "  T0_g_bf16[iS#{i0}, iS#{i1}]\n"
         "Outputs:\n"
-        "  T9_g_bf16[iS#{i0}, iS#{i1}]\n"
+        "  T10_g_bf16[iS#{i0}, iS#{i1}]\n"
         "\n"
         "%kernel_math {\n"
         "  T1 = cast(T0, Float)\n"
@@ -140,8 +140,9 @@ def test_print_math_golden():
         "  T5 = exp(T4)\n"
         "  T6 = sum(T5, dims=[1], init=0.0)\n"
         "  T7 = broadcast(T6, ib)\n"
-        "  T8 = div(T5, T7)\n"
-        "  T9 = cast(T8, BFloat16)\n"
+        "  T8 = reciprocal(T7)\n"
+        "  T9 = mul(T5, T8)\n"
+        "  T10 = cast(T9, BFloat16)\n"
         "}"
     )
 

@@ -324,7 +324,20 @@ class Expr:
 
 
 class UnaryOp(Expr):
-    OPS = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu")
+    OPS = (
+        "neg",
+        "abs",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "tanh",
+        "sigmoid",
+        "relu",
+        "gelu",
+        "silu",
+    )
 
     def __init__(self, op, out, in_):
         assert op in self.OPS, op

@@ -186,7 +186,10 @@ class _Indexer:
             ids = loop_to_ids(out, node.index)
             lhs = self.ref_out(out, node.index, ids)
             ops = [self.ref_in(e, x, ids) if isinstance(x, TensorView) else x for x in e.inputs]
-            glob = any(isinstance(o, TensorRef) and o.tv.memory_type == MemoryType.Global for o in ops)
+            # global memory, and shared buffers laid out by another tensor's
+            # transforms (a TMA box padding), are only valid inside the extents
+            bounded = (MemoryType.Global, MemoryType.Shared)
+            glob = any(isinstance(o, TensorRef) and o.tv.memory_type in bounded for o in ops)
             glob = glob or out.memory_type == MemoryType.Global
             red = isinstance(e, ReductionOp)
             if red:

@@ -78,6 +78,8 @@ __device__ __forceinline__ double abs(double x) { return ::fabs(x); }
 __device__ __forceinline__ int abs(int x) { return x < 0 ? -x : x; }
 __device__ __forceinline__ long long abs(long long x) { return x < 0 ? -x : x; }
 template <typename T> __device__ __forceinline__ T neg(T x) { return -x; }
+__device__ __forceinline__ float reciprocal(float x) { return 1.0f / x; }
+__device__ __forceinline__ double reciprocal(double x) { return 1.0 / x; }
 template <typename T> __device__ __forceinline__ T relu(T x) { return x <= T(0) ? T(0) : x; }
 template <typename T> __device__ __forceinline__ T sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
 template <typename T> __device__ __forceinline__ T silu(T x) { return x / (T(1) + exp(-x)); }
