@@ -28,6 +28,7 @@ UNARY_REF = {
     "neg": torch.neg,
     "abs": torch.abs,
     "exp": torch.exp,
+    "exp2": torch.exp2,
     "log": torch.log,
     "sqrt": torch.sqrt,
     "rsqrt": torch.rsqrt,

@@ -328,6 +328,7 @@ class UnaryOp(Expr):
         "neg",
         "abs",
         "exp",
+        "exp2",
         "log",
         "sqrt",
         "rsqrt",

@@ -65,6 +65,8 @@ template <typename To, typename From> __device__ __forceinline__ To cast(From x)
 
 __device__ __forceinline__ float exp(float x) { return ::expf(x); }
 __device__ __forceinline__ double exp(double x) { return ::exp(x); }
+__device__ __forceinline__ float exp2(float x) { return ::exp2f(x); }
+__device__ __forceinline__ double exp2(double x) { return ::exp2(x); }
 __device__ __forceinline__ float log(float x) { return ::logf(x); }
 __device__ __forceinline__ double log(double x) { return ::log(x); }
 __device__ __forceinline__ float sqrt(float x) { return ::sqrtf(x); }
