@@ -104,11 +104,6 @@ def test_scheduler_falls_back_when_tma_cannot_describe_the_input():
     assert type(fd.compile([x], arch="sm_90a").params).__name__ == "ReductionParams"
 
 
-def test_warp_specialized_override_is_refused_clearly():
-    with pytest.raises(cb.CircbufError, match="warp-specialized normalization variant is not built yet"):
-        compile_norm(stages=3, warp_specialized=True)
-
-
 def tma_fusion():
     with cb.FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
@@ -187,3 +182,51 @@ def test_debug_hang_knob_bounds_every_wait(monkeypatch):
     ck = compile_norm()
     assert "cb::mbar_wait_bounded(" in ck.cuda and "unsigned* cb_hang" in ck.cuda
     assert not re.search(r"cb::mbar_wait\(", ck.cuda.split("end of prelude")[1])
+
+
+def test_warp_specialized_structure():
+    from circbuf.lowering.kir import IfThenElse, Return
+
+    ck = compile_norm("layer_norm", 4096, 4096, stages=3, warp_specialized=True)
+    assert ck.params.warp_specialized
+    k = ck.kernel
+    y = ck.params.rows
+    assert k.launch[ParallelType.TIDy].value == y + 1  # the producer row
+    roles = [n for n in k.body if isinstance(n, IfThenElse) and n.else_]
+    assert len(roles) == 1
+    producer = roles[0].then
+    assert isinstance(producer[-1], Return)
+    prod_loads = []
+    walk(producer, lambda n, s: prod_loads.append((n, s)) if isinstance(n, TmaLoad) else None)
+    assert len(prod_loads) == 1 and all(isinstance(x, (ForLoop, IfThenElse)) for x in prod_loads[0][1])
+    assert not [n for n in nodes(k, TmaLoad) if n not in [p for p, _ in prod_loads]]  # consumers issue none
+    waits = nodes(k, MBarrierWait)
+    assert {w.bar.name.rsplit("_", 1)[1] for w in waits} == {"full", "empty"}
+    assert len(nodes(k, MBarrierArrive)) == 1
+    assert "bar.sync" in ck.cuda and "cb::block_reduce_x(" in ck.cuda and ", 1, " in ck.cuda
+    sass = ck.sass()
+    assert "UTMALDG" in sass and "BAR.SYNC" in sass
+    assert ck.resource_usage()["LOCAL"] == 0
+
+
+def test_warp_specialized_with_setmaxnreg_compiles():
+    fd, x, y = tma_fusion()
+    xs = x.cache_after(op="tma")
+    y.split(1, 64).split(0, 2)  # [I/2, 2, J/64, 64]
+    y.reorder([0, 2, 1, 3])  # [I/2, J/64, 2, 64]
+    y.axis(2).parallelize(ParallelType.TIDy)
+    y.axis(3).parallelize(ParallelType.TIDx)
+    propagate_transforms(fd.fusion, y)
+    xs.axis(2).parallelize(ParallelType.Bulk)
+    xs.axis(3).parallelize(ParallelType.Bulk)
+    xs.inline_at(2)
+    for tv in fd.fusion.used_tvs():
+        if tv is not xs and not tv.is_input and not tv.is_output:
+            tv.inline_at(4)
+    xs.circular_buffer(4, type=cb.WarpSpecialized(registers=(40, 232)))
+    ck = fd.compile([torch.randn(256, 512, dtype=torch.bfloat16)], arch="sm_90a")
+    sass = ck.sass()
+    assert "USETMAXREG" in sass and "UTMALDG" in sass
+    assert "__launch_bounds__(192, 1)" in ck.cuda
+    # an outer loop and the buffered loop share one ring: stage from the linear index
+    assert "cb::mbar_wait(&T4_full[(((ceilDiv(i1, 64) * j0) + j1) % 4)]" in ck.cuda

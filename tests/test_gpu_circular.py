@@ -36,6 +36,40 @@ def test_stages_and_war(stages, war):
     run_norm("softmax", 3000, 1024, stages=stages, war=war)
 
 
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("kind", ["softmax", "layer_norm", "rms_norm"])
+def test_warp_specialized(kind, stages):
+    run_norm(kind, 3001, 2048, stages=stages, warp_specialized=True)
+    run_norm(kind, 3, 4096, stages=stages, warp_specialized=True)  # fewer row blocks than stages
+
+
+def test_warp_specialized_manual_nested_ring_with_setmaxnreg():
+    import circbuf as cb
+    from circbuf.ir import ParallelType
+    from circbuf.scheduler import propagate_transforms
+
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        y = fd.ops.cast(fd.ops.exp(x), D.BFloat16)
+        fd.add_output(y)
+    xs = x.cache_after(op="tma")
+    y.split(1, 64).split(0, 2)
+    y.reorder([0, 2, 1, 3])  # [I/2 (outer loop), J/64 (buffered loop), TIDy 2, TIDx 64]
+    y.axis(2).parallelize(ParallelType.TIDy)
+    y.axis(3).parallelize(ParallelType.TIDx)
+    propagate_transforms(fd.fusion, y)
+    xs.axis(2).parallelize(ParallelType.Bulk)
+    xs.axis(3).parallelize(ParallelType.Bulk)
+    xs.inline_at(2)
+    for tv in fd.fusion.used_tvs():
+        if tv is not xs and not tv.is_input and not tv.is_output:
+            tv.inline_at(4)
+    xs.circular_buffer(3, type=cb.WarpSpecialized(registers=(40, 232)))
+    a = torch.randn(37, 1000, device=DEV, dtype=torch.bfloat16)
+    (out,) = fd.execute([a])
+    assert_close(out, torch.exp(a.double()))
+
+
 @pytest.mark.parametrize("stages, prefetch", [(3, 1), (4, 2), (4, 1), (6, 3)])
 def test_prefetch_distances(stages, prefetch):
     run_norm("layer_norm", 2049, 2048, stages=stages, prefetch=prefetch)
@@ -86,11 +120,14 @@ def test_tensor_map_follows_new_pointers():
     rows=st.sampled_from([1, 3, 7, 64, 1000, 4099]),
     cols=st.sampled_from([8, 64, 200, 1024, 2056, 8192]),
     stages=st.integers(2, 6),
-    war=st.sampled_from(["block_sync", "mbarrier"]),
+    war=st.sampled_from(["block_sync", "mbarrier", "warp_specialized"]),
     kind=st.sampled_from(["softmax", "layer_norm", "rms_norm"]),
 )
 def test_hypothesis_tma_norms(rows, cols, stages, war, kind):
-    run_norm(kind, rows, cols, stages=stages, war=war)
+    if war == "warp_specialized":
+        run_norm(kind, rows, cols, stages=stages, warp_specialized=True)
+    else:
+        run_norm(kind, rows, cols, stages=stages, war=war)
 
 
 BROKEN = textwrap.dedent(

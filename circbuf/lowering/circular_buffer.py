@@ -1,4 +1,4 @@
-"""Pass: circular buffering of TMA-filled shared-memory buffers (Pipelined).
+"""Pass: circular buffering of TMA-filled shared-memory buffers.
 
 For each buffer ``X`` marked ``circular_buffer(S, P)``, the loop ``L`` it
 rotates over (the innermost serial loop left of its compute-at position) is
@@ -36,13 +36,34 @@ After::
 
 The drain is the main loop's last P iterations with their issue predicated
 off, so the consumer body (reductions, stores) is not duplicated.
+
+WarpSpecialized(on=TIDy): one more row of threads is launched; it is the
+producer. Its elected thread runs a clone of every serial loop enclosing the
+copies, holding only the copies; everyone else runs the original nest with
+the copies removed. Stage and phase come from the linear index over all
+enclosing serial loops, so an outer loop and the buffered loop share one
+ring that never drains between outer iterations::
+
+    IF (threadIdx.y == Y)                    // producer
+      [SETMAXNREG.DEC 40]
+      IF (threadIdx.x == 0)
+        FOR j0 in 0..E                       // clone: copies only
+          MBARRIER_WAIT X_empty[lin % S] parity=(lin / S + 1) % 2
+          MBARRIER_ARRIVE_EXPECT_TX X_full[lin % S]; TMA_LOAD ...
+      RETURN
+    ELSE                                     // consumers
+      [SETMAXNREG.INC 232]
+      FOR j0 in 0..E
+        MBARRIER_WAIT X_full[lin % S] parity=(lin / S) % 2
+        ... (block reductions sync consumers only: bar.sync 1, Y * T)
+        MBARRIER_ARRIVE X_empty[lin % S]
 """
 
 from __future__ import annotations
 
 import copy
 
-from ..ir import Bin, CircbufError, Const, ParallelType, Pipelined, Var, simplify
+from ..ir import Bin, CircbufError, Const, ParallelType, Var, WarpSpecialized, simplify
 from ..ir.scalar import substitute
 from .kir import (
     Allocate,
@@ -61,6 +82,8 @@ from .kir import (
     MBarrierInval,
     MBarrierRef,
     MBarrierWait,
+    Return,
+    SetMaxNReg,
     TensorRef,
     TmaLoad,
     walk,
@@ -146,8 +169,6 @@ def circular_buffer(kernel: Kernel) -> Kernel:
         alloc = allocs[name]
         tv = alloc.tv
         stages, prefetch, kind = tv.circular
-        if not isinstance(kind, Pipelined):
-            raise CircbufError(f"{name}: warp-specialized circular buffering is not built yet")
         loop = _find_loop(kernel.body, key)
         if loop is None:
             raise CircbufError(f"{name}: its circular-buffer loop was not generated (is the axis parallel?)")
@@ -158,6 +179,10 @@ def circular_buffer(kernel: Kernel) -> Kernel:
         first_read = next((k for k, n in enumerate(loop.body) if _reads(n, tv)), len(loop.body))
         if any(loop.body.index(m) > first_read for m in loads):
             raise CircbufError(f"{name}: a read of the buffer precedes its copy in the loop")
+        if isinstance(kind, WarpSpecialized):
+            if len(kernel.circular_loops) != 1:
+                raise CircbufError("warp specialization supports one circular buffer per kernel for now")
+            return _warp_specialize(kernel, alloc, loop, loads, rest, stages, kind)
         S, P = stages, prefetch
         full = f"{name}_full"
         empty = f"{name}_empty" if kind.war == "mbarrier" else None
@@ -233,3 +258,94 @@ def _insert_before(nodes, target, new) -> bool:
         ):
             return True
     return False
+
+
+def _stack_to(nodes, target, stack=()):
+    """The ForLoops enclosing ``target`` (outermost first), or None."""
+    for n in nodes:
+        if n is target:
+            return list(stack)
+        if isinstance(n, ForLoop):
+            r = _stack_to(n.body, target, (*stack, n))
+            if r is not None:
+                return r
+        if isinstance(n, IfThenElse):
+            r = _stack_to(n.then + n.else_, target, stack)
+            if r is not None:
+                return r
+    return None
+
+
+def _warp_specialize(kernel, alloc, loop, loads, rest, stages, kind):
+    tv = alloc.tv
+    name = tv.name
+    if kind.on != ParallelType.TIDy:
+        raise CircbufError(f"{name}: WarpSpecialized(on={kind.on.name}) is not supported yet (use TIDy)")
+    y = kernel.launch.get(ParallelType.TIDy, Const(1))
+    tx = kernel.launch.get(ParallelType.TIDx, Const(1))
+    if not isinstance(y, Const) or not isinstance(tx, Const):
+        raise CircbufError(f"{name}: warp specialization needs constant thread extents")
+    consumers = y.value * tx.value
+    kernel.launch[ParallelType.TIDy] = Const(y.value + 1)  # the producer row
+    kernel.max_threads = consumers + tx.value
+    if kernel.max_threads > 1024:
+        raise CircbufError(f"{name}: {kernel.max_threads} threads with the producer row exceed 1024")
+    S = stages
+    full, empty = f"{name}_full", f"{name}_empty"
+    kernel.barrier_names += [full, empty]
+    encl = _stack_to(kernel.body, loop) + [loop]
+    lin = Const(0)
+    for lp in encl:
+        lin = lin * lp.extent + lp.index
+    lin = simplify(lin)
+    stage_elems = alloc.size
+    stage_bytes = simplify(stage_elems * tv.dtype.size)
+    slot = simplify(lin % S)
+
+    # producer: a clone of the enclosing serial loops with only the copies
+    prod = [
+        MBarrierWait(MBarrierRef(empty, slot), simplify((lin // S + 1) % 2)),
+        MBarrierArriveExpectTx(MBarrierRef(full, slot), stage_bytes),
+    ] + _clone_loads(loads, {}, simplify(slot * stage_elems), MBarrierRef(full, slot))
+    for lp in reversed(encl):
+        prod = [ForLoop(lp.index, lp.extent, prod, lp.ptype, key=-1)]
+    producer = []
+    if kind.registers:
+        producer.append(SetMaxNReg(kind.registers[0], increase=False))
+    producer += [
+        IfThenElse(Var("threadIdx.x").eq(0), [Comment("elected producer thread"), *prod]),
+        Return(),
+    ]
+    # consumers: the original nest without the copies
+    _offset_reads(rest, tv, simplify(slot * stage_elems))
+    loop.body = (
+        [MBarrierWait(MBarrierRef(full, slot), simplify((lin // S) % 2))]
+        + rest
+        + [MBarrierArrive(MBarrierRef(empty, slot))]
+    )
+
+    def named(n, _s):
+        if isinstance(n, BlockReduce):
+            n.barrier = (1, consumers)
+
+    walk(kernel.body, named)
+    consumer = [SetMaxNReg(kind.registers[1], increase=True)] if kind.registers else []
+    # shared buffers are seen by both roles: declare them before the split
+    smem = [n for n in kernel.body if isinstance(n, Allocate) and n.memory.name == "Shared"]
+    consumer += [n for n in kernel.body if not any(n is m for m in smem)]
+    if kind.registers:
+        kernel.min_blocks = 1  # setmaxnreg needs a register cap at entry
+    inits = [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
+    inits += [MBarrierInit(MBarrierRef(empty, Const(s)), Const(consumers)) for s in range(S)]
+    kernel.body = [
+        MBarrierAlloc(full, S),
+        MBarrierAlloc(empty, S),
+        IfThenElse(
+            Bin("&&", Var("threadIdx.x").eq(0), Var("threadIdx.y").eq(0)), inits + [Fence("mbarrier_init")]
+        ),
+        BlockSync("barriers initialized before the roles split"),
+        *smem,
+        Comment(f"warp roles: threadIdx.y == {y.value} loads {name}, the other rows compute"),
+        IfThenElse(Var("threadIdx.y").eq(y.value), producer, consumer),
+    ]
+    return kernel

@@ -40,6 +40,8 @@ from .kir import (
     MBarrierInval,
     MBarrierRef,
     MBarrierWait,
+    Return,
+    SetMaxNReg,
     TensorRef,
     TmaLoad,
 )
@@ -206,6 +208,12 @@ class CudaCodegen:
             {"mbarrier_init": "cb::fence_mbarrier_init();", "proxy_async": "cb::fence_proxy_async();"}[n.kind]
         )
 
+    def visit_SetMaxNReg(self, n: SetMaxNReg):
+        self.emit(f"cb::setmaxnreg_{'inc' if n.increase else 'dec'}<{n.count}>();")
+
+    def visit_Return(self, n: Return):
+        self.emit("return;")
+
     def visit_Comment(self, n: Comment):
         self.emit(f"// {n.text}")
 
@@ -224,7 +232,9 @@ class CudaCodegen:
         self.red_smem.append(f"__shared__ {dt.value} {smem}[{32 * rows}];")
         r = self.ref(n.ref)
         init = literal(n.expr.init, dt)
-        self.emit(f"{r} = cb::block_reduce_x({r}, {_RED[n.expr.op_name]}, {init}, {smem});")
+        bar_id, bar_n = n.barrier
+        sync = f", {bar_id}, {bar_n}" if bar_id else ""
+        self.emit(f"{r} = cb::block_reduce_x({r}, {_RED[n.expr.op_name]}, {init}, {smem}{sync});")
 
     def visit_Assign(self, a: Assign):
         lhs = a.lhs
@@ -290,7 +300,7 @@ class CudaCodegen:
         head = [
             f"typedef {index_t} index_t;",
             PRELUDE,
-            f'extern "C" __global__ void __launch_bounds__({max(k.max_threads, 1)}) {k.name}(',
+            f'extern "C" __global__ void __launch_bounds__({max(k.max_threads, 1)}{", " + str(k.min_blocks) if k.min_blocks else ""}) {k.name}(',
             "    " + ",\n    ".join(params) + ") {",
         ]
         return "\n".join(head + smem + body + ["}", ""])

@@ -106,6 +106,7 @@ class BlockReduce(Node):
     ptypes: tuple
     threads: int = 0
     ref: object = None  # TensorRef after indexing
+    barrier: tuple = (0, 0)  # (named barrier id, threads); (0, 0): __syncthreads
 
     def lines(self, ind):
         axes = ",".join(p.value for p in self.ptypes)
@@ -246,6 +247,23 @@ class Fence(Node):
 
     def lines(self, ind):
         return ["  " * ind + f"FENCE {self.kind}"]
+
+
+@dataclass(eq=False)
+class SetMaxNReg(Node):
+    """setmaxnreg.{inc,dec}: move registers between warp roles."""
+
+    count: int
+    increase: bool
+
+    def lines(self, ind):
+        return ["  " * ind + f"SETMAXNREG.{'INC' if self.increase else 'DEC'} {self.count}"]
+
+
+@dataclass(eq=False)
+class Return(Node):
+    def lines(self, ind):
+        return ["  " * ind + "RETURN"]
 
 
 @dataclass(eq=False)

@@ -108,16 +108,29 @@ template <int N, typename T> __device__ __forceinline__ void vec_copy(T* dst, co
 
 // Reduce v over threadIdx.x (blockDim.x a multiple of 32), separately for each
 // threadIdx.y row; every thread gets the result. smem holds 32 * blockDim.y values.
+// A barrier over the first `threads` threads (named barrier `id`), or all of them.
+__device__ __forceinline__ void sync_threads(int id, int threads) {
+  if (id == 0) __syncthreads();
+  else asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N));
+}
+
 template <typename T, typename Op>
-__device__ __forceinline__ T block_reduce_x(T v, Op op, T init, T* smem) {
+__device__ __forceinline__ T block_reduce_x(T v, Op op, T init, T* smem, int bar_id = 0, int bar_threads = 0) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   if (nwarps == 1) return v;
   T* row = smem + threadIdx.y * 32;
-  __syncthreads();  // an earlier reduction may still be reading smem
+  sync_threads(bar_id, bar_threads);  // an earlier reduction may still be reading smem
   if (lane == 0) row[warp] = v;
-  __syncthreads();
+  sync_threads(bar_id, bar_threads);
   v = lane < nwarps ? row[lane] : init;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -31,6 +31,7 @@ from ..ir import (
     ParallelType,
     Pipelined,
     ReductionOp,
+    WarpSpecialized,
     evaluate,
 )
 from .info import InputInfo
@@ -86,11 +87,6 @@ class NormalizationScheduler:
         """Params, or None to hand the fusion to the plain reduction scheduler."""
         if overrides.get("tma", True) is False:
             return None
-        if overrides.get("warp_specialized"):
-            raise CircbufError(
-                "schedule(warp_specialized=True): the warp-specialized normalization variant is not built yet "
-                "(Pipelined circular buffering is)"
-            )
         ref = _reductions(fusion)[0]
         n_red = sum(i.is_reduction for i in ref.logical)
         rows_dims = len(ref.logical) - n_red
@@ -121,7 +117,13 @@ class NormalizationScheduler:
         y = overrides.get("rows")
         if y is None:
             y = 1
-            while y * 2 * threads <= 1024 and y * 2 * padded * item <= 16384 and y * 2 <= 16 and y < rows:
+            spare = threads if overrides.get("warp_specialized") else 0  # the producer row
+            while (
+                y * 2 * threads + spare <= 1024
+                and y * 2 * padded * item <= 16384
+                and y * 2 <= 16
+                and y < rows
+            ):
                 y *= 2
         # measured on H200 (benchmarks/normalization.py --sweep): a third stage pays
         # once a stage holds >= 16 KB (long rows, few CTAs per SM), costs below
@@ -149,6 +151,7 @@ class NormalizationScheduler:
             prefetch=prefetch,
             grid=grid,
             war=overrides.get("war", "block_sync"),
+            warp_specialized=bool(overrides.get("warp_specialized", False)),
             vectorize_inputs=tuple(vin),
             vectorize_outputs=tuple(R % vec == 0 for _ in fusion.outputs),
         )
@@ -213,8 +216,12 @@ class NormalizationScheduler:
             xs.axis(3).parallelize(ParallelType.Bulk)
             xs.axis(4).parallelize(ParallelType.Bulk)
             xs.inline_at(2)
-            war = params.war
-            xs.circular_buffer(params.stages, params.prefetch, Pipelined(war=war))
+            kind = (
+                WarpSpecialized(on=ParallelType.TIDy)
+                if params.warp_specialized
+                else Pipelined(war=params.war)
+            )
+            xs.circular_buffer(params.stages, params.prefetch, kind)
         # 16-byte register copies: shared -> registers, broadcast inputs, output stores
         for tv in fusion.used_tvs():
             d = tv.definition

@@ -53,6 +53,7 @@ class NormalizationParams(Params):
     prefetch: int = 1
     grid: int = 132
     war: str = "block_sync"
+    warp_specialized: bool = False
     vectorize_inputs: tuple = ()
     vectorize_outputs: tuple = ()
 
