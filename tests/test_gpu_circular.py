@@ -53,7 +53,7 @@ def test_warp_specialized_manual_nested_ring_with_setmaxnreg():
         y = fd.ops.cast(fd.ops.exp(x), D.BFloat16)
         fd.add_output(y)
     xs = x.cache_after(op="tma")
-    y.split(1, 64).split(0, 2)
+    y.split(1, 128).split(0, 2)
     y.reorder([0, 2, 1, 3])  # [I/2 (outer loop), J/64 (buffered loop), TIDy 2, TIDx 64]
     y.axis(2).parallelize(ParallelType.TIDy)
     y.axis(3).parallelize(ParallelType.TIDx)

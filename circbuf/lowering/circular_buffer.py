@@ -286,6 +286,11 @@ def _warp_specialize(kernel, alloc, loop, loads, rest, stages, kind):
     if not isinstance(y, Const) or not isinstance(tx, Const):
         raise CircbufError(f"{name}: warp specialization needs constant thread extents")
     consumers = y.value * tx.value
+    if kind.registers and tx.value % 128:
+        raise CircbufError(
+            f"{name}: WarpSpecialized(registers=...) uses setmaxnreg, which acts on whole warpgroups: "
+            f"each threadIdx.y row must be a multiple of 128 threads, not {tx.value}"
+        )
     kernel.launch[ParallelType.TIDy] = Const(y.value + 1)  # the producer row
     kernel.max_threads = consumers + tx.value
     if kernel.max_threads > 1024:
