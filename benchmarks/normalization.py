@@ -54,7 +54,7 @@ def main():
             ins = norm_inputs(kind, r, c, torch.bfloat16, "cuda")
             nbytes = 2 * r * c * 2  # read x, write y
             res = {"kind": kind, "shape": f"{r}x{c}"}
-            for variant, ov in (("tma", {}), ("plain", {"tma": False})):
+            for variant, ov in (("tma", {}), ("ws", {"warp_specialized": True}), ("plain", {"tma": False})):
                 fd = norm_fusion(kind, D.BFloat16)
                 if ov:
                     fd.fusion.schedule(**ov)
@@ -75,7 +75,10 @@ def main():
             res["best_ms"] = best
             rows.append(res)
     print(f"GPU: {gpu_name()}  bf16  copy bandwidth {copy_gbs:.0f} GB/s")
-    hdr = f"{'op':10s} {'shape':11s} {'tma ms':>8s} {'plain ms':>8s} {'eager':>7s} {'compile':>7s} {'of copy':>7s} {'x comp':>6s} {'x eager':>7s}"
+    hdr = (
+        f"{'op':10s} {'shape':11s} {'tma ms':>8s} {'ws ms':>7s} {'plain ms':>8s} {'eager':>7s} {'compile':>7s}"
+        f" {'of copy':>7s} {'x comp':>6s} {'x eager':>7s}"
+    )
     print(hdr)
     for x in rows:
         tag = "" if x["tma_params"] == "NormalizationParams" else " (tma declined)"
