@@ -83,7 +83,7 @@ def main():
     for x in rows:
         tag = "" if x["tma_params"] == "NormalizationParams" else " (tma declined)"
         print(
-            f"{x['kind']:10s} {x['shape']:11s} {x['tma_ms']:8.3f} {x['plain_ms']:8.3f} {x['eager_ms']:7.3f} "
+            f"{x['kind']:10s} {x['shape']:11s} {x['tma_ms']:8.3f} {x['ws_ms']:7.3f} {x['plain_ms']:8.3f} {x['eager_ms']:7.3f} "
             f"{x['compile_ms']:7.3f} {x['of_copy']:7.3f} {x['vs_compile']:6.2f} {x['vs_eager']:7.2f}{tag}"
         )
     geo = math.exp(sum(math.log(x["vs_compile"]) for x in rows) / len(rows))
