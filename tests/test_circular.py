@@ -209,6 +209,11 @@ def test_warp_specialized_structure():
     assert ck.resource_usage()["LOCAL"] == 0
 
 
+@pytest.mark.xfail(
+    __import__("circbuf.runtime.nvrtc", fromlist=["x"]).nvrtc_version() < (13, 5),
+    reason="NVRTC 13.0's ptxas rejects setmaxnreg.inc 232 here (C7600, seen on the H200 machine); 13.5 compiles it",
+    strict=False,
+)
 def test_warp_specialized_with_setmaxnreg_compiles():
     fd, x, y = tma_fusion()
     xs = x.cache_after(op="tma")

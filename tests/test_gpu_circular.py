@@ -43,6 +43,11 @@ def test_warp_specialized(kind, stages):
     run_norm(kind, 3, 4096, stages=stages, warp_specialized=True)  # fewer row blocks than stages
 
 
+@pytest.mark.xfail(
+    __import__("circbuf.runtime.nvrtc", fromlist=["x"]).nvrtc_version() < (13, 5),
+    reason="NVRTC 13.0's ptxas rejects setmaxnreg.inc 232 here (C7600, seen on the H200 machine); 13.5 compiles it",
+    strict=False,
+)
 def test_warp_specialized_manual_nested_ring_with_setmaxnreg():
     import circbuf as cb
     from circbuf.ir import ParallelType
