@@ -69,7 +69,14 @@ def test_pipelined_structure(stages, war):
             "(((((", "((((("
         ) or "% 2" in str(empty_wait[-1].parity)
     else:
-        assert isinstance(main.body[-1], BlockSync) and "WAR" in main.body[-1].reason
+        syncs = [k for k, n in enumerate(main.body) if isinstance(n, BlockSync) and "WAR" in n.reason]
+        assert len(syncs) == 1
+    # rows held in registers: the stage is released right after the copy to
+    # registers, before the first reduction of the row
+    assert p.row_length == 4096
+    kinds = [type(n).__name__ for n in main.body]
+    release = "MBarrierArrive" if war == "mbarrier" else "BlockSync"
+    assert kinds.index(release) < kinds.index("BlockReduce")
 
 
 def test_tma_sass_and_no_local_memory():

@@ -207,7 +207,7 @@ def circular_buffer(kernel: Kernel) -> Kernel:
             if empty
             else [BlockSync(f"WAR: stage {i} % {S} of {name} is refilled next")]
         )
-        loop.body = main + rest + release
+        loop.body = main + _release_after_last_read(rest, tv, release)
         _insert_before(kernel.body, loop, [Comment(f"prologue: fill {P} of {S} stages of {name}"), prologue])
         # barrier setup at the top of the kernel, teardown at the end
         setup.append(MBarrierAlloc(full, S))
@@ -244,6 +244,13 @@ class _Ring:
             self.loads, {self.index.name: it}, simplify(slot * self.stage_elems), MBarrierRef(self.full, slot)
         )
         return body
+
+
+def _release_after_last_read(rest, tv, release) -> list:
+    """The slot is free once its last reader is done: a row copied to registers
+    releases its stage before the reductions run."""
+    last = max((k for k, n in enumerate(rest) if _reads(n, tv)), default=len(rest) - 1)
+    return rest[: last + 1] + release + rest[last + 1 :]
 
 
 def _insert_before(nodes, target, new) -> bool:
@@ -323,10 +330,8 @@ def _warp_specialize(kernel, alloc, loop, loads, rest, stages, kind):
     ]
     # consumers: the original nest without the copies
     _offset_reads(rest, tv, simplify(slot * stage_elems))
-    loop.body = (
-        [MBarrierWait(MBarrierRef(full, slot), simplify((lin // S) % 2))]
-        + rest
-        + [MBarrierArrive(MBarrierRef(empty, slot))]
+    loop.body = [MBarrierWait(MBarrierRef(full, slot), simplify((lin // S) % 2))] + _release_after_last_read(
+        rest, tv, [MBarrierArrive(MBarrierRef(empty, slot))]
     )
 
     def named(n, _s):

@@ -43,9 +43,11 @@ from .utils import (
     hoist_broadcasts,
     propagate,
     recompute_multi_use,
+    specialize_extent,
 )
 
-OVERRIDES = ("stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized")
+OVERRIDES = ("stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "registers")
+MAX_REGISTER_ROW = 64  # row elements a thread may keep in registers
 SMEM_BUDGET = 200 * 1024  # leave room for reduction scratch and barriers
 MAX_BOX = 256
 
@@ -142,6 +144,11 @@ class NormalizationScheduler:
         for t in info.tensors:
             ok = t is not None and R % vec == 0 and t.align % 16 == 0 and t.sizes and t.strides[-1] == 1
             vin.append(bool(ok))
+        per_thread = -(-R // (threads * vec)) * vec
+        in_regs = overrides.get("registers", per_thread <= MAX_REGISTER_ROW)
+        ext = [i for i in ref.logical if i.is_reduction][0].extent
+        if in_regs and not hasattr(ext, "name") and not isinstance(ext.value, int):
+            in_regs = False
         return NormalizationParams(
             rows=y,
             threads=threads,
@@ -152,6 +159,7 @@ class NormalizationScheduler:
             grid=grid,
             war=overrides.get("war", "block_sync"),
             warp_specialized=bool(overrides.get("warp_specialized", False)),
+            row_length=R if in_regs else 0,
             vectorize_inputs=tuple(vin),
             vectorize_outputs=tuple(R % vec == 0 for _ in fusion.outputs),
         )
@@ -160,6 +168,10 @@ class NormalizationScheduler:
     def schedule(fusion: Fusion, params: NormalizationParams):
         hoist_broadcasts(fusion)
         ref0 = _reductions(fusion)[0]
+        if params.row_length:
+            ext = [i for i in ref0.logical if i.is_reduction][0].extent
+            if hasattr(ext, "name"):
+                specialize_extent(fusion, ext.name, params.row_length)
         cands = _row_inputs(fusion, ref0)
         smem = []
         for k in cands:
@@ -182,6 +194,8 @@ class NormalizationScheduler:
             return not any(lmap.find(i) in rclasses and not i.is_broadcast for i in tv.logical)
 
         shared = {id(xs) for xs, _ in smem}
+        if params.row_length:  # the register copy of the row is made once and read by every pass
+            shared |= {id(xl) for _, xl in smem}
         recompute_multi_use(
             fusion,
             keep=lambda tv: id(tv) in shared or isinstance(tv.definition, ReductionOp) or row_scalar(tv),
@@ -243,6 +257,10 @@ class NormalizationScheduler:
                 c.inline_at(5)
                 if vec:
                     o.axis(5).parallelize(ParallelType.Vectorize)
+        if params.row_length:  # one 16-byte read per chunk of the row into registers, kept for every pass
+            for _, xl in smem:
+                xl.inline_at(3)
+                xl.axis(5).parallelize(ParallelType.Vectorize)
 
 
 def _row_transforms(tv, params):

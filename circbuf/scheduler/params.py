@@ -54,6 +54,7 @@ class NormalizationParams(Params):
     grid: int = 132
     war: str = "block_sync"
     warp_specialized: bool = False
+    row_length: int = 0  # > 0: rows live in registers, the kernel is compiled for this length
     vectorize_inputs: tuple = ()
     vectorize_outputs: tuple = ()
 

@@ -273,3 +273,20 @@ def propagate_transforms(fusion: Fusion, ref: TensorView) -> None:
     lmap = LogicalMap(fusion)
     concretize_broadcasts(fusion, lmap)
     propagate(ref, fusion.used_tvs(), lmap)
+
+
+def specialize_extent(fusion: Fusion, name: str, value: int) -> None:
+    """Compile for one value of a symbolic extent (a register-resident row needs
+    a constant length). The runtime keys compiled kernels by params, which
+    carry the value, and launch plans by exact shapes."""
+    from ..ir import Const
+    from ..ir.scalar import substitute
+
+    mapping = {name: Const(value)}
+    for tv in fusion.tvs:
+        for i in tv.logical:
+            i.extent = substitute(i.extent, mapping)
+            if i.expanded_extent is not None:
+                i.expanded_extent = substitute(i.expanded_extent, mapping)
+    for e in fusion.exprs():
+        e.inputs = [substitute(x, mapping) if not isinstance(x, TensorView) else x for x in e.inputs]
