@@ -47,7 +47,7 @@ from .utils import (
 )
 
 OVERRIDES = ("stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "registers")
-MAX_REGISTER_ROW = 64  # row elements a thread may keep in registers
+MAX_REGISTER_ROW = 32  # row elements a thread keeps in registers (64 spilled at 512 threads)
 SMEM_BUDGET = 200 * 1024  # leave room for reduction scratch and barriers
 MAX_BOX = 256
 
