@@ -128,8 +128,12 @@ class NormalizationScheduler:
             ):
                 y *= 2
         # measured on H200 (benchmarks/normalization.py --sweep): a third stage pays
-        # once a stage holds >= 16 KB (long rows, few CTAs per SM), costs below
-        stages = overrides.get("stages", 3 if y * padded * item * len(cands) >= 16384 else 2)
+        # once a stage holds >= 16 KB when passes re-read the stage, >= 32 KB when
+        # the row is copied to registers at once (the stage is freed early)
+        threads_ = overrides.get("threads") or threads
+        in_regs_guess = -(-R // (threads_ * vec)) * vec <= MAX_REGISTER_ROW
+        big = 32768 if in_regs_guess else 16384
+        stages = overrides.get("stages", 3 if y * padded * item * len(cands) >= big else 2)
         prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
         stage_bytes = y * padded * item * len(cands)
         if stages * stage_bytes > min(SMEM_BUDGET, info.smem_per_block - 8192):
