@@ -22,7 +22,7 @@ from circbuf.lowering.kir import (
 )
 from circbuf.runtime.tensormap import check_map
 from circbuf.scheduler import propagate_transforms
-from tests.util import D, norm_fusion, norm_inputs
+from tests.util import D, manual_ws_exp, norm_fusion, norm_inputs
 
 
 def nodes(kernel, kind):
@@ -222,20 +222,7 @@ def test_warp_specialized_structure():
     strict=False,
 )
 def test_warp_specialized_with_setmaxnreg_compiles():
-    fd, x, y = tma_fusion()
-    xs = x.cache_after(op="tma")
-    y.split(1, 128).split(0, 2)  # [I/2, 2, J/64, 64]
-    y.reorder([0, 2, 1, 3])  # [I/2, J/64, 2, 64]
-    y.axis(2).parallelize(ParallelType.TIDy)
-    y.axis(3).parallelize(ParallelType.TIDx)
-    propagate_transforms(fd.fusion, y)
-    xs.axis(2).parallelize(ParallelType.Bulk)
-    xs.axis(3).parallelize(ParallelType.Bulk)
-    xs.inline_at(2)
-    for tv in fd.fusion.used_tvs():
-        if tv is not xs and not tv.is_input and not tv.is_output:
-            tv.inline_at(4)
-    xs.circular_buffer(4, type=cb.WarpSpecialized(registers=(40, 232)))
+    fd = manual_ws_exp(128, 4)
     ck = fd.compile([torch.randn(256, 512, dtype=torch.bfloat16)], arch="sm_90a")
     sass = ck.sass()
     assert "USETMAXREG" in sass and "UTMALDG" in sass
@@ -243,19 +230,6 @@ def test_warp_specialized_with_setmaxnreg_compiles():
     # an outer loop and the buffered loop share one ring: stage from the linear index
     assert "cb::mbar_wait(&T4_full[(((ceilDiv(i1, 128) * j0) + j1) % 4)]" in ck.cuda
     # setmaxnreg acts on warpgroups: a 64-thread row is refused by name
-    fd2, x2, y2 = tma_fusion()
-    xs2 = x2.cache_after(op="tma")
-    y2.split(1, 64).split(0, 2)
-    y2.reorder([0, 2, 1, 3])
-    y2.axis(2).parallelize(ParallelType.TIDy)
-    y2.axis(3).parallelize(ParallelType.TIDx)
-    propagate_transforms(fd2.fusion, y2)
-    xs2.axis(2).parallelize(ParallelType.Bulk)
-    xs2.axis(3).parallelize(ParallelType.Bulk)
-    xs2.inline_at(2)
-    for tv in fd2.fusion.used_tvs():
-        if tv is not xs2 and not tv.is_input and not tv.is_output:
-            tv.inline_at(4)
-    xs2.circular_buffer(4, type=cb.WarpSpecialized(registers=(40, 232)))
+    fd2 = manual_ws_exp(64, 4)
     with pytest.raises(cb.CircbufError, match="whole warpgroups"):
         fd2.compile([torch.randn(256, 512, dtype=torch.bfloat16)], arch="sm_90a")

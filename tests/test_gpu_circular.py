@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.util import TORCH, D, assert_close, norm_fusion, norm_inputs, norm_reference
+from tests.util import TORCH, D, assert_close, manual_ws_exp, norm_fusion, norm_inputs, norm_reference
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -49,27 +49,7 @@ def test_warp_specialized(kind, stages):
     strict=False,
 )
 def test_warp_specialized_manual_nested_ring_with_setmaxnreg():
-    import circbuf as cb
-    from circbuf.ir import ParallelType
-    from circbuf.scheduler import propagate_transforms
-
-    with cb.FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
-        y = fd.ops.cast(fd.ops.exp(x), D.BFloat16)
-        fd.add_output(y)
-    xs = x.cache_after(op="tma")
-    y.split(1, 128).split(0, 2)
-    y.reorder([0, 2, 1, 3])  # [I/2 (outer loop), J/64 (buffered loop), TIDy 2, TIDx 64]
-    y.axis(2).parallelize(ParallelType.TIDy)
-    y.axis(3).parallelize(ParallelType.TIDx)
-    propagate_transforms(fd.fusion, y)
-    xs.axis(2).parallelize(ParallelType.Bulk)
-    xs.axis(3).parallelize(ParallelType.Bulk)
-    xs.inline_at(2)
-    for tv in fd.fusion.used_tvs():
-        if tv is not xs and not tv.is_input and not tv.is_output:
-            tv.inline_at(4)
-    xs.circular_buffer(3, type=cb.WarpSpecialized(registers=(40, 232)))
+    fd = manual_ws_exp(128, 3)
     a = torch.randn(37, 1000, device=DEV, dtype=torch.bfloat16)
     (out,) = fd.execute([a])
     assert_close(out, torch.exp(a.double()))

@@ -39,6 +39,7 @@ from .params import NormalizationParams
 from .reduction import ReductionScheduler, _is_inner, _red_classes, _reductions
 from .utils import (
     LogicalMap,
+    cache_output,
     concretize_broadcasts,
     hoist_broadcasts,
     propagate,
@@ -185,11 +186,7 @@ class NormalizationScheduler:
             smem.append((xs, xl))
         outs = []
         for k, o in enumerate(fusion.outputs):
-            others = [e for e in o.uses if e in fusion.exprs()]
-            c = o.cache_before()
-            for e in others:
-                e.replace_input(o, c)
-            outs.append((o, c, params.vectorize_outputs[k]))
+            outs.append((o, cache_output(fusion, o), params.vectorize_outputs[k]))
         lmap = LogicalMap(fusion)
         ref = _reductions(fusion)[0]
         rclasses = _red_classes(ref, lmap)

@@ -21,7 +21,7 @@ from ..ir import (
 )
 from .info import InputInfo
 from .params import PointwiseParams
-from .utils import LogicalMap, concretize_broadcasts, hoist_broadcasts, propagate
+from .utils import LogicalMap, cache_output, concretize_broadcasts, hoist_broadcasts, propagate
 
 OVERRIDES = ("vectorize", "unroll", "threads")
 MAX_VECTOR_BYTES = 16
@@ -121,11 +121,7 @@ class PointwiseScheduler:
                 in_caches.append((c, params.vectorize_inputs[k]))
         out_caches = []
         for k, o in enumerate(fusion.outputs):
-            others = [e for e in o.uses if e in fusion.exprs()]
-            c = o.cache_before()
-            for e in others:
-                e.replace_input(o, c)
-            out_caches.append((o, c, params.vectorize_outputs[k]))
+            out_caches.append((o, cache_output(fusion, o), params.vectorize_outputs[k]))
         ref = out_caches[ref_index][1]
         lmap = LogicalMap(fusion)
         concretize_broadcasts(fusion, lmap)

@@ -24,6 +24,7 @@ from .info import InputInfo
 from .params import ReductionParams
 from .utils import (
     LogicalMap,
+    cache_output,
     concretize_broadcasts,
     hoist_broadcasts,
     propagate,
@@ -77,10 +78,7 @@ class ReductionScheduler:
         hoist_broadcasts(fusion)
         for o in list(fusion.outputs):
             if isinstance(o.definition, ReductionOp) or o.uses:
-                others = [e for e in o.uses if e in fusion.exprs()]
-                c = o.cache_before()
-                for e in others:
-                    e.replace_input(o, c)
+                cache_output(fusion, o)
         lmap = LogicalMap(fusion)
         ref = _reductions(fusion)[0]
         rclasses = _red_classes(ref, lmap)

@@ -231,7 +231,6 @@ def canonicalize_extents(fusion: Fusion) -> dict:
     extents i0 and i2) by one representative, so their loops compare equal.
     Returns {name: representative}. The runtime checks the equalities."""
     from ..ir import Var
-    from ..ir.scalar import substitute
 
     parent: dict[str, str] = {}
 
@@ -253,13 +252,7 @@ def canonicalize_extents(fusion: Fusion) -> dict:
         return {}
     reps = {v.name: v for v in fusion.extent_vars}
     mapping = {n: reps[find(n)] for n in parent}
-    for tv in fusion.tvs:
-        for i in tv.logical:
-            i.extent = substitute(i.extent, mapping)
-            if i.expanded_extent is not None:
-                i.expanded_extent = substitute(i.expanded_extent, mapping)
-    for e in fusion.exprs():
-        e.inputs = [substitute(x, mapping) if not isinstance(x, TensorView) else x for x in e.inputs]
+    _substitute_extents(fusion, mapping)
     return {n: v.name for n, v in mapping.items()}
 
 
@@ -280,9 +273,15 @@ def specialize_extent(fusion: Fusion, name: str, value: int) -> None:
     a constant length). The runtime keys compiled kernels by params, which
     carry the value, and launch plans by exact shapes."""
     from ..ir import Const
-    from ..ir.scalar import substitute
 
     mapping = {name: Const(value)}
+    _substitute_extents(fusion, mapping)
+
+
+def _substitute_extents(fusion: Fusion, mapping: dict) -> None:
+    """Replace extent Vars (by name) in every axis and scalar operand."""
+    from ..ir.scalar import substitute
+
     for tv in fusion.tvs:
         for i in tv.logical:
             i.extent = substitute(i.extent, mapping)
@@ -290,3 +289,13 @@ def specialize_extent(fusion: Fusion, name: str, value: int) -> None:
                 i.expanded_extent = substitute(i.expanded_extent, mapping)
     for e in fusion.exprs():
         e.inputs = [substitute(x, mapping) if not isinstance(x, TensorView) else x for x in e.inputs]
+
+
+def cache_output(fusion: Fusion, o: TensorView) -> TensorView:
+    """Compute output ``o`` into a register cache that its other consumers read
+    too (reading it back from global memory would race with its store)."""
+    others = [e for e in o.uses if e in fusion.exprs()]
+    c = o.cache_before()
+    for e in others:
+        e.replace_input(o, c)
+    return c
