@@ -233,3 +233,44 @@ def test_warp_specialized_with_setmaxnreg_compiles():
     fd2 = manual_ws_exp(64, 4)
     with pytest.raises(cb.CircbufError, match="whole warpgroups"):
         fd2.compile([torch.randn(256, 512, dtype=torch.bfloat16)], arch="sm_90a")
+
+
+def test_pointwise_tma_variant_structure_and_fallbacks():
+    from tests.util import axpy_fusion
+
+    fd = axpy_fusion(D.BFloat16, 2)
+    fd.fusion.schedule(stages=3)
+    ck = fd.compile([torch.randn(1000, 1024, dtype=torch.bfloat16)] * 2, arch="sm_90a")
+    assert type(ck.params).__name__ == "PointwiseTmaParams" and ck.params.stages == 3
+    assert len(ck.kernel.tensor_maps) == 2 and len(nodes(ck.kernel, MBarrierAlloc)) == 2
+    sass = ck.sass()
+    for op in ("UTMALDG", "LDS.128", "STG.E.128", "SYNCS.PHASECHK.TRANS"):
+        assert op in sass, op
+    use = ck.resource_usage()
+    assert use["STACK"] == 0 and use["LOCAL"] == 0
+    # not asked for, rank 1, row stride of 2002 bytes, or tma=False: the plain kernel
+    plain = axpy_fusion(D.BFloat16, 2)
+    assert type(
+        plain.compile([torch.randn(64, 1024, dtype=torch.bfloat16)] * 2, arch="sm_90a").params
+    ).__name__ == ("PointwiseParams")
+    for shape, ov in (
+        ((4096,), dict(stages=3)),
+        ((64, 1001), dict(stages=3)),
+        ((64, 1024), dict(stages=3, tma=False)),
+    ):
+        f = axpy_fusion(D.BFloat16, len(shape))
+        f.fusion.schedule(**ov)
+        assert type(
+            f.compile([torch.randn(*shape, dtype=torch.bfloat16)] * 2, arch="sm_90a").params
+        ).__name__ == ("PointwiseParams")
+
+
+@pytest.mark.parametrize("ws", [False, True])
+def test_pointwise_tma_warp_specialized_compiles(ws):
+    from tests.util import axpy_fusion
+
+    fd = axpy_fusion(D.Half, 3)
+    fd.fusion.schedule(stages=4, warp_specialized=ws)
+    ck = fd.compile([torch.randn(3, 77, 512, dtype=torch.float16)] * 2, arch="sm_90a")
+    assert ck.params.warp_specialized == ws
+    assert ck.resource_usage()["STACK"] == 0 and "UTMALDG" in ck.sass()

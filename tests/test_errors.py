@@ -76,9 +76,9 @@ def test_non_tensor_and_scalar_inputs():
 
 def test_unknown_schedule_override():
     fd = axpy_fusion(D.Float, 1)
-    fd.fusion.schedule(stages=4)
+    fd.fusion.schedule(swizzle=4)
     with pytest.raises(
-        cb.CircbufError, match=r"does not take stages \(TMA circular buffering is not built yet\)"
+        cb.CircbufError, match=r"the pointwise scheduler does not take swizzle; it takes vectorize"
     ):
         fd.compile([torch.randn(8)] * 2, arch="sm_90a")
     fd.fusion.schedule(vectorize=3)

@@ -150,3 +150,34 @@ def test_broken_protocol_raises_instead_of_hanging():
     )
     assert "CIRCBUF_ERROR:" in r.stdout, r.stdout + r.stderr
     assert "mbarrier wait on T" in r.stdout and "_full[" in r.stdout
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("ws", [False, True])
+@pytest.mark.parametrize("shape", [(1, 8), (17, 1000), (300, 4096), (3, 5, 264)])
+def test_pointwise_tma(stages, ws, shape):
+    from tests.util import axpy_fusion
+
+    fd = axpy_fusion(D.BFloat16, len(shape))
+    fd.fusion.schedule(stages=stages, warp_specialized=ws)
+    x = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
+    y = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
+    (out,) = fd.execute([x, y])
+    assert type(fd.last_params()).__name__ == "PointwiseTmaParams"
+    assert_close(out, x.double() * y.double() + 1)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    rows=st.sampled_from([1, 2, 15, 16, 17, 999]),
+    cols=st.sampled_from([8, 16, 248, 256, 264, 3000]),
+    stages=st.integers(2, 5),
+)
+def test_hypothesis_pointwise_tma(rows, cols, stages):
+    from tests.util import unary_fusion
+
+    fd = unary_fusion("gelu", D.Half, 2)
+    fd.fusion.schedule(stages=stages)
+    x = torch.randn(rows, cols, device=DEV, dtype=torch.float16)
+    (out,) = fd.execute([x])
+    assert_close(out, torch.nn.functional.gelu(x.double()))

@@ -49,7 +49,7 @@ class Fusion:
         return tv
 
     def new_extent(self) -> Var:
-        v = Var(f"i{len(self.extent_vars)}", lo=0)
+        v = Var(f"i{len(self.extent_vars)}", lo=1)  # kernels never run on empty tensors
         self.extent_vars.append(v)
         return v
 

@@ -274,7 +274,7 @@ def value_range(e: Scalar) -> tuple:
         if la >= 0 and lb > 0:
             if op == "/":
                 return (la // hb if hb != INF else 0, ha // lb if ha != INF else INF)
-            return (0, -(-ha // lb) if ha != INF else INF)
+            return (-(-la // lb), -(-ha // lb) if ha != INF else INF)
         return (-INF, INF)
     if op == "%":
         if la >= 0 and lb > 0:

@@ -37,6 +37,25 @@ class PointwiseParams(Params):
 
 
 @dataclass(frozen=True)
+class PointwiseTmaParams(Params):
+    """Tiles of [tile_rows x tile_cols] streamed by TMA through ``stages`` slots;
+    threads [threads_y x threads_x], each moving ``vectorize`` elements."""
+
+    name = "Pointwise TMA params"
+    tile_rows: int = 16
+    tile_cols: int = 256
+    vectorize: int = 8
+    threads_x: int = 32
+    threads_y: int = 4
+    stages: int = 3
+    prefetch: int = 2
+    grid: int = 132
+    war: str = "block_sync"
+    warp_specialized: bool = False
+    vectorize_outputs: tuple = ()
+
+
+@dataclass(frozen=True)
 class NormalizationParams(Params):
     """Inner-persistent normalization: rows staged through a TMA circular buffer.
 

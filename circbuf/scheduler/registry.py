@@ -6,13 +6,14 @@
 from __future__ import annotations
 
 from ..ir import CircbufError, Fusion
-from . import normalization, pointwise, reduction
+from . import normalization, pointwise, pointwise_tma, reduction
 from .info import InputInfo
 from .utils import canonicalize_extents
 
 SCHEDULERS = [
     (normalization.NormalizationScheduler, normalization.OVERRIDES),
     (reduction.ReductionScheduler, reduction.OVERRIDES),
+    (pointwise_tma.PointwiseTmaScheduler, pointwise_tma.OVERRIDES),
     (pointwise.PointwiseScheduler, pointwise.OVERRIDES),
 ]
 

@@ -1,0 +1,157 @@
+"""Pointwise scheduler, TMA variant: persistent CTAs stream [rows x cols]
+tiles of every full-shape input through a circular buffer in shared memory.
+
+Chosen when asked for (``fd.fusion.schedule(stages=N)``, ``warp_specialized=True``
+or ``tma=True``) and the inputs can be described by tensor maps; the plain
+pointwise kernel already runs at copy bandwidth on Hopper, so the heuristics
+do not pick this one on their own. Every tensor after scheduling
+(I = rows flattened, C = innermost axis, G = persistent grid)::
+
+    [iS{ceilDiv(ceilDiv(I, TR) * ceilDiv(C, TC), G)}, iblockIdx.x{G},
+     iS{TR / TY}, ithreadIdx.y{TY}, ithreadIdx.x{TC / V}, iV{V}]
+
+and each TMA buffer::
+
+    Ts_s[iS{tile loop}, iblockIdx.x{G}, iB{TR}, iB{TC}] ca_pos(2) circular_buffer(stages)
+"""
+
+from __future__ import annotations
+
+from ..ir import (
+    CircbufError,
+    Fusion,
+    MemoryType,
+    ParallelType,
+    Pipelined,
+    WarpSpecialized,
+    evaluate,
+)
+from .info import InputInfo
+from .normalization import tma_describable
+from .params import PointwiseTmaParams
+from .pointwise import PointwiseScheduler, _vector_candidates
+from .utils import LogicalMap, cache_output, concretize_broadcasts, hoist_broadcasts, propagate
+
+OVERRIDES = ("stages", "prefetch", "tma", "war", "warp_specialized", "tile_rows")
+SMEM_PER_SM = 228 * 1024
+
+
+class PointwiseTmaScheduler:
+    name = "pointwise_tma"
+
+    @staticmethod
+    def can_schedule(fusion: Fusion) -> str | None:
+        return PointwiseScheduler.can_schedule(fusion)
+
+    @staticmethod
+    def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
+        """Params, or None for the plain pointwise kernel."""
+        asked = "stages" in overrides or overrides.get("warp_specialized") or overrides.get("tma") is True
+        if not asked or overrides.get("tma") is False:
+            return None
+        ref = PointwiseScheduler.reference(fusion)
+        if ref.ndim < 2:
+            return None
+        shape = [evaluate(i.extent, info.extents) for i in ref.logical]
+        rows = 1
+        for s in shape[:-1]:
+            rows *= s
+        C = shape[-1]
+        cands = _vector_candidates(fusion, ref)
+        if not cands or rows == 0 or C == 0:
+            return None
+        for k in cands:
+            if tma_describable(info.tensors[k], ref.ndim - 1):
+                return None
+        item = max(fusion.inputs[k].dtype.size for k in cands)
+        item = max([item] + [o.dtype.size for o in fusion.outputs])
+        vec = 16 // item
+        tc = 256 if C >= 256 else C
+        if (tc * min(fusion.inputs[k].dtype.size for k in cands)) % 16 or tc % vec:
+            return None
+        tx = tc // vec
+        ty = max(1, min(128 // tx, 16))
+        tr = overrides.get("tile_rows", 16)
+        if not isinstance(tr, int) or not 1 <= tr <= 256 or tr % ty:
+            raise CircbufError(f"schedule(tile_rows={tr}): must be a multiple of {ty} in [1, 256]")
+        stages = overrides.get("stages", 3)
+        prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
+        stage_bytes = sum(tr * tc * fusion.inputs[k].dtype.size for k in cands)
+        if stages * stage_bytes > info.smem_per_block - 8192:
+            raise CircbufError(
+                f"schedule(stages={stages}): {stages} x {stage_bytes} bytes exceed shared memory"
+            )
+        threads = tx * ty + (tx * ty if overrides.get("warp_specialized") else 0)
+        per_sm = max(1, min(SMEM_PER_SM // (stages * stage_bytes + 1024), 2048 // threads))
+        tiles = -(-rows // tr) * -(-C // tc)
+        grid = max(1, min(tiles, info.sm_count * per_sm))
+        vout = tuple(C % vec == 0 for _ in fusion.outputs)
+        return PointwiseTmaParams(
+            tile_rows=tr,
+            tile_cols=tc,
+            vectorize=vec,
+            threads_x=tx,
+            threads_y=ty,
+            stages=stages,
+            prefetch=prefetch,
+            grid=grid,
+            war=overrides.get("war", "block_sync"),
+            warp_specialized=bool(overrides.get("warp_specialized", False)),
+            vectorize_outputs=vout,
+        )
+
+    @staticmethod
+    def schedule(fusion: Fusion, params: PointwiseTmaParams):
+        hoist_broadcasts(fusion)
+        ref_index = PointwiseScheduler.reference_index(fusion)
+        ref_out = fusion.outputs[ref_index]
+        smem = []
+        for k in _vector_candidates(fusion, ref_out):
+            x = fusion.inputs[k]
+            if fusion.consumers(x):
+                xs = x.cache_after(op="tma")
+                smem.append((xs, xs.cache_after()))
+        outs = [(o, cache_output(fusion, o), v) for o, v in zip(fusion.outputs, params.vectorize_outputs)]
+        ref = outs[ref_index][1]
+        lmap = LogicalMap(fusion)
+        concretize_broadcasts(fusion, lmap)
+
+        _tiles(ref, params)  # [tile_iter, G, TR, TC]
+        ref.split(3, params.vectorize)  # [.., TR, TC/V, V]
+        ref.split(2, params.threads_y)  # [tile_iter, G, TR/TY, TY, TC/V, V]
+        ref.axis(1).parallelize(ParallelType.BIDx)
+        ref.axis(3).parallelize(ParallelType.TIDy)
+        ref.axis(4).parallelize(ParallelType.TIDx)
+        propagate(ref, fusion.used_tvs(), lmap)
+        for tv in fusion.used_tvs():
+            if not tv.is_input and not tv.is_output:
+                tv.memory_type = MemoryType.Local
+                tv.inline_at(len(tv.loop))
+        kind = WarpSpecialized(on=ParallelType.TIDy) if params.warp_specialized else Pipelined(war=params.war)
+        for xs, xl in smem:
+            xs.memory_type = MemoryType.Shared
+            xs.domain.loop = list(xs.logical)
+            _tiles(xs, params)
+            xs.axis(1).parallelize(ParallelType.BIDx)
+            xs.axis(2).parallelize(ParallelType.Bulk)
+            xs.axis(3).parallelize(ParallelType.Bulk)
+            xs.inline_at(2)
+            xs.circular_buffer(params.stages, params.prefetch, kind)
+            xl.inline_at(5)
+            xl.axis(5).parallelize(ParallelType.Vectorize)
+        for o, c, vec in outs:
+            c.inline_at(5)
+            if vec:
+                o.axis(5).parallelize(ParallelType.Vectorize)
+
+
+def _tiles(tv, params):
+    """[..., C] -> [tile_iter, G, TR, TC]: rows flattened, cut into TR x TC
+    tiles, tiles numbered row-major and dealt to G persistent CTAs."""
+    for _ in range(len(tv.loop) - 2):
+        tv.merge(0)
+    tv.split(1, params.tile_cols)  # [I, C/TC, TC]
+    tv.split(0, params.tile_rows)  # [I/TR, TR, C/TC, TC]
+    tv.reorder([0, 2, 1, 3])  # [I/TR, C/TC, TR, TC]
+    tv.merge(0)  # [tiles, TR, TC]
+    tv.split(0, params.grid)  # [tile_iter, G, TR, TC]
