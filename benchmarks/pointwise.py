@@ -95,6 +95,8 @@ def main():
                 "eager_ms": t_eager,
                 "compile_ms": t_comp,
                 "max_abs_err": err,
+                "tma_ms": t_tma,
+                "tma_of_copy": nbytes / t_tma / 1e6 / copy_gbs,
                 "params": str(fd.last_params()).replace("\n", " "),
             }
         )

@@ -162,6 +162,9 @@ def circular_buffer(kernel: Kernel) -> Kernel:
         return kernel
     allocs = {}
     walk(kernel.body, lambda n, s: allocs.__setitem__(n.tv.name, n) if isinstance(n, Allocate) else None)
+    ws = [n for n in kernel.circular_loops if isinstance(allocs[n].tv.circular[2], WarpSpecialized)]
+    if ws:
+        return _warp_specialize_all(kernel, allocs, ws)
     setup, teardown = [], []
     thread0 = _thread0(kernel)
     n_threads = kernel.max_threads
@@ -179,10 +182,6 @@ def circular_buffer(kernel: Kernel) -> Kernel:
         first_read = next((k for k, n in enumerate(loop.body) if _reads(n, tv)), len(loop.body))
         if any(loop.body.index(m) > first_read for m in loads):
             raise CircbufError(f"{name}: a read of the buffer precedes its copy in the loop")
-        if isinstance(kind, WarpSpecialized):
-            if len(kernel.circular_loops) != 1:
-                raise CircbufError("warp specialization supports one circular buffer per kernel for now")
-            return _warp_specialize(kernel, alloc, loop, loads, rest, stages, kind)
         S, P = stages, prefetch
         full = f"{name}_full"
         empty = f"{name}_empty" if kind.war == "mbarrier" else None
@@ -283,9 +282,33 @@ def _stack_to(nodes, target, stack=()):
     return None
 
 
-def _warp_specialize(kernel, alloc, loop, loads, rest, stages, kind):
-    tv = alloc.tv
-    name = tv.name
+def _warp_specialize_all(kernel, allocs, names):
+    """All warp-specialized buffers must rotate over one loop with one stage count."""
+    if len(names) != len(kernel.circular_loops):
+        raise CircbufError("a kernel's circular buffers must all be warp-specialized, or none")
+    keys = {kernel.circular_loops[n] for n in names}
+    rings = {allocs[n].tv.circular[:1] + (allocs[n].tv.circular[2],) for n in names}
+    if len(keys) != 1 or len(rings) != 1:
+        raise CircbufError(
+            f"warp-specialized buffers {', '.join(names)} must share one loop, stage count and type"
+        )
+    loop = _find_loop(kernel.body, keys.pop())
+    if loop is None:
+        raise CircbufError(f"{names[0]}: its circular-buffer loop was not generated (is the axis parallel?)")
+    bufs = []
+    for n in names:
+        tv = allocs[n].tv
+        loads = [x for x in loop.body if _only_loads(x, tv)]
+        if not loads:
+            raise CircbufError(f"{n}: circular buffering needs the TMA copies directly in its loop")
+        bufs.append((allocs[n], loads))
+    rest = [x for x in loop.body if not any(x is m for _, ls in bufs for m in ls)]
+    stages, _, kind = allocs[names[0]].tv.circular
+    return _warp_specialize(kernel, bufs, loop, rest, stages, kind)
+
+
+def _warp_specialize(kernel, bufs, loop, rest, stages, kind):
+    name = ", ".join(a.tv.name for a, _ in bufs)
     if kind.on != ParallelType.TIDy:
         raise CircbufError(f"{name}: WarpSpecialized(on={kind.on.name}) is not supported yet (use TIDy)")
     y = kernel.launch.get(ParallelType.TIDy, Const(1))
@@ -303,22 +326,28 @@ def _warp_specialize(kernel, alloc, loop, loads, rest, stages, kind):
     if kernel.max_threads > 1024:
         raise CircbufError(f"{name}: {kernel.max_threads} threads with the producer row exceed 1024")
     S = stages
-    full, empty = f"{name}_full", f"{name}_empty"
-    kernel.barrier_names += [full, empty]
     encl = _stack_to(kernel.body, loop) + [loop]
     lin = Const(0)
     for lp in encl:
         lin = lin * lp.extent + lp.index
     lin = simplify(lin)
-    stage_elems = alloc.size
-    stage_bytes = simplify(stage_elems * tv.dtype.size)
     slot = simplify(lin % S)
-
-    # producer: a clone of the enclosing serial loops with only the copies
-    prod = [
-        MBarrierWait(MBarrierRef(empty, slot), simplify((lin // S + 1) % 2)),
-        MBarrierArriveExpectTx(MBarrierRef(full, slot), stage_bytes),
-    ] + _clone_loads(loads, {}, simplify(slot * stage_elems), MBarrierRef(full, slot))
+    prod, waits, releases = [], [], []
+    for alloc, loads in bufs:
+        tv = alloc.tv
+        full, empty = f"{tv.name}_full", f"{tv.name}_empty"
+        kernel.barrier_names += [full, empty]
+        stage_elems = alloc.size
+        stage_bytes = simplify(stage_elems * tv.dtype.size)
+        # producer: for each buffer, wait for the slot, announce the bytes, copy
+        prod += [
+            MBarrierWait(MBarrierRef(empty, slot), simplify((lin // S + 1) % 2)),
+            MBarrierArriveExpectTx(MBarrierRef(full, slot), stage_bytes),
+        ] + _clone_loads(loads, {}, simplify(slot * stage_elems), MBarrierRef(full, slot))
+        _offset_reads(rest, tv, simplify(slot * stage_elems))
+        waits.append(MBarrierWait(MBarrierRef(full, slot), simplify((lin // S) % 2)))
+        releases.append((tv, MBarrierArrive(MBarrierRef(empty, slot))))
+    # a clone of the enclosing serial loops around the copies
     for lp in reversed(encl):
         prod = [ForLoop(lp.index, lp.extent, prod, lp.ptype, key=-1)]
     producer = []
@@ -329,10 +358,10 @@ def _warp_specialize(kernel, alloc, loop, loads, rest, stages, kind):
         Return(),
     ]
     # consumers: the original nest without the copies
-    _offset_reads(rest, tv, simplify(slot * stage_elems))
-    loop.body = [MBarrierWait(MBarrierRef(full, slot), simplify((lin // S) % 2))] + _release_after_last_read(
-        rest, tv, [MBarrierArrive(MBarrierRef(empty, slot))]
-    )
+    body = rest
+    for tv, rel in releases:
+        body = _release_after_last_read(body, tv, [rel])
+    loop.body = waits + body
 
     def named(n, _s):
         if isinstance(n, BlockReduce):
@@ -345,11 +374,14 @@ def _warp_specialize(kernel, alloc, loop, loads, rest, stages, kind):
     consumer += [n for n in kernel.body if not any(n is m for m in smem)]
     if kind.registers:
         kernel.min_blocks = 1  # setmaxnreg needs a register cap at entry
-    inits = [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
-    inits += [MBarrierInit(MBarrierRef(empty, Const(s)), Const(consumers)) for s in range(S)]
+    inits, bar_allocs = [], []
+    for alloc, _ in bufs:
+        full, empty = f"{alloc.tv.name}_full", f"{alloc.tv.name}_empty"
+        bar_allocs += [MBarrierAlloc(full, S), MBarrierAlloc(empty, S)]
+        inits += [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
+        inits += [MBarrierInit(MBarrierRef(empty, Const(s)), Const(consumers)) for s in range(S)]
     kernel.body = [
-        MBarrierAlloc(full, S),
-        MBarrierAlloc(empty, S),
+        *bar_allocs,
         IfThenElse(
             Bin("&&", Var("threadIdx.x").eq(0), Var("threadIdx.y").eq(0)), inits + [Fence("mbarrier_init")]
         ),
