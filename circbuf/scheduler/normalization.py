@@ -42,6 +42,7 @@ from .utils import (
     cache_output,
     concretize_broadcasts,
     hoist_broadcasts,
+    inline_intermediates,
     propagate,
     recompute_multi_use,
     specialize_extent,
@@ -213,14 +214,7 @@ class NormalizationScheduler:
         ref.axis(4).parallelize(ParallelType.TIDx)
         propagate(ref, fusion.used_tvs(), lmap)
 
-        for tv in fusion.used_tvs():
-            if tv.is_input or tv.is_output:
-                continue
-            tv.memory_type = MemoryType.Local
-            if isinstance(tv.definition, ReductionOp) or row_scalar(tv):
-                tv.inline_at(min(3, len(tv.loop)))
-            else:
-                tv.inline_at(len(tv.loop))
+        inline_intermediates(fusion, 3, row_scalar)
         for xs, _ in smem:
             xs.memory_type = MemoryType.Shared
             xs.domain.loop = list(xs.logical)

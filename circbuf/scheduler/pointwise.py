@@ -15,13 +15,19 @@ from __future__ import annotations
 from ..ir import (
     CircbufError,
     Fusion,
-    MemoryType,
     ParallelType,
     ReductionOp,
 )
 from .info import InputInfo
 from .params import PointwiseParams
-from .utils import LogicalMap, cache_output, concretize_broadcasts, hoist_broadcasts, propagate
+from .utils import (
+    LogicalMap,
+    cache_output,
+    concretize_broadcasts,
+    hoist_broadcasts,
+    inline_intermediates,
+    propagate,
+)
 
 OVERRIDES = ("vectorize", "unroll", "threads")
 MAX_VECTOR_BYTES = 16
@@ -137,11 +143,7 @@ class PointwiseScheduler:
         ref.axis(1).parallelize(ParallelType.TIDx)
         propagate(ref, fusion.used_tvs(), lmap)
 
-        for tv in fusion.used_tvs():
-            if tv.is_input or tv.is_output:
-                continue
-            tv.memory_type = MemoryType.Local
-            tv.inline_at(len(tv.loop))
+        inline_intermediates(fusion)
         for c, vec in in_caches:
             c.inline_at(2)
             if vec and len(c.loop) == 4:

@@ -30,7 +30,14 @@ from .info import InputInfo
 from .normalization import tma_describable
 from .params import PointwiseTmaParams
 from .pointwise import PointwiseScheduler, _vector_candidates
-from .utils import LogicalMap, cache_output, concretize_broadcasts, hoist_broadcasts, propagate
+from .utils import (
+    LogicalMap,
+    cache_output,
+    concretize_broadcasts,
+    hoist_broadcasts,
+    inline_intermediates,
+    propagate,
+)
 
 OVERRIDES = ("stages", "prefetch", "tma", "war", "warp_specialized", "tile_rows")
 SMEM_PER_SM = 228 * 1024
@@ -123,10 +130,7 @@ class PointwiseTmaScheduler:
         ref.axis(3).parallelize(ParallelType.TIDy)
         ref.axis(4).parallelize(ParallelType.TIDx)
         propagate(ref, fusion.used_tvs(), lmap)
-        for tv in fusion.used_tvs():
-            if not tv.is_input and not tv.is_output:
-                tv.memory_type = MemoryType.Local
-                tv.inline_at(len(tv.loop))
+        inline_intermediates(fusion)
         kind = WarpSpecialized(on=ParallelType.TIDy) if params.warp_specialized else Pipelined(war=params.war)
         for xs, xl in smem:
             xs.memory_type = MemoryType.Shared

@@ -19,7 +19,7 @@ consumer, recomputed where they have several (input re-reads hit L1/L2).
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Fusion, MemoryType, ParallelType, ReductionOp, evaluate
+from ..ir import CircbufError, Fusion, ParallelType, ReductionOp, evaluate
 from .info import InputInfo
 from .params import ReductionParams
 from .utils import (
@@ -27,6 +27,7 @@ from .utils import (
     cache_output,
     concretize_broadcasts,
     hoist_broadcasts,
+    inline_intermediates,
     propagate,
     recompute_multi_use,
 )
@@ -115,14 +116,7 @@ class ReductionScheduler:
             row_pos = 2 * ni
         propagate(ref, fusion.used_tvs(), lmap)
 
-        for tv in fusion.used_tvs():
-            if tv.is_input or tv.is_output:
-                continue
-            tv.memory_type = MemoryType.Local
-            if isinstance(tv.definition, ReductionOp) or row_scalar(tv):
-                tv.inline_at(min(row_pos, len(tv.loop)))
-            else:
-                tv.inline_at(len(tv.loop))
+        inline_intermediates(fusion, row_pos, row_scalar)
 
 
 def _red_classes(tv, lmap) -> frozenset:

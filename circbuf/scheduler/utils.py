@@ -299,3 +299,17 @@ def cache_output(fusion: Fusion, o: TensorView) -> TensorView:
     for e in others:
         e.replace_input(o, c)
     return c
+
+
+def inline_intermediates(fusion: Fusion, row_pos: int | None = None, row_scalar=None) -> None:
+    """Every intermediate goes to registers, fully inlined into its consumer;
+    with ``row_pos``, reduction results and what ``row_scalar`` says is
+    computed once per row are inlined only down to the row loops."""
+    from ..ir import ReductionOp
+
+    for tv in fusion.used_tvs():
+        if tv.is_input or tv.is_output:
+            continue
+        tv.memory_type = MemoryType.Local
+        once_per_row = row_pos is not None and (isinstance(tv.definition, ReductionOp) or row_scalar(tv))
+        tv.inline_at(min(row_pos, len(tv.loop)) if once_per_row else len(tv.loop))
