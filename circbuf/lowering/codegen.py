@@ -204,9 +204,7 @@ class CudaCodegen:
             self.emit(f"cb::mbar_wait({self.bar(n.bar)}, {parity});")
 
     def visit_Fence(self, n: Fence):
-        self.emit(
-            {"mbarrier_init": "cb::fence_mbarrier_init();", "proxy_async": "cb::fence_proxy_async();"}[n.kind]
-        )
+        self.emit({"mbarrier_init": "cb::fence_mbarrier_init();"}[n.kind])
 
     def visit_SetMaxNReg(self, n: SetMaxNReg):
         self.emit(f"cb::setmaxnreg_{'inc' if n.increase else 'dec'}<{n.count}>();")

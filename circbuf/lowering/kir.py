@@ -240,8 +240,8 @@ class MBarrierWait(Node):
 
 @dataclass(eq=False)
 class Fence(Node):
-    """``mbarrier_init`` (fence.mbarrier_init.release.cluster) or
-    ``proxy_async`` (fence.proxy.async.shared::cta)."""
+    """``mbarrier_init``: fence.mbarrier_init.release.cluster (barrier inits
+    visible before any thread uses them)."""
 
     kind: str
 

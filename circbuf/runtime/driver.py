@@ -47,7 +47,7 @@ def device_arch() -> str:
 class LoadedKernel:
     """A cubin loaded into the current context, and its entry function."""
 
-    def __init__(self, cubin: bytes, name: str, smem_bytes: int):
+    def __init__(self, cubin: bytes, name: str):
         init()
         drv = _drv()
         self.module = check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")

@@ -65,7 +65,7 @@ class CompiledKernel:
         if self._loaded is None:
             from .driver import LoadedKernel
 
-            self._loaded = LoadedKernel(self.cubin, self.name, 0)
+            self._loaded = LoadedKernel(self.cubin, self.name)
         return self._loaded
 
     def sass(self) -> str:
@@ -252,7 +252,6 @@ class FusionExecutor:
         manual = self.fusion.manual_schedule
         fusion = self.fusion if manual else copy.deepcopy(self.fusion)
         overrides = dict(self.fusion.schedule_overrides)
-        fusion_ir = self.fusion.print_math()
         if manual:
             if overrides:
                 raise CircbufError("schedule() overrides do not apply to a manually scheduled fusion")
@@ -265,6 +264,7 @@ class FusionExecutor:
         ck = self._compiled.get(key)
         if ck is not None:
             return ck
+        fusion_ir = self.fusion.print_math()
         knobs.dump("fusion_ir", fusion_ir)
         if sched is not None:
             knobs.dump("params", params)

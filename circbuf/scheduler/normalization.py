@@ -132,12 +132,11 @@ class NormalizationScheduler:
         # measured on H200 (benchmarks/normalization.py --sweep): a third stage pays
         # once a stage holds >= 16 KB when passes re-read the stage, >= 32 KB when
         # the row is copied to registers at once (the stage is freed early)
-        threads_ = overrides.get("threads") or threads
-        in_regs_guess = -(-R // (threads_ * vec)) * vec <= MAX_REGISTER_ROW
-        big = 32768 if in_regs_guess else 16384
-        stages = overrides.get("stages", 3 if y * padded * item * len(cands) >= big else 2)
-        prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
+        per_thread = -(-R // (threads * vec)) * vec  # row elements each thread holds
+        in_regs = overrides.get("registers", per_thread <= MAX_REGISTER_ROW)
         stage_bytes = y * padded * item * len(cands)
+        stages = overrides.get("stages", 3 if stage_bytes >= (32768 if in_regs else 16384) else 2)
+        prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
         if stages * stage_bytes > min(SMEM_BUDGET, info.smem_per_block - 8192):
             if "stages" in overrides:
                 raise CircbufError(
@@ -150,11 +149,6 @@ class NormalizationScheduler:
         for t in info.tensors:
             ok = t is not None and R % vec == 0 and t.align % 16 == 0 and t.sizes and t.strides[-1] == 1
             vin.append(bool(ok))
-        per_thread = -(-R // (threads * vec)) * vec
-        in_regs = overrides.get("registers", per_thread <= MAX_REGISTER_ROW)
-        ext = [i for i in ref.logical if i.is_reduction][0].extent
-        if in_regs and not hasattr(ext, "name") and not isinstance(ext.value, int):
-            in_regs = False
         return NormalizationParams(
             rows=y,
             threads=threads,
