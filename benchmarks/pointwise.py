@@ -57,10 +57,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--log2n", type=int, default=28)
     ap.add_argument("--sweep", action="store_true", help="time unroll x threads variants")
+    ap.add_argument("--tma-sweep", action="store_true", help="time TMA tile rows x stages x store variants")
     args = ap.parse_args()
     n = 1 << args.log2n
     if args.sweep:
         return sweep(n)
+    if args.tma_sweep:
+        return tma_sweep(args.log2n)
     copy_gbs = copy_bandwidth_gbs(n * 2)
     rows = []
     x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -77,12 +80,16 @@ def main():
         t_cb = bench_ms(lambda fd=fd, ins=ins: fd.execute(ins))
         t_eager = bench_ms(lambda op=op, ins=ins: TORCH_FN[op](*ins))
         t_comp = bench_ms(lambda c=compiled, ins=ins: c(*ins))
-        # the TMA variant streams [16 x 256] tiles of a 2-D view through 3 stages
-        fd2 = make(op, rank=2)
-        fd2.fusion.schedule(stages=3)
+        # the TMA variant streams [16 x 256] tiles of a 2-D view through 3 stages,
+        # storing with plain 16-byte stores or with one TMA store per tile
         ins2 = [t.view(1 << (args.log2n // 2), -1) for t in ins]
-        fd2.execute(ins2)
-        t_tma = bench_ms(lambda fd2=fd2, ins2=ins2: fd2.execute(ins2))
+        t_tma = {}
+        for store in (False, True):
+            fd2 = make(op, rank=2)
+            fd2.fusion.schedule(stages=3, tma_store=store)
+            (o2,) = fd2.execute(ins2)
+            assert (o2.view(-1).float() - out.float()).abs().max().item() <= 1e-2
+            t_tma[store] = bench_ms(lambda fd2=fd2, ins2=ins2: fd2.execute(ins2))
         gbs = nbytes / t_cb / 1e6
         rows.append(
             {
@@ -95,8 +102,10 @@ def main():
                 "eager_ms": t_eager,
                 "compile_ms": t_comp,
                 "max_abs_err": err,
-                "tma_ms": t_tma,
-                "tma_of_copy": nbytes / t_tma / 1e6 / copy_gbs,
+                "tma_ms": t_tma[False],
+                "tma_of_copy": nbytes / t_tma[False] / 1e6 / copy_gbs,
+                "tma_store_ms": t_tma[True],
+                "tma_store_of_copy": nbytes / t_tma[True] / 1e6 / copy_gbs,
                 "params": str(fd.last_params()).replace("\n", " "),
             }
         )
@@ -104,11 +113,13 @@ def main():
     print(f"GPU: {gpu_name()}   n = 2^{args.log2n} bf16   copy bandwidth {copy_gbs:.0f} GB/s")
     print(
         f"{'op':8s} {'ms':>8s} {'GB/s':>8s} {'of copy':>8s} {'x eager':>8s} {'x compile':>9s} {'max err':>8s}"
+        f" | {'TMA ms':>8s} {'of copy':>8s} | {'TMA+st ms':>9s} {'of copy':>8s}"
     )
     for r in rows:
         print(
             f"{r['op']:8s} {r['ms']:8.3f} {r['GB/s']:8.0f} {r['of_copy']:8.3f} {r['vs_eager']:8.2f} "
-            f"{r['vs_compile']:9.2f} {r['max_abs_err']:8.3g} {r['tma_ms']:8.3f} {r['tma_of_copy']:8.3f}"
+            f"{r['vs_compile']:9.2f} {r['max_abs_err']:8.3g} | {r['tma_ms']:8.3f} {r['tma_of_copy']:8.3f}"
+            f" | {r['tma_store_ms']:9.3f} {r['tma_store_of_copy']:8.3f}"
         )
     print("host overhead per call (1024 elements): " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
     print(f"  ratio circbuf / torch eager add: {host['circbuf_execute_us'] / host['torch_eager_add_us']:.2f}")
@@ -132,6 +143,31 @@ def sweep(n):
                 t = bench_ms(lambda fd=fd, ins=ins: fd.execute(ins))
                 line.append(f"u{unroll} {t:.3f}ms {nbytes / t / 1e6 / copy_gbs:.3f}")
             print(f"{op:6s} t{threads:<4d} " + " | ".join(line))
+
+
+def tma_sweep(log2n):
+    """Time the TMA variant's tile rows, stage counts and store kinds."""
+    n = 1 << log2n
+    shape = (1 << (log2n // 2), -1)
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16).view(shape)
+    y = torch.randn(n, device="cuda", dtype=torch.bfloat16).view(shape)
+    copy_gbs = copy_bandwidth_gbs(n * 2)
+    print(f"GPU: {gpu_name()} TMA sweep, copy {copy_gbs:.0f} GB/s (fraction of copy per variant)")
+    for op in ("silu", "x*y+1"):
+        ins = [x, y] if op == "x*y+1" else [x]
+        nbytes = (len(ins) + 1) * n * 2
+        for store in (False, True):
+            for tile_rows in (16, 32, 64):
+                line = []
+                for stages in (2, 3, 4):
+                    fd = make(op, rank=2)
+                    fd.fusion.schedule(stages=stages, tile_rows=tile_rows, tma_store=store)
+                    try:
+                        t = bench_ms(lambda fd=fd, ins=ins: fd.execute(ins))
+                        line.append(f"s{stages} {nbytes / t / 1e6 / copy_gbs:.3f}")
+                    except cb.CircbufError as e:
+                        line.append(f"s{stages} ({str(e)[:30]})")
+                print(f"{op:6s} store={store!s:5s} rows={tile_rows:<3d} " + " | ".join(line))
 
 
 if __name__ == "__main__":

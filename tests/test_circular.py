@@ -274,3 +274,59 @@ def test_pointwise_tma_warp_specialized_compiles(ws):
     ck = fd.compile([torch.randn(3, 77, 512, dtype=torch.float16)] * 2, arch="sm_90a")
     assert ck.params.warp_specialized == ws
     assert ck.resource_usage()["STACK"] == 0 and "UTMALDG" in ck.sass()
+
+
+def test_pointwise_tma_store_structure_and_sass():
+    from circbuf.lowering.kir import BulkCommitGroup, BulkWaitGroup, ElectOne, Fence, TmaStore
+    from tests.util import axpy_fusion
+
+    fd = axpy_fusion(D.BFloat16, 2)
+    fd.fusion.schedule(stages=3, tma_store=True)
+    ck = fd.compile([torch.randn(1000, 1024, dtype=torch.bfloat16)] * 2, arch="sm_90a")
+    assert ck.params.tma_store and len(ck.kernel.tensor_maps) == 3
+    (store,) = nodes(ck.kernel, TmaStore)
+    assert store.box_bytes == 16 * 256 * 2 and len(store.coords) == 2
+    elected = nodes(ck.kernel, ElectOne)
+    assert any(store in e.then and isinstance(e.then[-1], BulkCommitGroup) for e in elected)
+    waits = nodes(ck.kernel, BulkWaitGroup)
+    assert [(w.pending, w.read) for w in waits] == [(0, True), (0, False)]
+    assert [f.kind for f in nodes(ck.kernel, Fence)].count("proxy_async") == 1
+    # in the tile loop: wait until the last store has read the tile, sync, write,
+    # fence, one sync (merged with the stages' release), then store
+    (loop,) = [
+        n
+        for n in nodes(ck.kernel, ForLoop)
+        if any(store in e.then for e in n.body if isinstance(e, ElectOne))
+    ]
+    kinds = [type(n).__name__ for n in loop.body]
+    assert kinds[-3:] == ["Fence", "BlockSync", "ElectOne"]
+    assert kinds.count("BlockSync") == 2
+    sass = ck.sass()
+    for op in ("UTMASTG", "UTMACMDFLUSH", "DEPBAR.LE", "FENCE.VIEW.ASYNC.S", "ELECT", "STS.128"):
+        assert op in sass, op
+    assert not re.search(r"\bSTG\.", sass)  # every output byte leaves through the TMA store
+    use = ck.resource_usage()
+    assert use["LOCAL"] == 0 and use["STACK"] == 0
+
+
+def test_tma_store_rules():
+    from tests.util import manual_tma_store
+
+    x = torch.randn(64, 96)
+    ck = manual_tma_store().compile([x], arch="sm_90a")
+    assert "cb::tma_store(&tmap0, &T2[0]" in ck.cuda and "UTMASTG" in ck.sass()
+    with pytest.raises(cb.CircbufError, match="must lie densely, row-major"):
+        manual_tma_store(transposed=True).compile([x], arch="sm_90a")
+    fd, x_, y = tma_fusion()
+    with pytest.raises(cb.CircbufError, match="must be a global fusion output"):
+        fd.fusion.exprs()[0].out.cache_before(op="tma")
+    with pytest.raises(cb.CircbufError, match="op='bulk' is not supported"):
+        y.cache_before(op="bulk")
+    # an output row of 1001 x 2 bytes cannot be stepped by a tensor map: plain stores
+    from tests.util import axpy_fusion
+
+    f = axpy_fusion(D.BFloat16, 2)
+    f.fusion.schedule(stages=3, tma_store=True)
+    assert type(
+        f.compile([torch.randn(64, 1001, dtype=torch.bfloat16)] * 2, arch="sm_90a").params
+    ).__name__ == ("PointwiseParams")

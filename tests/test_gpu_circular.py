@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import circbuf as cb
 from tests.util import TORCH, D, assert_close, manual_ws_exp, norm_fusion, norm_inputs, norm_reference
 
 pytestmark = pytest.mark.gpu
@@ -154,17 +155,46 @@ def test_broken_protocol_raises_instead_of_hanging():
 
 @pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("ws", [False, True])
+@pytest.mark.parametrize("store", [False, True])
 @pytest.mark.parametrize("shape", [(1, 8), (17, 1000), (300, 4096), (3, 5, 264)])
-def test_pointwise_tma(stages, ws, shape):
+def test_pointwise_tma(stages, ws, store, shape):
     from tests.util import axpy_fusion
 
     fd = axpy_fusion(D.BFloat16, len(shape))
-    fd.fusion.schedule(stages=stages, warp_specialized=ws)
+    fd.fusion.schedule(stages=stages, warp_specialized=ws, tma_store=store)
     x = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
     y = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
     (out,) = fd.execute([x, y])
     assert type(fd.last_params()).__name__ == "PointwiseTmaParams"
+    assert fd.last_params().tma_store == store
     assert_close(out, x.double() * y.double() + 1)
+
+
+@pytest.mark.parametrize("ws", [False, True])
+def test_tma_store_two_outputs_of_two_dtypes(ws):
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        e = fd.ops.exp(x)
+        fd.add_output(e)  # fp32
+        fd.add_output(fd.ops.cast(fd.ops.mul(e, 2.0), D.BFloat16))
+    fd.fusion.schedule(stages=3, warp_specialized=ws, tma_store=True)
+    for rows, cols in ((1, 8), (33, 264), (1000, 4096)):
+        x = torch.randn(rows, cols, device=DEV, dtype=torch.bfloat16)
+        e, y = fd.execute([x])
+        assert fd.last_params().tma_store
+        ref = torch.exp(x.double())
+        assert_close(e, ref, rtol=1e-5, atol=1e-5)
+        assert_close(y, 2 * ref)
+
+
+def test_manual_tma_store():
+    from tests.util import manual_tma_store
+
+    fd = manual_tma_store()
+    for shape in ((8, 32), (61, 100), (1024, 4096)):
+        x = torch.randn(shape, device=DEV)
+        (y,) = fd.execute([x])
+        assert_close(y, torch.exp(x.double()), rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
@@ -172,12 +202,13 @@ def test_pointwise_tma(stages, ws, shape):
     rows=st.sampled_from([1, 2, 15, 16, 17, 999]),
     cols=st.sampled_from([8, 16, 248, 256, 264, 3000]),
     stages=st.integers(2, 5),
+    store=st.booleans(),
 )
-def test_hypothesis_pointwise_tma(rows, cols, stages):
+def test_hypothesis_pointwise_tma(rows, cols, stages, store):
     from tests.util import unary_fusion
 
     fd = unary_fusion("gelu", D.Half, 2)
-    fd.fusion.schedule(stages=stages)
+    fd.fusion.schedule(stages=stages, tma_store=store)
     x = torch.randn(rows, cols, device=DEV, dtype=torch.float16)
     (out,) = fd.execute([x])
     assert_close(out, torch.nn.functional.gelu(x.double()))

@@ -111,3 +111,32 @@ def manual_ws_exp(tidx: int, stages: int, registers=(40, 232)):
             tv.inline_at(4)
     xs.circular_buffer(stages, type=cb.WarpSpecialized(registers=registers))
     return fd
+
+
+def manual_tma_store(transposed=False):
+    """exp over a [rows, cols] fp32 tensor, scheduled by hand: one CTA per
+    [8 x 32] tile (threadIdx.y x threadIdx.x), the result written to a shared
+    tile and stored by one TMA copy. ``transposed`` lays the shared tile out
+    column-major, which a TMA box cannot read: an error, by name."""
+    from circbuf.ir import ParallelType as P
+    from circbuf.scheduler import propagate_transforms
+
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        y = fd.ops.exp(x)
+        fd.add_output(y)
+    ys = y.cache_before(op="tma")
+    y.split(1, 32).split(0, 8)
+    y.reorder([0, 2, 1, 3])  # [I/8, J/32, 8, 32]
+    propagate_transforms(fd.fusion, y)
+    for tv in (y, ys):
+        tv.axis(0).parallelize(P.BIDy)
+        tv.axis(1).parallelize(P.BIDx)
+    ys.axis(2).parallelize(P.TIDy)
+    ys.axis(3).parallelize(P.TIDx)
+    if transposed:
+        ys.reorder([0, 1, 3, 2])
+    y.axis(2).parallelize(P.Bulk)
+    y.axis(3).parallelize(P.Bulk)
+    ys.inline_at(2)
+    return fd

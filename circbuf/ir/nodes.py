@@ -188,14 +188,26 @@ class TensorView:
             e.replace_input(self, c)
         return c
 
-    def cache_before(self) -> TensorView:
-        """Make the definition of self write a local ``c``; self = set(c)."""
+    def cache_before(self, op: str = "set") -> TensorView:
+        """Make the definition of self write a new ``c``; self = set(c).
+
+        ``op="tma"`` (self a global fusion output): ``c`` lives in shared
+        memory and one bulk tensor copy per box stores it to self; the box is
+        made of self's ``Bulk`` axes.
+
+        >>> # ys = y.cache_before(op="tma"); ys.inline_at(2); y.axis(2).parallelize(ParallelType.Bulk)
+        """
+        if op not in ("set", "tma"):
+            raise CircbufError(f"cache_before: op={op!r} is not supported (supported: 'set', 'tma')")
         fusion = self._need_fusion("cache_before")
+        if op == "tma" and not (self in fusion.outputs and self.memory_type == MemoryType.Global):
+            raise CircbufError(f"cache_before(op='tma'): {self.name} must be a global fusion output")
         fusion._caches_added = True
         d = self.definition
         if d is None:
             raise CircbufError(f"cache_before: {self.name} has no definition (is it an input?)")
-        c = TensorView([i.clone() for i in self.logical], self.dtype, MemoryType.Local)
+        mem = MemoryType.Shared if op == "tma" else MemoryType.Local
+        c = TensorView([i.clone() for i in self.logical], self.dtype, mem)
         for i in c.logical:
             i.parallel_type = ParallelType.Serial
         fusion.register(c)
@@ -203,7 +215,7 @@ class TensorView:
         self.domain = TensorDomain([i.clone() for i in c.domain.no_reductions()], self.domain.contiguity)
         for i in self.logical:
             i.parallel_type = ParallelType.Serial
-        LoadStoreOp(self, c)
+        LoadStoreOp(self, c, kind=op)
         return c
 
     def _need_fusion(self, what):

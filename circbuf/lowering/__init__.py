@@ -16,6 +16,7 @@ from .loop_nest import generate_loop_nest
 from .predicate import insert_predicates
 from .simplify_indices import simplify_indices
 from .sync import insert_syncs
+from .tma_store import tma_stores
 from .vectorize import vectorize_loops
 
 PASSES = [
@@ -23,6 +24,7 @@ PASSES = [
     ("indexing", lower_indexing),
     ("vectorize", vectorize_loops),
     ("predicate", insert_predicates),
+    ("tma_store", tma_stores),
     ("circular_buffer", circular_buffer),
     ("simplify", simplify_indices),
     ("sync", insert_syncs),

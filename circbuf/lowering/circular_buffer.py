@@ -364,8 +364,10 @@ def _warp_specialize(kernel, bufs, loop, rest, stages, kind):
     loop.body = waits + body
 
     def named(n, _s):
-        if isinstance(n, BlockReduce):
+        if isinstance(n, (BlockReduce, BlockSync)):
             n.barrier = (1, consumers)
+
+    kernel.consumer_barrier = (1, consumers)
 
     walk(kernel.body, named)
     consumer = [SetMaxNReg(kind.registers[1], increase=True)] if kind.registers else []
@@ -388,6 +390,6 @@ def _warp_specialize(kernel, bufs, loop, rest, stages, kind):
         BlockSync("barriers initialized before the roles split"),
         *smem,
         Comment(f"warp roles: threadIdx.y == {y.value} loads {name}, the other rows compute"),
-        IfThenElse(Var("threadIdx.y").eq(y.value), producer, consumer),
+        IfThenElse(Var("threadIdx.y").eq(y.value), producer, consumer, roles=True),
     ]
     return kernel

@@ -28,7 +28,10 @@ from .kir import (
     Assign,
     BlockReduce,
     BlockSync,
+    BulkCommitGroup,
+    BulkWaitGroup,
     Comment,
+    ElectOne,
     Fence,
     ForLoop,
     IfThenElse,
@@ -44,6 +47,7 @@ from .kir import (
     SetMaxNReg,
     TensorRef,
     TmaLoad,
+    TmaStore,
 )
 from .prelude import PRELUDE
 
@@ -204,7 +208,27 @@ class CudaCodegen:
             self.emit(f"cb::mbar_wait({self.bar(n.bar)}, {parity});")
 
     def visit_Fence(self, n: Fence):
-        self.emit({"mbarrier_init": "cb::fence_mbarrier_init();"}[n.kind])
+        self.emit(
+            {"mbarrier_init": "cb::fence_mbarrier_init();", "proxy_async": "cb::fence_proxy_async();"}[n.kind]
+        )
+
+    def visit_ElectOne(self, n: ElectOne):
+        self.emit(f"if ({self.scalar(n.warp)} && cb::elect_one()) {{")
+        self.ind += 1
+        for c in n.then:
+            self.node(c)
+        self.ind -= 1
+        self.emit("}")
+
+    def visit_TmaStore(self, n: TmaStore):
+        coords = ", ".join(f"(int)({self.scalar(c)})" for c in n.coords)
+        self.emit(f"cb::tma_store(&tmap{n.map_index}, &{self.ref(n.src)}, {coords});")
+
+    def visit_BulkCommitGroup(self, n: BulkCommitGroup):
+        self.emit("cb::bulk_commit_group();")
+
+    def visit_BulkWaitGroup(self, n: BulkWaitGroup):
+        self.emit(f"cb::bulk_wait_group{'_read' if n.read else ''}<{n.pending}>();")
 
     def visit_SetMaxNReg(self, n: SetMaxNReg):
         self.emit(f"cb::setmaxnreg_{'inc' if n.increase else 'dec'}<{n.count}>();")
@@ -220,7 +244,10 @@ class CudaCodegen:
         self.emit(f"cb::tma_load(&{self.ref(n.dst)}, &tmap{n.map_index}, {self.bar(n.bar)}, {coords});")
 
     def visit_BlockSync(self, n: BlockSync):
-        self.emit(f"__syncthreads();  // {n.reason}")
+        if n.barrier[0]:
+            self.emit(f"cb::sync_threads({n.barrier[0]}, {n.barrier[1]});  // {n.reason}")
+        else:
+            self.emit(f"__syncthreads();  // {n.reason}")
 
     def visit_BlockReduce(self, n: BlockReduce):
         dt = n.expr.out.dtype

@@ -27,6 +27,7 @@ from ..ir import (
     ReductionOp,
     Scalar,
     TensorView,
+    Var,
     simplify,
     transform_history,
 )
@@ -41,6 +42,7 @@ from .kir import (
     TensorMapSpec,
     TensorRef,
     TmaLoad,
+    TmaStore,
     rewrite,
 )
 
@@ -128,39 +130,58 @@ class _Indexer:
             return TensorRef(p, self.global_index(p, plog))
         return TensorRef(p, self.buffer_index(p, logical_to_ids(p, plog)))
 
+    def _box(self, box_tv, g, to_g, ids):
+        """The tensor-map dims of one bulk copy of global ``g``: the Bulk loop
+        axes of ``box_tv`` (each the inner part of a split of merged logical
+        axes), innermost logical axis first, as (g axes, box, coordinate)."""
+        dims, covered = [], set()
+        for ax in box_tv.loop:
+            if ax.parallel_type != ParallelType.Bulk:
+                continue
+            t = ax.definition
+            if not (isinstance(t, Split) and t.inner is ax and t.inner_split):
+                raise CircbufError(f"{box_tv.name}: bulk axis {ax} must be the inner part of a split")
+            leaves = _merged_leaves(t.in_)
+            if leaves is None:
+                raise CircbufError(
+                    f"{box_tv.name}: bulk axis {ax} must split logical axes joined by merges only"
+                )
+            axes = tuple(to_g[i.id] for i in leaves)
+            covered.update(axes)
+            dims.append((axes, simplify_box(ax), ids[t.in_.id]))
+        in_loop_order = [a[-1] for a, _, _ in dims]
+        if in_loop_order != sorted(in_loop_order):
+            raise CircbufError(
+                f"{box_tv.name}: bulk axes must follow the order of the logical axes they split"
+            )
+        for d, lid in enumerate(to_g):
+            if d not in covered:
+                dims.append(((d,), 1, ids.get(lid, Const(0))))
+        dims.sort(key=lambda x: -x[0][-1])  # innermost logical axis first
+        if len(dims) > 5:
+            raise CircbufError(f"{box_tv.name}: a tensor map has at most 5 dims, this copy needs {len(dims)}")
+        if (dims[0][1] * g.dtype.size) % 16:
+            raise CircbufError(
+                f"{box_tv.name}: the innermost box extent ({dims[0][1]} x {g.dtype.size} B) must be a multiple of 16 bytes"
+            )
+        return dims
+
+    def _map(self, g, dims):
+        param = next(k for k, p in enumerate(self.k.tensor_params) if p.tv is g)
+        self.k.tensor_maps.append(TensorMapSpec(param, [(a, b) for a, b, _ in dims]))
+        nbytes = g.dtype.size
+        for _, b, _ in dims:
+            nbytes *= b
+        return len(self.k.tensor_maps) - 1, [c for _, _, c in dims], nbytes
+
     def tma_load(self, node) -> TmaLoad:
         """A bulk copy of the box whose first element the loop indices name."""
         e = node.expr
         out, g = e.out, e.inputs[0]
         ids = loop_to_ids(out, node.index)
         dst = TensorRef(out, self.buffer_index(out, node.index))
-        to_g = {c.id: d for d, (_, c) in enumerate(e.logical_map(g))}
-        dims, covered = [], set()
-        for ax in out.loop:
-            if ax.parallel_type != ParallelType.Bulk:
-                continue
-            t = ax.definition
-            if not (isinstance(t, Split) and t.inner is ax and t.inner_split):
-                raise CircbufError(f"{out.name}: bulk axis {ax} must be the inner part of a split")
-            leaves = _merged_leaves(t.in_)
-            if leaves is None:
-                raise CircbufError(
-                    f"{out.name}: bulk axis {ax} must split logical axes joined by merges only"
-                )
-            axes = tuple(to_g[i.id] for i in leaves)
-            covered.update(axes)
-            dims.append((axes, simplify_box(ax), ids[t.in_.id]))
-        for d, (_, c) in enumerate(e.logical_map(g)):
-            if d not in covered:
-                dims.append(((d,), 1, ids.get(c.id, Const(0))))
-        dims.sort(key=lambda x: -x[0][-1])  # innermost logical axis first
-        if len(dims) > 5:
-            raise CircbufError(f"{out.name}: a tensor map has at most 5 dims, this copy needs {len(dims)}")
-        box = [b for _, b, _ in dims]
-        if (box[0] * g.dtype.size) % 16:
-            raise CircbufError(
-                f"{out.name}: the innermost box extent ({box[0]} x {g.dtype.size} B) must be a multiple of 16 bytes"
-            )
+        to_g = [c.id for _, c in e.logical_map(g)]
+        dims = self._box(out, g, {i: d for d, i in enumerate(to_g)}, ids)
         # the box lands densely: its axes must be the buffer's innermost, in order
         strides = dict((a.id, s) for a, s in allocation_strides(out))
         expect = 1
@@ -170,15 +191,41 @@ class _Indexer:
                     f"{out.name}: bulk axes must be the innermost axes of the buffer, in order"
                 )
             expect *= simplify_box(ax)
-        param = next(k for k, p in enumerate(self.k.tensor_params) if p.tv is g)
-        self.k.tensor_maps.append(TensorMapSpec(param, [(a, b) for a, b, _ in dims]))
-        nbytes = g.dtype.size
-        for b in box:
-            nbytes *= b
-        return TmaLoad(dst, len(self.k.tensor_maps) - 1, [c for _, _, c in dims], nbytes)
+        m, coords, nbytes = self._map(g, dims)
+        return TmaLoad(dst, m, coords, nbytes)
+
+    def tma_store(self, node) -> TmaStore:
+        """A bulk copy of the box of global ``out`` whose first element the loop
+        indices name, from the shared buffer its producer wrote. The buffer
+        must hold the box densely, row-major: proved by simplifying the
+        buffer index at (origin + b) - (origin) to the row-major offset of b."""
+        e = node.expr
+        out, src = e.out, e.inputs[0]
+        if src.memory_type != MemoryType.Shared:
+            raise CircbufError(f"{out.name}: a TMA store reads a shared-memory buffer, {src.name} is not one")
+        logical = [ax.id for ax in out.domain.no_reductions()]
+        dims = self._box(out, out, {i: d for d, i in enumerate(logical)}, loop_to_ids(out, node.index))
+        bulk = [a for a in out.loop if a.parallel_type == ParallelType.Bulk]
+        offs = {a.id: Var(f"b{k}", lo=0, hi=a.loop_extent) for k, a in enumerate(bulk)}
+        at0 = self.ref_in(e, src, loop_to_ids(out, node.index)).index
+        atb = self.ref_in(e, src, loop_to_ids(out, {**node.index, **offs})).index
+        dense, stride = Const(0), 1
+        for a in reversed(bulk):
+            dense = dense + offs[a.id] * stride
+            stride *= simplify_box(a)
+        if simplify(atb - at0 - dense) != Const(0):
+            raise CircbufError(
+                f"{out.name}: the TMA store box must lie densely, row-major, in {src.name} "
+                f"(offset of box element b is {simplify(atb - at0)}, not {simplify(dense)}); "
+                f"schedule {src.name}'s axes right of its inline position like the box"
+            )
+        m, coords, nbytes = self._map(out, dims)
+        return TmaStore(TensorRef(src, simplify(at0)), m, coords, nbytes)
 
     def lower(self, node):
         if isinstance(node, ExprStmt) and isinstance(node.expr, LoadStoreOp) and node.expr.kind == "tma":
+            if node.expr.out.memory_type == MemoryType.Global:
+                return self.tma_store(node)
             return self.tma_load(node)
         if isinstance(node, ExprStmt):
             e = node.expr

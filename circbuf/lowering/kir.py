@@ -48,6 +48,7 @@ class IfThenElse(Node):
     cond: Scalar
     then: list = field(default_factory=list)
     else_: list = field(default_factory=list)
+    roles: bool = False  # the warp-specialization split: then = producer, else = consumers
 
     def lines(self, ind):
         out = ["  " * ind + f"IF {self.cond}"] + _block(self.then, ind + 1)
@@ -178,6 +179,51 @@ class TmaLoad(Node):
 
 
 @dataclass(eq=False)
+class TmaStore(Node):
+    """One bulk tensor copy shared -> global, in the issuing thread's bulk group."""
+
+    src: TensorRef
+    map_index: int
+    coords: list  # innermost first
+    box_bytes: int
+
+    def lines(self, ind):
+        c = ", ".join(str(x) for x in self.coords)
+        return ["  " * ind + f"TMA_STORE tmap{self.map_index}{{{c}}} <- {self.src}"]
+
+
+@dataclass(eq=False)
+class BulkCommitGroup(Node):
+    """Close the issuing thread's open bulk group (cp.async.bulk.commit_group)."""
+
+    def lines(self, ind):
+        return ["  " * ind + "BULK_COMMIT_GROUP"]
+
+
+@dataclass(eq=False)
+class BulkWaitGroup(Node):
+    """Wait until at most ``pending`` bulk groups of this thread are in flight;
+    ``read``: only until they have read their shared-memory source."""
+
+    pending: int
+    read: bool
+
+    def lines(self, ind):
+        return ["  " * ind + f"BULK_WAIT_GROUP{'.READ' if self.read else ''} {self.pending}"]
+
+
+@dataclass(eq=False)
+class ElectOne(Node):
+    """``then`` runs on one lane (elect.sync) of the one full warp ``warp`` selects."""
+
+    warp: Scalar
+    then: list = field(default_factory=list)
+
+    def lines(self, ind):
+        return ["  " * ind + f"IF elect_one({self.warp})"] + _block(self.then, ind + 1)
+
+
+@dataclass(eq=False)
 class MBarrierRef:
     name: str
     stage: object  # Scalar
@@ -241,7 +287,9 @@ class MBarrierWait(Node):
 @dataclass(eq=False)
 class Fence(Node):
     """``mbarrier_init``: fence.mbarrier_init.release.cluster (barrier inits
-    visible before any thread uses them)."""
+    visible before any thread uses them); ``proxy_async``:
+    fence.proxy.async.shared::cta (this thread's shared-memory writes visible
+    to bulk copies issued after the next barrier)."""
 
     kind: str
 
@@ -276,10 +324,15 @@ class Comment(Node):
 
 @dataclass(eq=False)
 class BlockSync(Node):
+    """A barrier over the block, or over the first ``barrier[1]`` threads with
+    named barrier ``barrier[0]`` (warp-specialized consumers)."""
+
     reason: str = ""
+    barrier: tuple = (0, 0)
 
     def lines(self, ind):
-        return ["  " * ind + f"BLOCK_SYNC  // {self.reason}"]
+        named = f" bar{self.barrier[0]}/{self.barrier[1]}" if self.barrier[0] else ""
+        return ["  " * ind + f"BLOCK_SYNC{named}  // {self.reason}"]
 
 
 @dataclass
@@ -307,6 +360,7 @@ class Kernel:
     barrier_names: list = field(default_factory=list)  # for hang diagnostics
     min_blocks: int = 0  # __launch_bounds__ second argument, 0: none
     hang_record: bool = False  # the kernel takes a host-mapped record (CIRCBUF_DEBUG_HANG)
+    consumer_barrier: tuple = (0, 0)  # warp-specialized: (named barrier, consumer threads)
 
     def __str__(self):
         grid = [str(self.launch.get(p, 1)) for p in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)]
@@ -335,6 +389,8 @@ def walk(nodes, fn, stack=None):
         elif isinstance(n, IfThenElse):
             walk(n.then, fn, stack + [n])
             walk(n.else_, fn, stack + [n])
+        elif isinstance(n, ElectOne):
+            walk(n.then, fn, stack + [n])
 
 
 def rewrite(nodes, fn) -> list:
@@ -347,6 +403,8 @@ def rewrite(nodes, fn) -> list:
         elif isinstance(n, IfThenElse):
             n.then = rewrite(n.then, fn)
             n.else_ = rewrite(n.else_, fn)
+        elif isinstance(n, ElectOne):
+            n.then = rewrite(n.then, fn)
         r = fn(n)
         if r is None:
             out.append(n)

@@ -2,7 +2,8 @@
 
 Read-after-write: a statement reading a shared buffer that an earlier sibling
 wrote gets a sync before it. Write-after-read across iterations: a loop whose
-body reads and writes one shared buffer ends its body with a sync.
+body reads and writes one shared buffer ends its body with a sync. Two syncs
+separated only by fences become one.
 
 Before::
 
@@ -19,7 +20,7 @@ After::
 from __future__ import annotations
 
 from ..ir import MemoryType
-from .kir import Assign, BlockSync, ForLoop, IfThenElse, Kernel, TensorRef
+from .kir import Assign, BlockSync, Fence, ForLoop, IfThenElse, Kernel, TensorRef
 
 
 def _synced_by_barriers(tv) -> bool:
@@ -46,26 +47,49 @@ def _access(node, reads, writes):
             _access(n, reads, writes)
 
 
-def _sync_list(nodes: list) -> list:
+def _sync_list(nodes: list, bar: tuple) -> list:
     out, dirty = [], set()
     for n in nodes:
         if isinstance(n, ForLoop):
-            n.body = _sync_list(n.body)
+            n.body = _sync_list(n.body, bar)
             r, w = set(), set()
             _access(n, r, w)
             if r & w and not (n.body and isinstance(n.body[-1], BlockSync)):
-                n.body.append(BlockSync("WAR across iterations on " + ", ".join(sorted(r & w))))
+                n.body.append(BlockSync("WAR across iterations on " + ", ".join(sorted(r & w)), bar))
+        elif isinstance(n, IfThenElse) and n.roles:  # warp-specialized: consumers sync among themselves
+            n.else_ = _sync_list(n.else_, bar)
         r, w = set(), set()
         _access(n, r, w)
         if r & dirty:
-            out.append(BlockSync("RAW on " + ", ".join(sorted(r & dirty))))
+            out.append(BlockSync("RAW on " + ", ".join(sorted(r & dirty)), bar))
             dirty = set()
         out.append(n)
         dirty |= w
     return out
 
 
+def _merge_barriers(nodes: list) -> list:
+    """[BLOCK_SYNC a, FENCE.., BLOCK_SYNC b] -> [FENCE.., BLOCK_SYNC a+b]: the
+    fences order this thread's earlier writes, so they may move above ``a``."""
+    out = []
+    for n in nodes:
+        if isinstance(n, ForLoop):
+            n.body = _merge_barriers(n.body)
+        elif isinstance(n, IfThenElse):
+            n.then, n.else_ = _merge_barriers(n.then), _merge_barriers(n.else_)
+        if isinstance(n, BlockSync):
+            k = len(out) - 1
+            while k >= 0 and isinstance(out[k], Fence):
+                k -= 1
+            if k >= 0 and isinstance(out[k], BlockSync) and out[k].barrier == n.barrier:
+                first = out.pop(k)
+                n.reason = f"{first.reason}; {n.reason}"
+        out.append(n)
+    return out
+
+
 def insert_syncs(kernel: Kernel) -> Kernel:
-    """Entry: add BlockSync nodes for shared-memory RAW/WAR hazards."""
-    kernel.body = _sync_list(kernel.body)
+    """Entry: add BlockSync nodes for shared-memory RAW/WAR hazards (named
+    barriers over the consumers in a warp-specialized kernel)."""
+    kernel.body = _merge_barriers(_sync_list(kernel.body, kernel.consumer_barrier))
     return kernel

@@ -120,7 +120,7 @@ class _Plan:
         for pos, fmt, off in self.scalar_slots:
             struct.pack_into(fmt, self.argbuf, off, inputs[pos])
         for m in self.tmaps:  # re-encoded only when the tensor's address changes
-            t = inputs[m.input_pos]
+            t = outs[m.output] if m.output >= 0 else inputs[m.input_pos]
             ptr = t.data_ptr()
             if ptr != m.ptr:
                 from .tensormap import encode
@@ -136,6 +136,7 @@ class _MapSlot:
     offset: int
     name: str
     ptr: int = -1
+    output: int = -1  # >= 0: the map describes this output (a TMA store)
 
 
 class FusionExecutor:
@@ -411,16 +412,27 @@ class FusionExecutor:
         maps = []
         tpos = self._tpos
         for spec in k.tensor_maps:
-            if spec.param >= len(tpos):
-                raise CircbufError("TMA copies are supported from fusion inputs only")
-            name = self.fusion.inputs[tpos[spec.param]].name
-            t = info.tensors[tpos[spec.param]]
-            if not p_empty(out_shapes):
-                from .tensormap import check_map, map_geometry
+            from .tensormap import check_map, map_geometry
 
-                dims, gstr, box = map_geometry(spec, t.sizes, t.strides, t.itemsize)
-                check_map(name, t.align, dims, gstr, box, t.itemsize)
-            maps.append(_MapSlot(spec, tpos[spec.param], off, name))
+            if spec.param >= len(tpos):  # an output, allocated contiguous by the plan
+                o = spec.param - len(tpos)
+                name = self.fusion.outputs[o].name
+                shape = list(out_shapes[o])
+                strides = [1] * len(shape)
+                for d in range(len(shape) - 2, -1, -1):
+                    strides[d] = strides[d + 1] * max(shape[d + 1], 1)
+                item = self.fusion.outputs[o].dtype.size
+                if not p_empty(out_shapes):
+                    dims, gstr, box = map_geometry(spec, shape, strides, item)
+                    check_map(name, 256, dims, gstr, box, item)
+                maps.append(_MapSlot(spec, -1, off, name, output=o))
+            else:
+                name = self.fusion.inputs[tpos[spec.param]].name
+                t = info.tensors[tpos[spec.param]]
+                if not p_empty(out_shapes):
+                    dims, gstr, box = map_geometry(spec, t.sizes, t.strides, t.itemsize)
+                    check_map(name, t.align, dims, gstr, box, t.itemsize)
+                maps.append(_MapSlot(spec, tpos[spec.param], off, name))
             blobs.append((off, b"\0" * 128))
             off += 128
         hang = None

@@ -53,6 +53,7 @@ class PointwiseTmaParams(Params):
     war: str = "block_sync"
     warp_specialized: bool = False
     vectorize_outputs: tuple = ()
+    tma_store: bool = False  # outputs staged in shared memory, stored by TMA per tile
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from .utils import (
     propagate,
 )
 
-OVERRIDES = ("stages", "prefetch", "tma", "war", "warp_specialized", "tile_rows")
+OVERRIDES = ("stages", "prefetch", "tma", "war", "warp_specialized", "tile_rows", "tma_store")
 SMEM_PER_SM = 228 * 1024
 
 
@@ -53,7 +53,12 @@ class PointwiseTmaScheduler:
     @staticmethod
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
         """Params, or None for the plain pointwise kernel."""
-        asked = "stages" in overrides or overrides.get("warp_specialized") or overrides.get("tma") is True
+        asked = (
+            "stages" in overrides
+            or overrides.get("warp_specialized")
+            or overrides.get("tma") is True
+            or overrides.get("tma_store")
+        )
         if not asked or overrides.get("tma") is False:
             return None
         ref = PointwiseScheduler.reference(fusion)
@@ -84,12 +89,18 @@ class PointwiseTmaScheduler:
         stages = overrides.get("stages", 3)
         prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
         stage_bytes = sum(tr * tc * fusion.inputs[k].dtype.size for k in cands)
-        if stages * stage_bytes > info.smem_per_block - 8192:
+        store = bool(overrides.get("tma_store", False))
+        if store and (C * min(o.dtype.size for o in fusion.outputs)) % 16:
+            return None  # an output row stride a tensor map cannot step: plain stores
+        out_bytes = sum(tr * tc * o.dtype.size for o in fusion.outputs) if store else 0
+        if stages * stage_bytes + out_bytes > info.smem_per_block - 8192:
             raise CircbufError(
-                f"schedule(stages={stages}): {stages} x {stage_bytes} bytes exceed shared memory"
+                f"schedule(stages={stages}): {stages} x {stage_bytes} bytes"
+                + (f" + {out_bytes} bytes of output tiles" if out_bytes else "")
+                + " exceed shared memory"
             )
         threads = tx * ty + (tx * ty if overrides.get("warp_specialized") else 0)
-        per_sm = max(1, min(SMEM_PER_SM // (stages * stage_bytes + 1024), 2048 // threads))
+        per_sm = max(1, min(SMEM_PER_SM // (stages * stage_bytes + out_bytes + 1024), 2048 // threads))
         tiles = -(-rows // tr) * -(-C // tc)
         grid = max(1, min(tiles, info.sm_count * per_sm))
         vout = tuple(C % vec == 0 for _ in fusion.outputs)
@@ -105,6 +116,7 @@ class PointwiseTmaScheduler:
             war=overrides.get("war", "block_sync"),
             warp_specialized=bool(overrides.get("warp_specialized", False)),
             vectorize_outputs=vout,
+            tma_store=store,
         )
 
     @staticmethod
@@ -119,6 +131,9 @@ class PointwiseTmaScheduler:
                 xs = x.cache_after(op="tma")
                 smem.append((xs, xs.cache_after()))
         outs = [(o, cache_output(fusion, o), v) for o, v in zip(fusion.outputs, params.vectorize_outputs)]
+        if params.tma_store:
+            for o, _, _ in outs:
+                o.cache_before(op="tma")
         ref = outs[ref_index][1]
         lmap = LogicalMap(fusion)
         concretize_broadcasts(fusion, lmap)
@@ -145,7 +160,18 @@ class PointwiseTmaScheduler:
             xl.axis(5).parallelize(ParallelType.Vectorize)
         for o, c, vec in outs:
             c.inline_at(5)
-            if vec:
+            if params.tma_store:
+                # registers -> shared tile (16-byte writes) -> one TMA store per tile
+                os_ = o.definition.inputs[0]
+                os_.memory_type = MemoryType.Shared
+                os_.inline_at(2)
+                os_.axis(5).parallelize(ParallelType.Vectorize)
+                o.domain.loop = list(o.logical)
+                _tiles(o, params)
+                o.axis(1).parallelize(ParallelType.BIDx)
+                o.axis(2).parallelize(ParallelType.Bulk)
+                o.axis(3).parallelize(ParallelType.Bulk)
+            elif vec:
                 o.axis(5).parallelize(ParallelType.Vectorize)
 
 

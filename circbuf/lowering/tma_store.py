@@ -1,0 +1,125 @@
+"""Pass: order TMA stores against the threads that fill their shared source.
+
+A TMA store reads its shared-memory source through the async proxy, so the
+threads' generic-proxy writes must be fenced (``fence.proxy.async``) and
+joined by a barrier before one elected thread issues the copy and commits
+it as a bulk group. Before those threads overwrite the source in the next
+iteration of the enclosing serial loop, the elected thread waits until the
+store has *read* it (``wait_group.read 0``) and a barrier passes that on.
+Completion of the global writes is awaited once, at the end of the kernel.
+
+Before::
+
+    FOR j0 in 0..E
+      ... TMA loads, compute ...
+      FOR j1 ..: Y_s[...] = f(...)                 // threads write the source
+      TMA_STORE tmap1{..} <- Y_s[0]
+
+After::
+
+    FOR j0 in 0..E
+      ... TMA loads, compute ...
+      IF elect_one(warp 0): BULK_WAIT_GROUP.READ 0 // the last store has read Y_s
+      BLOCK_SYNC  // WAR on Y_s
+      FOR j1 ..: Y_s[...] = f(...)
+      FENCE proxy_async
+      BLOCK_SYNC  // RAW on Y_s
+      IF elect_one(warp 0): TMA_STORE tmap1{..} <- Y_s[0]; BULK_COMMIT_GROUP
+    IF elect_one(warp 0): BULK_WAIT_GROUP 0
+"""
+
+from __future__ import annotations
+
+from ..ir import Bin, CircbufError, Const, ParallelType, Var
+from .kir import (
+    Assign,
+    BlockSync,
+    BulkCommitGroup,
+    BulkWaitGroup,
+    ElectOne,
+    Fence,
+    ForLoop,
+    IfThenElse,
+    Kernel,
+    TmaStore,
+    walk,
+)
+
+
+def _writes(node, tv) -> bool:
+    hit = []
+    walk([node], lambda n, _s: hit.append(n) if isinstance(n, Assign) and n.lhs.tv is tv else None)
+    return bool(hit)
+
+
+def _first_warp(kernel: Kernel):
+    """The condition selecting the block's first warp, or None when the block
+    has fewer than 32 threads (then thread 0 issues alone)."""
+    ext = {
+        p: kernel.launch.get(p, Const(1)) for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
+    }
+    if any(not isinstance(e, Const) for e in ext.values()):
+        raise CircbufError("TMA stores need constant thread extents")
+    tx, ty, tz = (ext[p].value for p in ext)
+    if tx * ty * tz < 32 or (tx * ty * tz) % 32:
+        return None
+    linear = Var("threadIdx.x")
+    if ty > 1:
+        linear = Var("threadIdx.y") * tx + linear
+    if tz > 1:
+        linear = Var("threadIdx.z") * (tx * ty) + linear
+    return linear.lt(32)
+
+
+def _elected(kernel, body):
+    warp = _first_warp(kernel)
+    if warp is None:
+        cond = None
+        for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
+            if p in kernel.launch:
+                t = Var(p.value).eq(0)
+                cond = t if cond is None else Bin("&&", cond, t)
+        return IfThenElse(cond if cond is not None else Const(True), body)
+    return ElectOne(warp, body)
+
+
+def _rewrite(nodes, kernel, loop, found) -> list:
+    out = []
+    for n in nodes:
+        if isinstance(n, ForLoop):
+            n.body = _rewrite(n.body, kernel, n if n.ptype == ParallelType.Serial else loop, found)
+        elif isinstance(n, IfThenElse):
+            n.then = _rewrite(n.then, kernel, loop, found)
+            n.else_ = _rewrite(n.else_, kernel, loop, found)
+        if not isinstance(n, TmaStore):
+            out.append(n)
+            continue
+        src = n.src.tv.name
+        found.append((n, loop))
+        out += [
+            Fence("proxy_async"),
+            BlockSync(f"RAW: {src} written by the threads, read by the TMA store"),
+            _elected(kernel, [n, BulkCommitGroup()]),
+        ]
+    return out
+
+
+def tma_stores(kernel: Kernel) -> Kernel:
+    """Entry: fences, barriers and bulk-group waits around TMA stores (see module doc)."""
+    found: list = []
+    kernel.body = _rewrite(kernel.body, kernel, None, found)
+    if not found:
+        return kernel
+    for store, loop in found:
+        if loop is None:
+            continue
+        src = store.src.tv
+        k = next((k for k, n in enumerate(loop.body) if _writes(n, src)), None)
+        if k is None:
+            raise CircbufError(f"{src.name}: the TMA store's source is not written in its loop")
+        loop.body[k:k] = [
+            _elected(kernel, [BulkWaitGroup(0, read=True)]),
+            BlockSync(f"WAR: the last TMA store has read {src.name}"),
+        ]
+    kernel.body.append(_elected(kernel, [BulkWaitGroup(0, read=False)]))
+    return kernel
