@@ -14,7 +14,7 @@ if [[ $what == tests || $what == all ]]; then
   summary+=("pytest: $(tail -n 1 "$OUT/pytest.log")")
 fi
 if [[ $what == bench || $what == all ]]; then
-  for b in ${BENCHES:-pointwise host_overhead normalization}; do
+  for b in ${BENCHES:-pointwise host_overhead normalization outer_reduction}; do
     timeout 300 python3 benchmarks/$b.py ${BENCH_ARGS:-} > "$OUT/bench_$b.log" 2>&1
     summary+=("bench $b: exit $?")
   done
@@ -23,4 +23,4 @@ echo "================ summary ================"
 cat "$OUT/gpu.txt"
 for s in "${summary[@]}"; do echo "$s"; done
 grep -E "FAILED|Error" "$OUT/pytest.log" 2>/dev/null | head -20
-for b in ${BENCHES:-pointwise host_overhead normalization}; do [[ -f $OUT/bench_$b.log ]] && tail -n ${TAIL:-12} "$OUT/bench_$b.log"; done
+for b in ${BENCHES:-pointwise host_overhead normalization outer_reduction}; do [[ -f $OUT/bench_$b.log ]] && tail -n ${TAIL:-12} "$OUT/bench_$b.log"; done

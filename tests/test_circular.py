@@ -330,3 +330,72 @@ def test_tma_store_rules():
     assert type(
         f.compile([torch.randn(64, 1001, dtype=torch.bfloat16)] * 2, arch="sm_90a").params
     ).__name__ == ("PointwiseParams")
+
+
+def test_outer_reduction_tma_structure_and_sass():
+    from circbuf.lowering.kir import BlockReduce
+    from tests.util import outer_fusion
+
+    fd = outer_fusion("sum")
+    ck = fd.compile([torch.randn(8192, 4096, dtype=torch.bfloat16)], arch="sm_90a")
+    p = ck.params
+    assert type(p).__name__ == "OuterReductionParams", p
+    assert p.tile_rows % p.threads_y == 0 and (p.cols * p.threads_y) % 32 == 0
+    (br,) = nodes(ck.kernel, BlockReduce)
+    assert br.ptypes == (ParallelType.TIDy,) and br.threads == p.threads_y
+    loads = nodes(ck.kernel, TmaLoad)  # the prologue's and the main loop's
+    assert len(loads) == 2 and all(ld.box_bytes == p.tile_rows * p.cols * 2 for ld in loads)
+    assert [b for _, b in ck.kernel.tensor_maps[0].dims] == [p.cols, p.tile_rows]
+    # one column per thread, accumulated over the ring; the rows of threads combine once
+    assert f"cb::block_reduce_y<{p.threads_y}>(" in ck.cuda
+    sass = ck.sass()
+    for op in ("UTMALDG", "SYNCS.PHASECHK.TRANS"):
+        assert op in sass, op
+    use = ck.resource_usage()
+    assert use["LOCAL"] == 0 and use["STACK"] == 0
+
+
+@pytest.mark.parametrize("ws", [False, True])
+@pytest.mark.parametrize(
+    "op, shape, axes, weight",
+    [
+        ("max", (100, 3, 264), (0,), False),
+        ("mean", (4, 100, 264), (0, 1), False),
+        ("sum", (999, 136), (0,), True),
+    ],
+)
+def test_outer_reduction_variants_compile(op, shape, axes, weight, ws):
+    from tests.util import outer_fusion
+
+    fd = outer_fusion(op, D.Half, len(shape), axes, weight)
+    fd.fusion.schedule(stages=3, warp_specialized=ws)
+    ins = [torch.randn(*shape, dtype=torch.float16)]
+    if weight:
+        ins.append(torch.randn(*shape[len(axes) :], dtype=torch.float16))
+    ck = fd.compile(ins, arch="sm_90a")
+    assert type(ck.params).__name__ == "OuterReductionParams" and ck.params.warp_specialized == ws
+    assert "UTMALDG" in ck.sass() and ck.resource_usage()["LOCAL"] == 0
+
+
+def test_outer_reduction_falls_back_to_the_plain_path():
+    from tests.util import outer_fusion
+
+    def kind(fd, *ins, **ov):
+        if ov:
+            fd.fusion.schedule(**ov)
+        return type(fd.compile(list(ins), arch="sm_90a").params).__name__
+
+    x = torch.randn(512, 1024, dtype=torch.bfloat16)
+    assert kind(outer_fusion("sum"), x) == "OuterReductionParams"
+    assert kind(outer_fusion("sum"), x, tma=False) == "ReductionParams"
+    # a row of 1001 x 2 bytes cannot be stepped by a tensor map
+    assert kind(outer_fusion("sum"), torch.randn(512, 1001, dtype=torch.bfloat16)) == "ReductionParams"
+    # two passes over the rows (the variance reads the mean): not single-pass
+    with cb.FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1], dtype=D.Float)
+        v, m = fd.ops.var_mean(t, [0])
+        fd.add_output(v)
+        fd.add_output(m)
+    assert kind(fd, torch.randn(512, 1024)) == "ReductionParams"
+    with pytest.raises(cb.CircbufError, match="cols=20"):
+        kind(outer_fusion("sum"), x, cols=20, stages=2)

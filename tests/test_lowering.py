@@ -73,10 +73,11 @@ def test_softmax_structure_three_row_passes():
 
 
 def test_outer_reduction_has_no_block_reduce():
+    """The plain outer path (tma=False): one thread per column, no block reduction."""
     with cb.FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1], dtype=D.Float)
         fd.add_output(fd.ops.sum(x, [0]))
-    f, params = scheduled(fd, [(1000, 300)], itemsize=4)
+    f, params = scheduled(fd, [(1000, 300)], itemsize=4, overrides={"tma": False})
     assert not params.inner
     k = lower(f)
     assert not nodes(k, BlockReduce)

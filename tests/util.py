@@ -140,3 +140,28 @@ def manual_tma_store(transposed=False):
     y.axis(3).parallelize(P.Bulk)
     ys.inline_at(2)
     return fd
+
+
+def outer_fusion(op="sum", dtype=D.BFloat16, shape_rank=2, axes=(0,), weight=False):
+    """``op`` over the outer ``axes`` of x (optionally x * w, w broadcast over
+    the reduced axes), in fp32, cast back to ``dtype``."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1] * shape_rank, dtype=dtype)
+        xf = fd.ops.cast(x, D.Float)
+        if weight:
+            w = fd.define_tensor([-1] * (shape_rank - len(axes)), dtype=dtype)
+            wb = fd.ops.broadcast_in_dim(
+                fd.ops.cast(w, D.Float), [-1] * shape_rank, list(range(len(axes), shape_rank))
+            )
+            xf = fd.ops.mul(xf, wb)
+        y = getattr(fd.ops, op)(xf, list(axes))
+        fd.add_output(fd.ops.cast(y, dtype))
+    return fd
+
+
+OUTER_TORCH = {
+    "sum": lambda x, axes: x.sum(axes),
+    "mean": lambda x, axes: x.mean(axes),
+    "max": lambda x, axes: x.amax(axes),
+    "min": lambda x, axes: x.amin(axes),
+}

@@ -365,6 +365,11 @@ def _warp_specialize(kernel, bufs, loop, rest, stages, kind):
 
     def named(n, _s):
         if isinstance(n, (BlockReduce, BlockSync)):
+            if consumers % 32:
+                raise CircbufError(
+                    f"{name}: warp-specialized consumers that synchronize need whole warps "
+                    f"(named barriers count warps), not {consumers} threads"
+                )
             n.barrier = (1, consumers)
 
     kernel.consumer_barrier = (1, consumers)

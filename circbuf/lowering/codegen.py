@@ -252,13 +252,18 @@ class CudaCodegen:
     def visit_BlockReduce(self, n: BlockReduce):
         dt = n.expr.out.dtype
         smem = f"red_smem{len(self.red_smem)}"
-        ydim = self.k.launch.get(ParallelType.TIDy)
-        rows = ydim.value if isinstance(ydim, Const) else 1
-        self.red_smem.append(f"__shared__ {dt.value} {smem}[{32 * rows}];")
         r = self.ref(n.ref)
         init = literal(n.expr.init, dt)
         bar_id, bar_n = n.barrier
         sync = f", {bar_id}, {bar_n}" if bar_id else ""
+        if n.ptypes == (ParallelType.TIDy,):  # rows of threads (outer reductions)
+            xdim = self.k.launch.get(ParallelType.TIDx, Const(1))
+            self.red_smem.append(f"__shared__ {dt.value} {smem}[{xdim.value * n.threads}];")
+            self.emit(f"{r} = cb::block_reduce_y<{n.threads}>({r}, {_RED[n.expr.op_name]}, {smem}{sync});")
+            return
+        ydim = self.k.launch.get(ParallelType.TIDy)
+        rows = ydim.value if isinstance(ydim, Const) else 1
+        self.red_smem.append(f"__shared__ {dt.value} {smem}[{32 * rows}];")
         self.emit(f"{r} = cb::block_reduce_x({r}, {_RED[n.expr.op_name]}, {init}, {smem}{sync});")
 
     def visit_Assign(self, a: Assign):

@@ -229,10 +229,12 @@ def _place_reduction(e, index, anchor, stmt, launch):
         body.insert(pos, init)
         after = pos + 2
     if tid:
-        if tid != (ParallelType.TIDx,):
-            raise CircbufError(f"{out.name}: block reductions are supported over threadIdx.x only")
-        n = launch.get(ParallelType.TIDx)
-        if not isinstance(n, Const) or n.value % 32:
+        if tid not in ((ParallelType.TIDx,), (ParallelType.TIDy,)):
+            raise CircbufError(
+                f"{out.name}: block reductions are supported over threadIdx.x or threadIdx.y alone"
+            )
+        n = launch.get(tid[0])
+        if not isinstance(n, Const) or (tid[0] == ParallelType.TIDx and n.value % 32):
             raise CircbufError(
                 f"{out.name}: a reduction over threadIdx.x needs a multiple of 32 threads, got {n}"
             )

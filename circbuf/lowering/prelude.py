@@ -137,6 +137,21 @@ __device__ __forceinline__ T block_reduce_x(T v, Op op, T init, T* smem, int bar
   return v;
 }
 
+// Reduce v over the first Y rows of threads (threadIdx.y), separately for each
+// threadIdx.x; every thread of those rows gets the result, combined in row order.
+// smem holds blockDim.x * Y values.
+template <int Y, typename T, typename Op>
+__device__ __forceinline__ T block_reduce_y(T v, Op op, T* smem, int bar_id = 0, int bar_threads = 0) {
+  if (Y == 1) return v;
+  sync_threads(bar_id, bar_threads);  // an earlier reduction may still be reading smem
+  smem[threadIdx.y * blockDim.x + threadIdx.x] = v;
+  sync_threads(bar_id, bar_threads);
+  v = smem[threadIdx.x];
+#pragma unroll
+  for (int y = 1; y < Y; ++y) v = op(v, smem[y * blockDim.x + threadIdx.x]);
+  return v;
+}
+
 // ---- mbarriers and bulk tensor copies (sm_90) ----
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));

@@ -80,6 +80,22 @@ class NormalizationParams(Params):
 
 
 @dataclass(frozen=True)
+class OuterReductionParams(Params):
+    """Outer reduction: one CTA per strip of ``cols`` columns (threadIdx.x),
+    [tile_rows x cols] tiles streamed by TMA through ``stages`` slots, each
+    tile split over ``threads_y`` rows of threads (threadIdx.y)."""
+
+    name = "Outer reduction params"
+    cols: int = 64
+    threads_y: int = 4
+    tile_rows: int = 64
+    stages: int = 4
+    prefetch: int = 3
+    war: str = "block_sync"
+    warp_specialized: bool = False
+
+
+@dataclass(frozen=True)
 class ReductionParams(Params):
     """One CTA per reduced row (inner) or one thread per output column (outer)."""
 

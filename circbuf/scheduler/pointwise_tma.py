@@ -17,6 +17,8 @@ and each TMA buffer::
 
 from __future__ import annotations
 
+import math
+
 from ..ir import (
     CircbufError,
     Fusion,
@@ -83,7 +85,9 @@ class PointwiseTmaScheduler:
             return None
         tx = tc // vec
         ty = max(1, min(128 // tx, 16))
-        tr = overrides.get("tile_rows", 16)
+        if (tx * ty) % 32:  # whole warps: warp-specialized consumers sync on named barriers
+            ty = 32 // math.gcd(tx, 32)
+        tr = overrides.get("tile_rows", -(-16 // ty) * ty)
         if not isinstance(tr, int) or not 1 <= tr <= 256 or tr % ty:
             raise CircbufError(f"schedule(tile_rows={tr}): must be a multiple of {ty} in [1, 256]")
         stages = overrides.get("stages", 3)

@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 from ..ir import CircbufError, Fusion
-from . import normalization, pointwise, pointwise_tma, reduction
+from . import normalization, outer_reduction, pointwise, pointwise_tma, reduction
 from .info import InputInfo
 from .utils import canonicalize_extents
 
 SCHEDULERS = [
     (normalization.NormalizationScheduler, normalization.OVERRIDES),
+    (outer_reduction.OuterReductionScheduler, outer_reduction.OVERRIDES),
     (reduction.ReductionScheduler, reduction.OVERRIDES),
     (pointwise_tma.PointwiseTmaScheduler, pointwise_tma.OVERRIDES),
     (pointwise.PointwiseScheduler, pointwise.OVERRIDES),
@@ -54,7 +55,7 @@ def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
     unknown = sorted(set(overrides) - set(allowed))
     if unknown:
         later = {"persistent", "stages", "warp_specialized", "tma", "prefetch"}
-        hint = " (TMA circular buffering is not built yet)" if set(unknown) & later else ""
+        hint = " (no TMA variant takes these inputs)" if set(unknown) & later else ""
         raise CircbufError(
             f"schedule(): the {sched.name} scheduler does not take {', '.join(unknown)}{hint}; "
             f"it takes {', '.join(allowed)}"

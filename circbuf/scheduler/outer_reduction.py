@@ -1,0 +1,238 @@
+"""Outer-reduction scheduler, TMA variant: column strips of the input stream
+through a circular buffer while each thread accumulates its column.
+
+Takes single-pass reductions over the outer axes ([R..., C...] reduced over
+R, e.g. ``sum(x, 0)``, ``max(x * w, 0)``, ``mean``) whose inputs a tensor map
+can describe; the rest goes to the plain reduction scheduler. One CTA per
+strip of W columns (threadIdx.x); the reduced axis is cut into [TR x W]
+tiles, one TMA copy each, and every tile is split over TY rows of threads
+(threadIdx.y), which combine their partial results once, at the end.
+
+The reduction after scheduling (R and C merged from the reduced and kept axes)::
+
+    T_l[iblockIdx.x{ceilDiv(C, W)}, rS{ceilDiv(R, TR)}, ithreadIdx.x{W},
+        rS{TR / TY}, rthreadIdx.y{TY}]
+
+and each input's TMA buffer::
+
+    X_s[iblockIdx.x, iS{ceilDiv(R, TR)}, iB{TR}, iB{W}] ca_pos(2) circular_buffer(stages)
+
+No grid reduction: the parallelism is ceilDiv(C, W) CTAs, so W shrinks (to
+32 bytes of columns) until there are about as many strips as SMs.
+"""
+
+from __future__ import annotations
+
+from ..ir import (
+    CircbufError,
+    Fusion,
+    MemoryType,
+    ParallelType,
+    Pipelined,
+    ReductionOp,
+    WarpSpecialized,
+    evaluate,
+)
+from .info import InputInfo
+from .params import OuterReductionParams
+from .reduction import ReductionScheduler, _is_inner, _red_classes, _reductions
+from .utils import (
+    LogicalMap,
+    cache_output,
+    concretize_broadcasts,
+    hoist_broadcasts,
+    inline_intermediates,
+    propagate,
+)
+
+OVERRIDES = ("stages", "prefetch", "tma", "war", "warp_specialized", "cols")
+IN_FLIGHT = 96 * 1024  # bytes of tiles to keep in flight per CTA (latency x bandwidth per SM)
+SMEM_BUDGET = 192 * 1024
+
+
+def _ancestors(tv) -> set:
+    seen, todo = set(), [tv]
+    while todo:
+        t = todo.pop()
+        d = t.definition
+        if d is None:
+            continue
+        for x in d.tv_inputs():
+            if id(x) not in seen:
+                seen.add(id(x))
+                todo.append(x)
+    return seen
+
+
+def outer_describable(t, n_red: int) -> str | None:
+    """None when a 2-D tensor map [R, C] (reduced axes flattened, kept axes
+    flattened) can describe this input, else why not."""
+    if t is None:
+        return "not a tensor"
+    if t.align % 16:
+        return "global address not 16-byte aligned"
+    nd = len(t.sizes)
+    for d in range(nd - 1):
+        if d == n_red - 1:
+            continue
+        if t.sizes[d] > 1 and t.strides[d] != t.strides[d + 1] * t.sizes[d + 1]:
+            return f"axes {d} and {d + 1} do not flatten"
+    if t.sizes[-1] > 1 and t.strides[-1] != 1:
+        return "innermost axis not contiguous"
+    row = t.strides[n_red - 1] * t.itemsize
+    if t.sizes[n_red - 1] > 1 and (row % 16 or row >= 1 << 40):
+        return f"row stride {row} bytes not a multiple of 16 below 2^40"
+    return None
+
+
+class OuterReductionScheduler:
+    name = "outer_reduction"
+
+    @staticmethod
+    def can_schedule(fusion: Fusion) -> str | None:
+        why = ReductionScheduler.can_schedule(fusion)
+        if why:
+            return why
+        reds = _reductions(fusion)
+        ref = reds[0]
+        if _is_inner(fusion, ref):
+            return "reductions are over the innermost axes"
+        flags = [i.is_reduction for i in ref.logical]
+        n_red = sum(flags)
+        if flags != [True] * n_red + [False] * (len(flags) - n_red):
+            return "reduced axes are not the outermost axes"
+        outs = {id(r) for r in reds}
+        for r in reds:
+            if _ancestors(r) & outs:
+                return "a reduction reads another reduction's result (two passes)"
+        lmap = LogicalMap(fusion)
+        rc = _red_classes(ref, lmap)
+        for o in fusion.outputs:
+            if any(lmap.find(i) in rc and not i.is_broadcast and not i.is_reduction for i in o.logical):
+                return f"output {o.name} keeps a reduced axis"
+        return None
+
+    @staticmethod
+    def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
+        """Params, or None for the plain reduction scheduler."""
+        if overrides.get("tma", True) is False:
+            return None
+        ref = _reductions(fusion)[0]
+        n_red = sum(i.is_reduction for i in ref.logical)
+        R = C = 1
+        for i in ref.logical:
+            e = evaluate(i.extent, info.extents)
+            if i.is_reduction:
+                R *= e
+            else:
+                C *= e
+        if n_red == len(ref.logical) or R == 0 or C == 0:
+            return None
+        cands = _tile_inputs(fusion, ref)
+        if not cands:
+            return None
+        for k in cands:
+            if outer_describable(info.tensors[k], n_red):
+                return None
+        item = max(fusion.inputs[k].dtype.size for k in cands)
+        small = min(fusion.inputs[k].dtype.size for k in cands)
+        W = overrides.get("cols")
+        if W is None:
+            W = 128
+            while W * item > 32 and -(-C // W) < info.sm_count:
+                W //= 2
+            while W > 16 // small and W // 2 >= C:
+                W //= 2
+        if not isinstance(W, int) or W < 1 or W > 256 or (W * small) % 16:
+            raise CircbufError(
+                f"schedule(cols={W}): a strip must be 1 to 256 columns of a multiple of 16 bytes"
+            )
+        ty = max(2, min(32, 256 // W))
+        if (W * ty) % 32:
+            ty = max(ty, 32)
+        if W * ty > 1024:
+            ty = 1024 // W
+        tile_bytes_row = sum(W * fusion.inputs[k].dtype.size for k in cands)
+        tr = max(ty, min(256, (16384 // tile_bytes_row) // ty * ty))
+        tr = min(tr, -(-R // ty) * ty)
+        tile = tr * tile_bytes_row
+        stages = overrides.get("stages")
+        if stages is None:
+            stages = max(2, min(8, IN_FLIGHT // tile + 1, SMEM_BUDGET // tile))
+        prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
+        if stages * tile > min(SMEM_BUDGET, info.smem_per_block - 8192):
+            raise CircbufError(
+                f"schedule(stages={stages}): {stages} x {tile} bytes of tiles exceed shared memory"
+            )
+        return OuterReductionParams(
+            cols=W,
+            threads_y=ty,
+            tile_rows=tr,
+            stages=stages,
+            prefetch=prefetch,
+            war=overrides.get("war", "block_sync"),
+            warp_specialized=bool(overrides.get("warp_specialized", False)),
+        )
+
+    @staticmethod
+    def schedule(fusion: Fusion, params: OuterReductionParams):
+        hoist_broadcasts(fusion)
+        ref0 = _reductions(fusion)[0]
+        smem = []
+        for k in _tile_inputs(fusion, ref0):
+            xs = fusion.inputs[k].cache_after(op="tma")
+            smem.append(xs)
+        for o in list(fusion.outputs):
+            if isinstance(o.definition, ReductionOp) or o.uses:
+                cache_output(fusion, o)
+        lmap = LogicalMap(fusion)
+        ref = _reductions(fusion)[0]
+        rclasses = _red_classes(ref, lmap)
+
+        def row_scalar(tv):
+            return not any(lmap.find(i) in rclasses and not i.is_broadcast for i in tv.logical)
+
+        concretize_broadcasts(fusion, lmap)
+        n_red = sum(i.is_reduction for i in ref.logical)
+        _strips(ref, params, n_red)  # [C/W, W, R/TR, TR]
+        ref.split(3, params.threads_y)  # [C/W, W, R/TR, TR/TY, TY]
+        ref.reorder([0, 2, 1, 3, 4])  # [C/W, R/TR, W, TR/TY, TY]
+        ref.axis(0).parallelize(ParallelType.BIDx)
+        ref.axis(2).parallelize(ParallelType.TIDx)
+        ref.axis(4).parallelize(ParallelType.TIDy)
+        propagate(ref, fusion.used_tvs(), lmap)
+        inline_intermediates(fusion, 1, row_scalar)
+        kind = WarpSpecialized(on=ParallelType.TIDy) if params.warp_specialized else Pipelined(war=params.war)
+        for xs in smem:
+            xs.memory_type = MemoryType.Shared
+            xs.domain.loop = list(xs.logical)
+            _strips(xs, params, n_red)
+            xs.reorder([0, 2, 3, 1])  # [C/W, R/TR, TR, W]
+            xs.axis(0).parallelize(ParallelType.BIDx)
+            xs.axis(2).parallelize(ParallelType.Bulk)
+            xs.axis(3).parallelize(ParallelType.Bulk)
+            xs.inline_at(2)
+            xs.circular_buffer(params.stages, params.prefetch, kind)
+
+
+def _strips(tv, params, n_red):
+    """[R..., C...] -> [C/W, W, R/TR, TR]: the ``n_red`` reduced axes and the
+    kept axes each merged."""
+    n = len(tv.loop)
+    for _ in range(n_red - 1):
+        tv.merge(0)
+    for _ in range(n - n_red - 1):
+        tv.merge(1)
+    tv.reorder([1, 0])  # [C, R]
+    tv.split(0, params.cols)  # [C/W, W, R]
+    tv.split(2, params.tile_rows)  # [C/W, W, R/TR, TR]
+
+
+def _tile_inputs(fusion, ref) -> list[int]:
+    """Inputs with the reduced input's full shape: these are staged by TMA."""
+    out = []
+    for k, x in enumerate(fusion.inputs):
+        if getattr(x, "ndim", None) == len(ref.logical) and not any(i.is_broadcast for i in x.logical):
+            if fusion.consumers(x):
+                out.append(k)
+    return out
