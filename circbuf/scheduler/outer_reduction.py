@@ -46,7 +46,6 @@ from .utils import (
 )
 
 OVERRIDES = ("stages", "prefetch", "tma", "war", "warp_specialized", "cols")
-IN_FLIGHT = 96 * 1024  # bytes of tiles to keep in flight per CTA (latency x bandwidth per SM)
 SMEM_BUDGET = 192 * 1024
 
 
@@ -158,7 +157,11 @@ class OuterReductionScheduler:
         tile = tr * tile_bytes_row
         stages = overrides.get("stages")
         if stages is None:
-            stages = max(2, min(8, IN_FLIGHT // tile + 1, SMEM_BUDGET // tile))
+            # measured on H100 (benchmarks/outer_reduction.py --sweep): with a strip
+            # per SM or more, 2 stages beat deeper rings (0.77-0.88 vs 0.60-0.71 of
+            # copy at 8 stages); with fewer strips than SMs a deeper ring helps a little
+            strips = -(-C // W)
+            stages = 2 if strips >= info.sm_count else max(2, min(4, SMEM_BUDGET // tile))
         prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
         if stages * tile > min(SMEM_BUDGET, info.smem_per_block - 8192):
             raise CircbufError(
