@@ -40,6 +40,8 @@ def sweep():
                 "s2": dict(stages=2), "s3": dict(stages=3), "s2ws": dict(stages=2, warp_specialized=True),
                 "s3ws": dict(stages=3, warp_specialized=True), "s2y1": dict(stages=2, rows=1),
                 "s2y4": dict(stages=2, rows=4), "s4ws": dict(stages=4, warp_specialized=True),
+                "t256": dict(threads=256), "t512": dict(threads=512), "t256y1": dict(threads=256, rows=1),
+                "t64": dict(threads=64),
             }  # fmt: skip
             for tag, ov in variants.items():
                 fd = norm_fusion(kind, D.BFloat16)
