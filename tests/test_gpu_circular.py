@@ -273,3 +273,17 @@ def test_outer_reduction_plain_fallbacks():
 )
 def test_hypothesis_outer_reduction(rows, cols, op, ws):
     run_outer(op, (rows, cols), warp_specialized=ws)
+
+
+def test_outer_reduction_two_results_of_one_input():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        xf = fd.ops.cast(x, D.Float)
+        fd.add_output(fd.ops.sum(xf, [0]))
+        fd.add_output(fd.ops.max(xf, [0]))
+    for shape in ((1, 8), (300, 520), (5000, 4096)):
+        x = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
+        s, m = fd.execute([x])
+        assert type(fd.last_params()).__name__ == "OuterReductionParams"
+        assert_close(s, x.double().sum(0), rtol=1e-4, atol=1e-3 * shape[0] ** 0.5)
+        assert_close(m, x.double().amax(0), rtol=1e-6, atol=1e-6)

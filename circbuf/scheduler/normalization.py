@@ -36,13 +36,15 @@ from ..ir import (
 )
 from .info import InputInfo
 from .params import NormalizationParams
-from .reduction import ReductionScheduler, _is_inner, _red_classes, _reductions
+from .reduction import ReductionScheduler, _is_inner, _reductions
 from .utils import (
     LogicalMap,
     cache_output,
     concretize_broadcasts,
+    full_shape_inputs,
     hoist_broadcasts,
     inline_intermediates,
+    once_per_row,
     propagate,
     recompute_multi_use,
     specialize_extent,
@@ -101,7 +103,7 @@ class NormalizationScheduler:
         for i in ref.logical:
             if not i.is_reduction:
                 rows *= evaluate(i.extent, info.extents)
-        cands = _row_inputs(fusion, ref)
+        cands = full_shape_inputs(fusion, ref)
         if not cands:
             return None
         item = max(fusion.inputs[k].dtype.size for k in cands)
@@ -172,7 +174,7 @@ class NormalizationScheduler:
             ext = [i for i in ref0.logical if i.is_reduction][0].extent
             if hasattr(ext, "name"):
                 specialize_extent(fusion, ext.name, params.row_length)
-        cands = _row_inputs(fusion, ref0)
+        cands = full_shape_inputs(fusion, ref0)
         smem = []
         for k in cands:
             x = fusion.inputs[k]
@@ -184,10 +186,7 @@ class NormalizationScheduler:
             outs.append((o, cache_output(fusion, o), params.vectorize_outputs[k]))
         lmap = LogicalMap(fusion)
         ref = _reductions(fusion)[0]
-        rclasses = _red_classes(ref, lmap)
-
-        def row_scalar(tv):
-            return not any(lmap.find(i) in rclasses and not i.is_broadcast for i in tv.logical)
+        row_scalar = once_per_row(lmap, ref)
 
         shared = {id(xs) for xs, _ in smem}
         if params.row_length:  # the register copy of the row is made once and read by every pass
@@ -260,13 +259,3 @@ def _row_transforms(tv, params):
         tv.merge(0)
     tv.split(0, params.rows)  # [I/Y, Y, R]
     tv.split(0, params.grid)  # [I/Y/G, G, Y, R]
-
-
-def _row_inputs(fusion, ref) -> list[int]:
-    """Inputs with the reduced input's full shape: these are staged by TMA."""
-    out = []
-    for k, x in enumerate(fusion.inputs):
-        if getattr(x, "ndim", None) == len(ref.logical) and not any(i.is_broadcast for i in x.logical):
-            if fusion.consumers(x):
-                out.append(k)
-    return out

@@ -40,8 +40,10 @@ from .utils import (
     LogicalMap,
     cache_output,
     concretize_broadcasts,
+    full_shape_inputs,
     hoist_broadcasts,
     inline_intermediates,
+    once_per_row,
     propagate,
 )
 
@@ -127,7 +129,7 @@ class OuterReductionScheduler:
                 C *= e
         if n_red == len(ref.logical) or R == 0 or C == 0:
             return None
-        cands = _tile_inputs(fusion, ref)
+        cands = full_shape_inputs(fusion, ref)
         if not cands:
             return None
         for k in cands:
@@ -182,7 +184,7 @@ class OuterReductionScheduler:
         hoist_broadcasts(fusion)
         ref0 = _reductions(fusion)[0]
         smem = []
-        for k in _tile_inputs(fusion, ref0):
+        for k in full_shape_inputs(fusion, ref0):
             xs = fusion.inputs[k].cache_after(op="tma")
             smem.append(xs)
         for o in list(fusion.outputs):
@@ -190,10 +192,7 @@ class OuterReductionScheduler:
                 cache_output(fusion, o)
         lmap = LogicalMap(fusion)
         ref = _reductions(fusion)[0]
-        rclasses = _red_classes(ref, lmap)
-
-        def row_scalar(tv):
-            return not any(lmap.find(i) in rclasses and not i.is_broadcast for i in tv.logical)
+        row_scalar = once_per_row(lmap, ref)
 
         concretize_broadcasts(fusion, lmap)
         n_red = sum(i.is_reduction for i in ref.logical)
@@ -229,13 +228,3 @@ def _strips(tv, params, n_red):
     tv.reorder([1, 0])  # [C, R]
     tv.split(0, params.cols)  # [C/W, W, R]
     tv.split(2, params.tile_rows)  # [C/W, W, R/TR, TR]
-
-
-def _tile_inputs(fusion, ref) -> list[int]:
-    """Inputs with the reduced input's full shape: these are staged by TMA."""
-    out = []
-    for k, x in enumerate(fusion.inputs):
-        if getattr(x, "ndim", None) == len(ref.logical) and not any(i.is_broadcast for i in x.logical):
-            if fusion.consumers(x):
-                out.append(k)
-    return out

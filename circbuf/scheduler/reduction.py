@@ -28,6 +28,7 @@ from .utils import (
     concretize_broadcasts,
     hoist_broadcasts,
     inline_intermediates,
+    once_per_row,
     propagate,
     recompute_multi_use,
 )
@@ -82,10 +83,7 @@ class ReductionScheduler:
                 cache_output(fusion, o)
         lmap = LogicalMap(fusion)
         ref = _reductions(fusion)[0]
-        rclasses = _red_classes(ref, lmap)
-
-        def row_scalar(tv):
-            return not any(lmap.find(i) in rclasses and not i.is_broadcast for i in tv.logical)
+        row_scalar = once_per_row(lmap, ref)
 
         recompute_multi_use(
             fusion, keep=lambda tv: isinstance(tv.definition, ReductionOp) or row_scalar(tv), lmap=lmap

@@ -311,5 +311,23 @@ def inline_intermediates(fusion: Fusion, row_pos: int | None = None, row_scalar=
         if tv.is_input or tv.is_output:
             continue
         tv.memory_type = MemoryType.Local
-        once_per_row = row_pos is not None and (isinstance(tv.definition, ReductionOp) or row_scalar(tv))
-        tv.inline_at(min(row_pos, len(tv.loop)) if once_per_row else len(tv.loop))
+        per_row = row_pos is not None and (isinstance(tv.definition, ReductionOp) or row_scalar(tv))
+        tv.inline_at(min(row_pos, len(tv.loop)) if per_row else len(tv.loop))
+
+
+def full_shape_inputs(fusion: Fusion, ref: TensorView) -> list[int]:
+    """Positions of the inputs with the reduced input's full shape (no
+    broadcast axes) that something reads: these are staged by TMA."""
+    out = []
+    for k, x in enumerate(fusion.inputs):
+        if getattr(x, "ndim", None) == len(ref.logical) and not any(i.is_broadcast for i in x.logical):
+            if fusion.consumers(x):
+                out.append(k)
+    return out
+
+
+def once_per_row(lmap: LogicalMap, reduction: TensorView):
+    """``tv -> bool``: True for tensors without a reduced axis (computed once
+    per row/column of the reduction, not per element)."""
+    rclasses = frozenset(lmap.find(i) for i in reduction.logical if i.is_reduction)
+    return lambda tv: not any(lmap.find(i) in rclasses and not i.is_broadcast for i in tv.logical)
