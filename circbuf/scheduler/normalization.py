@@ -29,9 +29,7 @@ from ..ir import (
     LoadStoreOp,
     MemoryType,
     ParallelType,
-    Pipelined,
     ReductionOp,
-    WarpSpecialized,
     evaluate,
 )
 from .info import InputInfo
@@ -48,32 +46,14 @@ from .utils import (
     propagate,
     recompute_multi_use,
     specialize_extent,
+    tma_describable,
+    tma_ring,
 )
 
 OVERRIDES = ("stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "registers")
 MAX_REGISTER_ROW = 32  # row elements a thread keeps in registers (64 spilled at 512 threads)
 SMEM_BUDGET = 200 * 1024  # leave room for reduction scratch and barriers
 MAX_BOX = 256
-
-
-def tma_describable(t, rows_dims: int) -> str | None:
-    """None when a 2-D tensor map [rows, R] can describe this input, else why not
-    (the constraints cuTensorMapEncodeTiled checks, named)."""
-    if t is None:
-        return "not a tensor"
-    if t.align % 16:
-        return "global address not 16-byte aligned"
-    if t.sizes[-1] > 1 and t.strides[-1] != 1:
-        return "innermost axis not contiguous"
-    row_stride = t.strides[-2] if len(t.sizes) > 1 else t.sizes[-1]
-    if len(t.sizes) > 1 and (row_stride * t.itemsize) % 16:
-        return f"row stride {row_stride * t.itemsize} bytes not a multiple of 16"
-    for d in range(rows_dims - 1):  # the row axes must flatten into one
-        if t.sizes[d] > 1 and t.strides[d] != t.strides[d + 1] * t.sizes[d + 1]:
-            return f"row axes {d} and {d + 1} do not flatten"
-    if row_stride * t.itemsize >= 1 << 40:
-        return "stride >= 2^40 bytes"
-    return None
 
 
 class NormalizationScheduler:
@@ -209,21 +189,13 @@ class NormalizationScheduler:
 
         inline_intermediates(fusion, 3, row_scalar)
         for xs, _ in smem:
-            xs.memory_type = MemoryType.Shared
-            xs.domain.loop = list(xs.logical)
-            _row_transforms(xs, params)
-            xs.split(3, params.box_cols)  # [row_iter, G, Y, R/B, B]
-            xs.reorder([0, 1, 3, 2, 4])
-            xs.axis(1).parallelize(ParallelType.BIDx)
-            xs.axis(3).parallelize(ParallelType.Bulk)
-            xs.axis(4).parallelize(ParallelType.Bulk)
-            xs.inline_at(2)
-            kind = (
-                WarpSpecialized(on=ParallelType.TIDy)
-                if params.warp_specialized
-                else Pipelined(war=params.war)
-            )
-            xs.circular_buffer(params.stages, params.prefetch, kind)
+
+            def box(t):
+                _row_transforms(t, params)
+                t.split(3, params.box_cols)  # [row_iter, G, Y, R/B, B]
+                t.reorder([0, 1, 3, 2, 4])  # [row_iter, G, R/B, Y, B]
+
+            tma_ring(xs, box, 1, params)
         # 16-byte register copies: shared -> registers, broadcast inputs, output stores
         for tv in fusion.used_tvs():
             d = tv.definition

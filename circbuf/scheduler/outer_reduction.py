@@ -26,11 +26,8 @@ from __future__ import annotations
 from ..ir import (
     CircbufError,
     Fusion,
-    MemoryType,
     ParallelType,
-    Pipelined,
     ReductionOp,
-    WarpSpecialized,
     evaluate,
 )
 from .info import InputInfo
@@ -45,6 +42,8 @@ from .utils import (
     inline_intermediates,
     once_per_row,
     propagate,
+    tma_describable,
+    tma_ring,
 )
 
 OVERRIDES = ("stages", "prefetch", "tma", "war", "warp_specialized", "cols")
@@ -63,27 +62,6 @@ def _ancestors(tv) -> set:
                 seen.add(id(x))
                 todo.append(x)
     return seen
-
-
-def outer_describable(t, n_red: int) -> str | None:
-    """None when a 2-D tensor map [R, C] (reduced axes flattened, kept axes
-    flattened) can describe this input, else why not."""
-    if t is None:
-        return "not a tensor"
-    if t.align % 16:
-        return "global address not 16-byte aligned"
-    nd = len(t.sizes)
-    for d in range(nd - 1):
-        if d == n_red - 1:
-            continue
-        if t.sizes[d] > 1 and t.strides[d] != t.strides[d + 1] * t.sizes[d + 1]:
-            return f"axes {d} and {d + 1} do not flatten"
-    if t.sizes[-1] > 1 and t.strides[-1] != 1:
-        return "innermost axis not contiguous"
-    row = t.strides[n_red - 1] * t.itemsize
-    if t.sizes[n_red - 1] > 1 and (row % 16 or row >= 1 << 40):
-        return f"row stride {row} bytes not a multiple of 16 below 2^40"
-    return None
 
 
 class OuterReductionScheduler:
@@ -133,7 +111,7 @@ class OuterReductionScheduler:
         if not cands:
             return None
         for k in cands:
-            if outer_describable(info.tensors[k], n_red):
+            if tma_describable(info.tensors[k], n_red):
                 return None
         item = max(fusion.inputs[k].dtype.size for k in cands)
         small = min(fusion.inputs[k].dtype.size for k in cands)
@@ -204,17 +182,13 @@ class OuterReductionScheduler:
         ref.axis(4).parallelize(ParallelType.TIDy)
         propagate(ref, fusion.used_tvs(), lmap)
         inline_intermediates(fusion, 1, row_scalar)
-        kind = WarpSpecialized(on=ParallelType.TIDy) if params.warp_specialized else Pipelined(war=params.war)
         for xs in smem:
-            xs.memory_type = MemoryType.Shared
-            xs.domain.loop = list(xs.logical)
-            _strips(xs, params, n_red)
-            xs.reorder([0, 2, 3, 1])  # [C/W, R/TR, TR, W]
-            xs.axis(0).parallelize(ParallelType.BIDx)
-            xs.axis(2).parallelize(ParallelType.Bulk)
-            xs.axis(3).parallelize(ParallelType.Bulk)
-            xs.inline_at(2)
-            xs.circular_buffer(params.stages, params.prefetch, kind)
+
+            def box(t):
+                _strips(t, params, n_red)
+                t.reorder([0, 2, 3, 1])  # [C/W, R/TR, TR, W]
+
+            tma_ring(xs, box, 0, params)
 
 
 def _strips(tv, params, n_red):

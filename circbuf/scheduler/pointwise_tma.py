@@ -24,12 +24,9 @@ from ..ir import (
     Fusion,
     MemoryType,
     ParallelType,
-    Pipelined,
-    WarpSpecialized,
     evaluate,
 )
 from .info import InputInfo
-from .normalization import tma_describable
 from .params import PointwiseTmaParams
 from .pointwise import PointwiseScheduler, _vector_candidates
 from .utils import (
@@ -39,6 +36,8 @@ from .utils import (
     hoist_broadcasts,
     inline_intermediates,
     propagate,
+    tma_describable,
+    tma_ring,
 )
 
 OVERRIDES = ("stages", "prefetch", "tma", "war", "warp_specialized", "tile_rows", "tma_store")
@@ -150,16 +149,8 @@ class PointwiseTmaScheduler:
         ref.axis(4).parallelize(ParallelType.TIDx)
         propagate(ref, fusion.used_tvs(), lmap)
         inline_intermediates(fusion)
-        kind = WarpSpecialized(on=ParallelType.TIDy) if params.warp_specialized else Pipelined(war=params.war)
         for xs, xl in smem:
-            xs.memory_type = MemoryType.Shared
-            xs.domain.loop = list(xs.logical)
-            _tiles(xs, params)
-            xs.axis(1).parallelize(ParallelType.BIDx)
-            xs.axis(2).parallelize(ParallelType.Bulk)
-            xs.axis(3).parallelize(ParallelType.Bulk)
-            xs.inline_at(2)
-            xs.circular_buffer(params.stages, params.prefetch, kind)
+            tma_ring(xs, lambda t: _tiles(t, params), 1, params)
             xl.inline_at(5)
             xl.axis(5).parallelize(ParallelType.Vectorize)
         for o, c, vec in outs:

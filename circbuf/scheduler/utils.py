@@ -331,3 +331,51 @@ def once_per_row(lmap: LogicalMap, reduction: TensorView):
     per row/column of the reduction, not per element)."""
     rclasses = frozenset(lmap.find(i) for i in reduction.logical if i.is_reduction)
     return lambda tv: not any(lmap.find(i) in rclasses and not i.is_broadcast for i in tv.logical)
+
+
+def tma_describable(t, split: int) -> str | None:
+    """None when a 2-D tensor map can describe input ``t`` with its axes
+    [0, split) flattened into the outer map dim and [split, ndim) into the
+    inner one, else the cuTensorMapEncodeTiled rule it breaks, named."""
+    if t is None:
+        return "not a tensor"
+    if t.align % 16:
+        return "global address not 16-byte aligned"
+    if t.sizes[-1] > 1 and t.strides[-1] != 1:
+        return "innermost axis not contiguous"
+    for d in range(len(t.sizes) - 1):
+        if d != split - 1 and t.sizes[d] > 1 and t.strides[d] != t.strides[d + 1] * t.sizes[d + 1]:
+            return f"axes {d} and {d + 1} do not flatten"
+    if split == 0:
+        return None
+    outer_stride = t.strides[split - 1] * t.itemsize  # a map stride even when that axis has size 1
+    if outer_stride % 16:
+        return f"row stride {outer_stride} bytes not a multiple of 16"
+    if outer_stride >= 1 << 40:
+        return "stride >= 2^40 bytes"
+    return None
+
+
+def ring_kind(params):
+    """The circular-buffer type the params ask for (``warp_specialized``, ``war``)."""
+    from ..ir import Pipelined, WarpSpecialized
+
+    return WarpSpecialized(on=ParallelType.TIDy) if params.warp_specialized else Pipelined(war=params.war)
+
+
+def tma_ring(xs: TensorView, tile, grid_axis: int, params) -> None:
+    """Make ``xs`` (a ``cache_after(op="tma")`` buffer) a circular buffer in
+    shared memory: ``tile(xs)`` shapes its loop from the logical axes so that
+    the first two axes are the grid axis (``grid_axis``, bound to blockIdx.x)
+    and the ring loop, and the last two are the box one TMA copy moves.
+
+    >>> # tma_ring(xs, lambda t: _tiles(t, params), 1, params)
+    """
+    xs.memory_type = MemoryType.Shared
+    xs.domain.loop = list(xs.logical)
+    tile(xs)
+    xs.axis(grid_axis).parallelize(ParallelType.BIDx)
+    xs.axis(-2).parallelize(ParallelType.Bulk)
+    xs.axis(-1).parallelize(ParallelType.Bulk)
+    xs.inline_at(2)
+    xs.circular_buffer(params.stages, params.prefetch, ring_kind(params))
