@@ -86,18 +86,9 @@ from .kir import (
     SetMaxNReg,
     TensorRef,
     TmaLoad,
+    thread0_cond,
     walk,
 )
-
-
-def _thread0(kernel: Kernel):
-    cond = None
-    for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
-        ext = kernel.launch.get(pt)
-        if ext is not None and not (isinstance(ext, Const) and ext.value == 1):
-            t = Var(pt.value).eq(0)
-            cond = t if cond is None else Bin("&&", cond, t)
-    return cond if cond is not None else Const(True)
 
 
 def _find_loop(nodes, key):
@@ -166,7 +157,7 @@ def circular_buffer(kernel: Kernel) -> Kernel:
     if ws:
         return _warp_specialize_all(kernel, allocs, ws)
     setup, teardown = [], []
-    thread0 = _thread0(kernel)
+    thread0 = thread0_cond(kernel)
     n_threads = kernel.max_threads
     for name, key in kernel.circular_loops.items():
         alloc = allocs[name]

@@ -149,24 +149,21 @@ class CudaCodegen:
             self.emit("#pragma unroll")
         v = n.index.name
         self.emit(f"for (index_t {v} = 0; {v} < {ext}; ++{v}) {{")
+        self.block(n.body)
+        self.emit("}")
+
+    def block(self, nodes):
         self.ind += 1
-        for c in n.body:
+        for c in nodes:
             self.node(c)
         self.ind -= 1
-        self.emit("}")
 
     def visit_IfThenElse(self, n: IfThenElse):
         self.emit(f"if ({self.scalar(n.cond)}) {{")
-        self.ind += 1
-        for c in n.then:
-            self.node(c)
-        self.ind -= 1
+        self.block(n.then)
         if n.else_:
             self.emit("} else {")
-            self.ind += 1
-            for c in n.else_:
-                self.node(c)
-            self.ind -= 1
+            self.block(n.else_)
         self.emit("}")
 
     def visit_Allocate(self, n: Allocate):
@@ -214,10 +211,7 @@ class CudaCodegen:
 
     def visit_ElectOne(self, n: ElectOne):
         self.emit(f"if ({self.scalar(n.warp)} && cb::elect_one()) {{")
-        self.ind += 1
-        for c in n.then:
-            self.node(c)
-        self.ind -= 1
+        self.block(n.then)
         self.emit("}")
 
     def visit_TmaStore(self, n: TmaStore):

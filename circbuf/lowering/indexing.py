@@ -130,10 +130,12 @@ class _Indexer:
             return TensorRef(p, self.global_index(p, plog))
         return TensorRef(p, self.buffer_index(p, logical_to_ids(p, plog)))
 
-    def _box(self, box_tv, g, to_g, ids):
+    def _box(self, box_tv, g, g_axes, ids):
         """The tensor-map dims of one bulk copy of global ``g``: the Bulk loop
         axes of ``box_tv`` (each the inner part of a split of merged logical
-        axes), innermost logical axis first, as (g axes, box, coordinate)."""
+        axes), innermost logical axis first, as (g axes, box, coordinate).
+        ``g_axes[d]`` is the id of box_tv's logical axis at g's axis d."""
+        to_g = {i: d for d, i in enumerate(g_axes)}
         dims, covered = [], set()
         for ax in box_tv.loop:
             if ax.parallel_type != ParallelType.Bulk:
@@ -154,7 +156,7 @@ class _Indexer:
             raise CircbufError(
                 f"{box_tv.name}: bulk axes must follow the order of the logical axes they split"
             )
-        for d, lid in enumerate(to_g):
+        for d, lid in enumerate(g_axes):
             if d not in covered:
                 dims.append(((d,), 1, ids.get(lid, Const(0))))
         dims.sort(key=lambda x: -x[0][-1])  # innermost logical axis first
@@ -180,8 +182,7 @@ class _Indexer:
         out, g = e.out, e.inputs[0]
         ids = loop_to_ids(out, node.index)
         dst = TensorRef(out, self.buffer_index(out, node.index))
-        to_g = [c.id for _, c in e.logical_map(g)]
-        dims = self._box(out, g, {i: d for d, i in enumerate(to_g)}, ids)
+        dims = self._box(out, g, [c.id for _, c in e.logical_map(g)], ids)
         # the box lands densely: its axes must be the buffer's innermost, in order
         strides = dict((a.id, s) for a, s in allocation_strides(out))
         expect = 1
@@ -204,7 +205,7 @@ class _Indexer:
         if src.memory_type != MemoryType.Shared:
             raise CircbufError(f"{out.name}: a TMA store reads a shared-memory buffer, {src.name} is not one")
         logical = [ax.id for ax in out.domain.no_reductions()]
-        dims = self._box(out, out, {i: d for d, i in enumerate(logical)}, loop_to_ids(out, node.index))
+        dims = self._box(out, out, logical, loop_to_ids(out, node.index))
         bulk = [a for a in out.loop if a.parallel_type == ParallelType.Bulk]
         offs = {a.id: Var(f"b{k}", lo=0, hi=a.loop_extent) for k, a in enumerate(bulk)}
         at0 = self.ref_in(e, src, loop_to_ids(out, node.index)).index

@@ -378,6 +378,19 @@ class Kernel:
         return "\n".join([head] + _block(self.body, 1))
 
 
+def thread0_cond(kernel: Kernel) -> Scalar:
+    """``threadIdx.x == 0 && ...`` over the block's non-trivial thread axes."""
+    from ..ir import Bin, Const, Var
+
+    cond = None
+    for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
+        ext = kernel.launch.get(pt)
+        if ext is not None and not (isinstance(ext, Const) and ext.value == 1):
+            t = Var(pt.value).eq(0)
+            cond = t if cond is None else Bin("&&", cond, t)
+    return cond if cond is not None else Const(True)
+
+
 def walk(nodes, fn, stack=None):
     """Call ``fn(node, stack)`` for every node, pre-order; ``stack`` holds the
     enclosing ForLoop/IfThenElse nodes."""

@@ -30,7 +30,7 @@ After::
 
 from __future__ import annotations
 
-from ..ir import Bin, CircbufError, Const, ParallelType, Var
+from ..ir import CircbufError, Const, ParallelType, Var
 from .kir import (
     Assign,
     BlockSync,
@@ -42,6 +42,7 @@ from .kir import (
     IfThenElse,
     Kernel,
     TmaStore,
+    thread0_cond,
     walk,
 )
 
@@ -52,35 +53,22 @@ def _writes(node, tv) -> bool:
     return bool(hit)
 
 
-def _first_warp(kernel: Kernel):
-    """The condition selecting the block's first warp, or None when the block
-    has fewer than 32 threads (then thread 0 issues alone)."""
-    ext = {
-        p: kernel.launch.get(p, Const(1)) for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
-    }
-    if any(not isinstance(e, Const) for e in ext.values()):
-        raise CircbufError("TMA stores need constant thread extents")
-    tx, ty, tz = (ext[p].value for p in ext)
-    if tx * ty * tz < 32 or (tx * ty * tz) % 32:
-        return None
+def _elected(kernel, body):
+    """``body`` on one lane of the block's first warp (elect.sync), or on
+    thread 0 when the block is not made of whole warps. Thread extents are
+    constants (the loop-nest pass requires it)."""
+    tx, ty, tz = (
+        kernel.launch.get(p, Const(1)).value
+        for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
+    )
+    if (tx * ty * tz) % 32:
+        return IfThenElse(thread0_cond(kernel), body)
     linear = Var("threadIdx.x")
     if ty > 1:
         linear = Var("threadIdx.y") * tx + linear
     if tz > 1:
         linear = Var("threadIdx.z") * (tx * ty) + linear
-    return linear.lt(32)
-
-
-def _elected(kernel, body):
-    warp = _first_warp(kernel)
-    if warp is None:
-        cond = None
-        for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
-            if p in kernel.launch:
-                t = Var(p.value).eq(0)
-                cond = t if cond is None else Bin("&&", cond, t)
-        return IfThenElse(cond if cond is not None else Const(True), body)
-    return ElectOne(warp, body)
+    return ElectOne(linear.lt(32), body)
 
 
 def _rewrite(nodes, kernel, loop, found) -> list:
