@@ -26,8 +26,10 @@ from .ir import (
     Scalar,
     TensorView,
     TernaryOp,
+    Un,
     UnaryOp,
     Var,
+    as_scalar,
     compute_type,
     promote,
     promote_with_scalar,
@@ -121,6 +123,14 @@ def _is_tv(x):
     return isinstance(x, TensorView)
 
 
+def _concrete_extent(i: IterDomain):
+    """The extent an axis contributes to broadcasting: its own, the one a
+    broadcast was expanded to, or None for a plain broadcast."""
+    if not i.is_broadcast:
+        return i.extent
+    return i.expanded_extent
+
+
 def _scalar_dtype(x):
     if isinstance(x, bool):
         return DataType.Bool
@@ -131,6 +141,55 @@ def _scalar_dtype(x):
     if isinstance(x, Scalar):
         return x.dtype
     raise CircbufError(f"operand {x!r} is neither a tensor nor a scalar")
+
+
+def _as_scalar_operand(x, what) -> Scalar:
+    if isinstance(x, Scalar):
+        return x
+    if isinstance(x, (bool, int, float)):
+        return as_scalar(x)
+    raise CircbufError(f"{what}: operand {x!r} is neither a tensor nor a scalar")
+
+
+def _scalar_unary(op, x, float_only) -> Scalar:
+    """``op`` on a fusion scalar (``define_scalar``) or a number: a scalar
+    expression the kernel computes (nvFuser's scalar math)."""
+    a = _as_scalar_operand(x, op)
+    dt = a.dtype
+    if float_only and not dt.is_float:
+        dt = DataType.Double
+    if isinstance(a, Const):
+        from .ir.scalar import _eval_un
+
+        v = _eval_un(op, a.value, dt)
+        return Const(v if dt != DataType.Bool else bool(v), dt)
+    return Un(op, a, dt)
+
+
+_SCALAR_BIN = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "eq": "==",
+    "ne": "!=",
+    "maximum": "max",
+    "minimum": "min",
+}
+
+
+def _scalar_binary(op, a, b) -> Scalar:
+    """``op`` on two scalars; integer ``div`` truncates toward zero as in C."""
+    x, y = _as_scalar_operand(a, op), _as_scalar_operand(b, op)
+    if op == "truediv":
+        return _scalar_binary("div", Un("cast", x, DataType.Double) if not x.dtype.is_float else x, y)
+    if op not in _SCALAR_BIN:
+        raise CircbufError(f"{op}: not supported on scalars; apply it to a tensor")
+    return as_scalar(x)._bin_op(_SCALAR_BIN[op], y)
 
 
 class Ops:
@@ -179,19 +238,22 @@ class Ops:
         ids = []
         for k in range(rank):
             axes = [t.domain.no_reductions()[k] for t in tvs]
-            conc = [a for a in axes if not a.is_broadcast]
-            if not conc:
+            # a broadcast expanded to an extent (broadcast_in_dim to a fixed
+            # shape) is as concrete as an iteration axis of that extent
+            exts = [_concrete_extent(a) for a in axes]
+            exts = [e for e in exts if e is not None]
+            if not exts:
                 ids.append(IterDomain(Const(1), IterType.Broadcast))
                 continue
-            ext = conc[0].extent
-            for a in conc[1:]:
-                if a.extent == ext:
+            ext = exts[0]
+            for e in exts[1:]:
+                if e == ext:
                     continue
-                if isinstance(a.extent, Const) and isinstance(ext, Const):
-                    raise CircbufError(f"{what}: extents {ext} and {a.extent} of axis {k} do not match")
-                self._f.extent_equalities.append((ext, a.extent))
-                if isinstance(a.extent, Const):
-                    ext = a.extent
+                if isinstance(e, Const) and isinstance(ext, Const):
+                    raise CircbufError(f"{what}: extents {ext} and {e} of axis {k} do not match")
+                self._f.extent_equalities.append((ext, e))
+                if isinstance(e, Const):
+                    ext = e
             ids.append(IterDomain(ext))
         return ids
 
@@ -227,7 +289,7 @@ class Ops:
     def _unary(self, op, x, float_only=True):
         self._check(x)
         if not _is_tv(x):
-            raise CircbufError(f"{op}: operand must be a tensor, got {x!r}")
+            return _scalar_unary(op, x, float_only)
         dt = compute_type(x.dtype)
         if float_only and not dt.is_float:
             dt = DataType.Float
@@ -278,10 +340,10 @@ class Ops:
 
     def cast(self, x, dtype: DataType):
         self._check(x)
-        if not _is_tv(x):
-            raise CircbufError(f"cast: operand must be a tensor, got {x!r}")
         if not isinstance(dtype, DataType):
             raise CircbufError(f"cast: dtype must be a circbuf DataType, got {dtype!r}")
+        if not _is_tv(x):
+            return Un("cast", _as_scalar_operand(x, "cast"), dtype)
         out = self._new([IterDomain(i.extent, i.iter_type) for i in x.domain.no_reductions()], dtype)
         if dtype == x.dtype:
             LoadStoreOp(out, x)
@@ -295,10 +357,14 @@ class Ops:
 
     # ----------------------------------------------------------- binary
     def _binary(self, op, a, b, compare=False):
+        if not _is_tv(a) and not _is_tv(b):
+            return _scalar_binary(op, a, b)
         (a, b), ids = self._pointwise([a, b], op)
         dt = self._result_dtype([a, b])
-        if op == "div" and not dt.is_float:
-            dt = DataType.Float  # true division, as torch
+        if op == "truediv" and not dt.is_float:
+            dt = DataType.Float
+        # integer div truncates toward zero, as C and nvFuser do (torch's
+        # true division is truediv)
         cdt = compute_type(dt)
         a, b = self._cast_to(a, cdt), self._cast_to(b, cdt)
         out = self._new(ids, DataType.Bool if compare else cdt)
@@ -346,8 +412,8 @@ class Ops:
         (cond, a, b), ids = self._pointwise([cond, a, b], "where")
         if _is_tv(cond) and cond.dtype != DataType.Bool:
             cond = self.cast(cond, DataType.Bool)
-        vals = [x for x in (a, b)]
-        dt = compute_type(self._result_dtype(vals)) if any(_is_tv(v) for v in vals) else DataType.Float
+        # a selection computes nothing: fp16 operands give an fp16 result (torch, nvFuser)
+        dt = self._result_dtype([a, b]) if _is_tv(a) or _is_tv(b) else DataType.Float
         a, b = self._cast_to(a, dt), self._cast_to(b, dt)
         out = self._new(ids, dt)
         TernaryOp(out, cond, a, b)

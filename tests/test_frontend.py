@@ -16,7 +16,7 @@ def test_arithmetic_on_bf16_computes_in_fp32():
         i = fd.define_tensor([-1], dtype=D.Int32)
         assert y.dtype == D.Float and c.dtype == D.Bool
         assert fd.ops.add(i, 1).dtype == D.Int32
-        assert fd.ops.div(i, 2).dtype == D.Float
+        assert fd.ops.div(i, 2).dtype == D.Int32  # truncates, as nvFuser and C
         assert fd.ops.sum(i, [0]).dtype == D.Int64
         assert fd.ops.max(x, [0]).dtype == D.Float
 
@@ -50,7 +50,8 @@ def test_fixed_extent_mismatch_is_a_definition_error():
         (lambda fd, x: fd.ops.softmax(x, 5), "dim 5 out of range"),
         (lambda fd, x: fd.ops.broadcast_in_dim(x, [2, 3], [0]), "has 2 axes but broadcast_dims has 1"),
         (lambda fd, x: fd.ops.matmul(x, fd.define_tensor([-1, -1, -1])), "needs a"),
-        (lambda fd, x: fd.ops.exp(3.0), "operand must be a tensor"),
+        (lambda fd, x: fd.ops.exp("3"), "neither a tensor nor a scalar"),
+        (lambda fd, x: fd.add_output(fd.ops.add(fd.define_scalar(), 1.0)), "fusion outputs are tensors"),
         (lambda fd, x: fd.define_tensor([-1], dtype="bf16"), "dtype must be a circbuf DataType"),
         (lambda fd, x: fd.define_tensor([-1], contiguity=[True, True]), "contiguity has 2 entries"),
     ],
@@ -62,17 +63,58 @@ def test_definition_errors(build, match):
             build(fd, x)
 
 
-def test_output_must_be_produced_by_the_fusion():
+def test_outputs_belong_to_the_fusion():
     with cb.FusionDefinition() as fd:
         x = fd.define_tensor([-1], dtype=D.Float)
-        with pytest.raises(cb.CircbufError, match="is a fusion input, not produced by the fusion"):
-            fd.add_output(x)
     with cb.FusionDefinition() as other:
         y = other.define_tensor([-1], dtype=D.Float)
     with pytest.raises(cb.CircbufError, match="not a tensor of this fusion"):
         fd.add_output(y)
     with pytest.raises(cb.CircbufError, match="belongs to another FusionDefinition"):
         fd.ops.add(x, y)
+
+
+def test_an_input_returned_as_an_output_is_not_computed():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.Float)
+        fd.add_output(fd.ops.exp(x))
+        fd.add_output(x)
+    assert fd.fusion.returns == [("output", 0), ("input", 0)]
+    assert len(fd.fusion.outputs) == 1
+    assert "T0 (input, returned as is)" in fd.fusion.print_math()
+
+
+def test_where_keeps_16_bit_floats_and_comparisons_give_bool():
+    with cb.FusionDefinition() as fd:
+        c = fd.define_tensor([-1], dtype=D.Bool)
+        h = fd.define_tensor([-1], dtype=D.Half)
+        b = fd.define_tensor([-1], dtype=D.BFloat16)
+        assert fd.ops.where(c, h, h).dtype == D.Half
+        assert fd.ops.where(c, h, 2.0).dtype == D.Half
+        assert fd.ops.where(c, b, h).dtype == D.Float  # mixed 16-bit types promote, as torch
+        assert fd.ops.where(c, 1.0, 2.0).dtype == D.Float
+
+
+def test_scalar_math_builds_scalar_expressions():
+    with cb.FusionDefinition() as fd:
+        s = fd.define_scalar(dtype=D.Double)
+        i = fd.define_scalar(dtype=D.Int64)
+        e = fd.ops.mul(fd.ops.add(s, 2.0), fd.ops.neg(s))
+        assert isinstance(e, cb.ir.Scalar) and e.dtype == D.Double
+        assert str(fd.ops.reciprocal(s)) == "reciprocal(s0)"
+        assert fd.ops.cast(s, D.Int32).dtype == D.Int32
+        assert fd.ops.div(i, 2).dtype == D.Int64 and fd.ops.exp(i).dtype == D.Double
+        assert fd.ops.div(7, -2) == cb.ir.Const(-3)  # C truncation
+        assert fd.ops.lt(s, 1.0).dtype == D.Bool
+
+
+def test_expanded_broadcast_equates_its_extent():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        w = fd.define_tensor([-1], dtype=D.Float)
+        fd.add_output(fd.ops.mul(x, fd.ops.broadcast_in_dim(w, [3, 4], [1])))
+    eq = {(str(a), str(c)) for a, c in fd.fusion.extent_equalities}
+    assert ("i0", "3") in eq
 
 
 def test_composites_are_built_from_primitives():

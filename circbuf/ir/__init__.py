@@ -19,7 +19,7 @@ from .nodes import (
     UnaryOp,
     reduction_init,
 )
-from .scalar import Bin, Const, Scalar, Var, as_scalar, ceil_div, evaluate, simplify
+from .scalar import Bin, Const, Scalar, Un, Var, as_scalar, ceil_div, evaluate, simplify
 
 __all__ = [
     "Pipelined",
@@ -51,6 +51,7 @@ __all__ = [
     "Bin",
     "Const",
     "Scalar",
+    "Un",
     "Var",
     "as_scalar",
     "ceil_div",

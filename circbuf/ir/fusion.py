@@ -21,6 +21,9 @@ class Fusion:
         self.extent_vars: list[Var] = []
         # (a, b): the user promised these symbolic extents are equal (checked at run time)
         self.extent_equalities: list[tuple[Scalar, Scalar]] = []
+        # what execute returns, in add_output order: ("output", k) is
+        # outputs[k]; ("input", k) is inputs[k] itself, returned unchanged
+        self.returns: list[tuple[str, int]] = []
         self.schedule_overrides: dict = {}
         self.schedule_version = 0
         self._caches_added = False
@@ -59,14 +62,20 @@ class Fusion:
         self.inputs.append(x)
 
     def add_output(self, tv: TensorView):
-        if not isinstance(tv, TensorView) or tv.fusion is not self:
-            raise CircbufError(f"add_output: {tv!r} is not a tensor of this fusion")
+        """Make ``tv`` an output. A fusion input returned as an output is
+        returned as is (the same tensor, as nvFuser does), not copied."""
+        if not isinstance(tv, TensorView):
+            raise CircbufError(f"add_output: fusion outputs are tensors; {tv} is a scalar")
+        if tv.fusion is not self:
+            raise CircbufError(f"add_output: {tv.name} is not a tensor of this fusion")
         if tv.is_input:
-            raise CircbufError(f"add_output: {tv.name} is a fusion input, not produced by the fusion")
+            self.returns.append(("input", self.inputs.index(tv)))
+            return
         if tv in self.outputs:
             raise CircbufError(f"add_output: {tv.name} is already an output")
         tv.memory_type = MemoryType.Global
         self.outputs.append(tv)
+        self.returns.append(("output", len(self.outputs) - 1))
 
     # -------------------------------------------------------- traversal
     def exprs(self) -> list[Expr]:
@@ -113,7 +122,12 @@ class Fusion:
         for i in self.inputs:
             lines.append(f"  {i}" if isinstance(i, TensorView) else f"  {i.name}: {i.dtype.short}")
         lines.append("Outputs:")
-        lines += [f"  {o}" for o in self.outputs]
+        for kind, k in self.returns:
+            lines.append(
+                f"  {self.outputs[k]}"
+                if kind == "output"
+                else f"  {self.inputs[k].name} (input, returned as is)"
+            )
         lines.append("")
         lines.append("%kernel_math {")
         lines += [f"  {e}" for e in self.exprs()]

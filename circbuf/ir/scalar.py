@@ -62,6 +62,10 @@ class Scalar:
     def and_(self, o):
         return _bin("&&", self, o)
 
+    def _bin_op(self, op: str, o):
+        """``self op o`` for any binary scalar operator (``"<="``, ``"max"``, ...)."""
+        return _bin(op, self, o)
+
     def children(self) -> tuple:
         return ()
 
@@ -107,7 +111,29 @@ class Bin(Scalar):
         return f"({self.a} {self.op} {self.b})"
 
 
-_CMP = ("<", ">=", "==", "&&")
+@dataclass(frozen=True, eq=True)
+class Un(Scalar):
+    """A function of one scalar (fusion scalar math): ``neg``, ``abs``,
+    ``reciprocal``, ``exp``, ... or ``cast`` to ``dtype``.
+
+    >>> str(Un("cast", Var("s0", DataType.Double), DataType.Int32))
+    'cast(s0, Int32)'
+    """
+
+    op: str
+    a: Scalar
+    dtype: DataType = DataType.Double
+
+    def children(self):
+        return (self.a,)
+
+    def __str__(self):
+        if self.op == "cast":
+            return f"cast({self.a}, {self.dtype.name})"
+        return f"{self.op}({self.a})"
+
+
+_CMP = ("<", ">=", "==", "&&", "<=", ">", "!=", "||")
 
 
 def as_scalar(x) -> Scalar:
@@ -212,7 +238,42 @@ def _eval_op(op, x, y):
         return x == y
     if op == "&&":
         return bool(x) and bool(y)
+    if op == "||":
+        return bool(x) or bool(y)
+    if op == "<=":
+        return x <= y
+    if op == ">":
+        return x > y
+    if op == "!=":
+        return x != y
     raise AssertionError(op)
+
+
+def _eval_un(op, x, dtype):
+    if op == "cast":
+        if dtype == DataType.Bool:
+            return bool(x)
+        return float(x) if dtype.is_float else int(x)
+    if op == "neg":
+        return -x
+    if op == "abs":
+        return abs(x)
+    if op == "reciprocal":
+        return 1.0 / x
+    if op == "relu":
+        return x if x > 0 else 0 * x
+    fn = {
+        "exp": math.exp,
+        "exp2": lambda v: 2.0**v,
+        "log": math.log,
+        "sqrt": math.sqrt,
+        "rsqrt": lambda v: 1 / math.sqrt(v),
+        "tanh": math.tanh,
+        "sigmoid": lambda v: 1 / (1 + math.exp(-v)),
+        "silu": lambda v: v / (1 + math.exp(-v)),
+        "gelu": lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))),
+    }[op]
+    return fn(float(x))
 
 
 def evaluate(e: Scalar, env: dict):
@@ -225,6 +286,8 @@ def evaluate(e: Scalar, env: dict):
         return e.value
     if isinstance(e, Var):
         return env[e.name]
+    if isinstance(e, Un):
+        return _eval_un(e.op, evaluate(e.a, env), e.dtype)
     return _eval_op(e.op, evaluate(e.a, env), evaluate(e.b, env))
 
 
@@ -246,6 +309,9 @@ def substitute(e: Scalar, mapping: dict) -> Scalar:
         if a is e.a and b is e.b:
             return e
         return _bin(e.op, a, b)
+    if isinstance(e, Un):
+        a = substitute(e.a, mapping)
+        return e if a is e.a else Un(e.op, a, e.dtype)
     return e
 
 
@@ -259,6 +325,8 @@ def value_range(e: Scalar) -> tuple:
             return (e.lo, INF)
         hi = value_range(as_scalar(e.hi))[1]
         return (e.lo, hi - 1)
+    if isinstance(e, Un):
+        return (-INF, INF)
     la, ha = value_range(e.a)
     lb, hb = value_range(e.b)
     op = e.op
@@ -294,6 +362,9 @@ def simplify(e: Scalar) -> Scalar:
     >>> x = Var("x"); str(simplify((x // 8) * 8 + x % 8))
     'x'
     """
+    if isinstance(e, Un):
+        a = simplify(e.a)
+        return e if a is e.a else Un(e.op, a, e.dtype)
     if not isinstance(e, Bin):
         return e
     a, b = simplify(e.a), simplify(e.b)

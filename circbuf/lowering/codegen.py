@@ -20,6 +20,7 @@ from ..ir import (
     ReductionOp,
     Scalar,
     TernaryOp,
+    Un,
     UnaryOp,
     Var,
 )
@@ -79,10 +80,18 @@ def literal(c: Const, dt: DataType) -> str:
         return "true" if v else "false"
     if dt.is_float:
         v = float(v)
+        if math.isnan(v):
+            bits = (
+                "__longlong_as_double(0x7ff8000000000000LL)"
+                if dt == DataType.Double
+                else "__int_as_float(0x7fc00000)"
+            )
+            return bits if not dt.is_reduced_float else f"cb::cast<{dt.value}>({bits})"
         if math.isinf(v):
             if dt == DataType.Double:
                 return ("-" if v < 0 else "") + "__longlong_as_double(0x7ff0000000000000LL)"
-            return ("-" if v < 0 else "") + "__int_as_float(0x7f800000)"
+            inf = ("-" if v < 0 else "") + "__int_as_float(0x7f800000)"
+            return inf if not dt.is_reduced_float else f"cb::cast<{dt.value}>({inf})"
         s = repr(v)
         if dt == DataType.Float:
             return s + "f"
@@ -114,6 +123,8 @@ class CudaCodegen:
             if e.name.startswith(("threadIdx.", "blockIdx.")):
                 return f"((index_t){e.name})"
             return e.name
+        if isinstance(e, Un):
+            return self.scalar_fn(e)
         assert isinstance(e, Bin)
         a, b = self.scalar(e.a), self.scalar(e.b)
         if e.op == "ceilDiv":
@@ -122,13 +133,24 @@ class CudaCodegen:
             return f"({a} {'<' if e.op == 'min' else '>'} {b} ? {a} : {b})"
         return f"({a} {e.op} {b})"
 
+    def scalar_fn(self, e: Un) -> str:
+        """Fusion scalar math, computed in the scalar's C++ type; a cast to a
+        16-bit float rounds and stays in fp32, as tensor arithmetic does."""
+        ct = _SCALAR_T.get(e.dtype, "float")
+        a = f"cb::cast<{ct}>({self.scalar(e.a)})"
+        if e.op != "cast":
+            return f"cb::{e.op}({a})"
+        if e.dtype.is_reduced_float:
+            return f"cb::cast<float>(cb::cast<{e.dtype.value}>({self.scalar(e.a)}))"
+        return a
+
     def value(self, x, dt: DataType) -> str:
         """An operand as a value of compute type ``dt``."""
         if isinstance(x, TensorRef):
             return self.ref(x)
         if isinstance(x, Const):
             return literal(x, dt)
-        return f"(({dt.value}){self.scalar(x)})"
+        return f"cb::cast<{dt.value}>({self.scalar(x)})"
 
     def ref(self, r: TensorRef) -> str:
         idx = self.scalar(r.index)

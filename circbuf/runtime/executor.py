@@ -23,7 +23,7 @@ from ..ir import CircbufError, DataType, Fusion, ParallelType, TensorView, Var, 
 from ..lowering import codegen, lower
 from ..scheduler import InputInfo, TensorInfo
 from ..scheduler.registry import compute_params
-from ..scheduler.utils import canonicalize_extents
+from ..scheduler.utils import bind_axis_extents, canonicalize_extents
 
 _INT32_LIMIT = 2**31 - 1
 
@@ -87,7 +87,7 @@ class _Plan:
     __slots__ = (
         "ck", "grid", "block", "smem", "out_specs", "argbuf", "argptrs", "args_addr", "ptr_offsets",
         "ptr_slots", "scalar_slots", "tensor_inputs", "empty", "device", "dev_index", "poison", "launch",
-        "tmaps", "hang", "name",
+        "tmaps", "hang", "name", "finish",
     )  # fmt: skip
 
     def run(self, inputs):
@@ -99,12 +99,13 @@ class _Plan:
         if self.poison:
             for o in outs:
                 o.fill_(float("nan") if o.is_floating_point() else -1)
-        if self.empty:
-            return outs
-        self.write_args(inputs, outs)
-        self.launch(torch._C._cuda_getCurrentRawStream(self.dev_index), self.args_addr)
-        if self.hang is not None:
-            _check_hang(self, self.hang)
+        if not self.empty:
+            self.write_args(inputs, outs)
+            self.launch(torch._C._cuda_getCurrentRawStream(self.dev_index), self.args_addr)
+            if self.hang is not None:
+                _check_hang(self, self.hang)
+        if self.finish is not None:
+            return self.finish(inputs, outs)
         return outs
 
     def write_args(self, inputs, outs):
@@ -245,7 +246,43 @@ class FusionExecutor:
         return tuple(contig), index_type
 
     def _out_shapes(self, env):
+        """Shapes the kernel writes: a broadcast axis is one element wide."""
         return [tuple(evaluate(i.extent, env) for i in o.domain.no_reductions()) for o in self.fusion.outputs]
+
+    def _finish(self, env):
+        """What turns the kernel's outputs into what ``execute`` returns, or
+        None when they are returned as they are. An output with broadcast
+        axes expanded to an extent (``broadcast_in_dim(t, [3, 3], [0])``) is
+        returned as a stride-0 expanded view of the one element the kernel
+        wrote, as torch's ``expand`` and nvFuser return it; a fusion input
+        added as an output is returned itself."""
+        f = self.fusion
+        views = []
+        for o in f.outputs:
+            ids = o.domain.no_reductions()
+            if any(i.is_broadcast and i.expanded_extent is not None for i in ids):
+                views.append(
+                    tuple(
+                        evaluate(
+                            i.expanded_extent
+                            if i.is_broadcast and i.expanded_extent is not None
+                            else i.extent,
+                            env,
+                        )
+                        for i in ids
+                    )
+                )
+            else:
+                views.append(None)
+        returns = list(f.returns)
+        if all(v is None for v in views) and returns == [("output", k) for k in range(len(f.outputs))]:
+            return None
+
+        def finish(inputs, outs):
+            outs = [o if v is None else o.expand(*v) for o, v in zip(outs, views)]
+            return [outs[k] if kind == "output" else inputs[k] for kind, k in returns]
+
+        return finish
 
     def _compile(self, info: InputInfo, arch: str) -> CompiledKernel:
         out_shapes = self._out_shapes(info.extents)
@@ -260,6 +297,7 @@ class FusionExecutor:
             canonicalize_extents(fusion)
         else:
             canonicalize_extents(fusion)
+            bind_axis_extents(fusion, info.extents)
             sched, params = compute_params(fusion, info, overrides)
         key = (params, contig, index_type, arch, id(self.fusion) if manual else None, knobs.debug_hang())
         ck = self._compiled.get(key)
@@ -287,6 +325,9 @@ class FusionExecutor:
     def compile(self, inputs, arch: str | None = None) -> CompiledKernel:
         """Compile for ``inputs`` (CPU tensors are fine) without launching."""
         info, _ = self._bind(inputs, need_cuda=False)
+        if not self.fusion.outputs:
+            what = "every output is a fusion input, returned as is" if self.fusion.returns else "no outputs"
+            raise CircbufError(f"nothing to compile: the fusion has {what}")
         if arch is None:
             arch = _default_arch()
         ck = self._compile(info, arch)
@@ -326,6 +367,13 @@ class FusionExecutor:
         info, device = self._bind(inputs, need_cuda=True)
         if device is None:
             raise CircbufError("execute needs at least one CUDA tensor input")
+        if not self.fusion.outputs:  # every output is an input, returned as is: nothing to run
+            if not self.fusion.returns:
+                raise CircbufError("the fusion has no outputs: add_output() at least one tensor")
+            p = _Plan()
+            p.out_specs, p.poison, p.empty, p.device = [], False, True, device
+            p.finish = self._finish(info.extents)
+            return p
         from .driver import device_arch
 
         with torch.cuda.device(device):
@@ -404,6 +452,7 @@ class FusionExecutor:
         p.ptr_slots = (ctypes.c_uint64 * (len(p.argbuf) // 8)).from_buffer(p.argbuf)
         p.ptr_offsets = [o // 8 for o in p.ptr_offsets]
         p.tensor_inputs = self._tensor_inputs
+        p.finish = self._finish(env)
         return p
 
     def _extra_args(self, ck, info, out_shapes, blobs, off):

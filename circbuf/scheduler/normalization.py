@@ -129,7 +129,14 @@ class NormalizationScheduler:
         grid = max(1, min(-(-rows // y), info.sm_count * per_sm))
         vin = []
         for t in info.tensors:
-            ok = t is not None and R % vec == 0 and t.align % 16 == 0 and t.sizes and t.strides[-1] == 1
+            ok = (
+                t is not None
+                and R % vec == 0
+                and vec * t.itemsize <= 16  # an fp32 weight next to bf16 rows: 8 floats are 32 bytes
+                and t.align % 16 == 0
+                and t.sizes
+                and t.strides[-1] == 1
+            )
             vin.append(bool(ok))
         return NormalizationParams(
             rows=y,
@@ -143,7 +150,8 @@ class NormalizationScheduler:
             warp_specialized=bool(overrides.get("warp_specialized", False)),
             row_length=R if in_regs else 0,
             vectorize_inputs=tuple(vin),
-            vectorize_outputs=tuple(R % vec == 0 for _ in fusion.outputs),
+            # an fp32 output of bf16 rows cannot take 8-element (32-byte) stores
+            vectorize_outputs=tuple(R % vec == 0 and vec * o.dtype.size <= 16 for o in fusion.outputs),
         )
 
     @staticmethod

@@ -54,6 +54,14 @@ class ReductionScheduler:
         for r in reds[1:]:
             if _red_classes(r, lmap) != key or len(r.logical) != len(ref.logical):
                 return f"reductions {ref.name} and {r.name} reduce different axes"
+        axes = {lmap.find(i) for i in ref.logical}
+        for tv in fusion.used_tvs():
+            for d, i in enumerate(tv.logical):
+                if (not i.is_broadcast or i.expanded_extent is not None) and lmap.find(i) not in axes:
+                    return (
+                        f"axis {d} of {tv.name} is not an axis of the reduction {ref.name} "
+                        "(its result is broadcast to a larger tensor: that needs a second kernel)"
+                    )
         return None
 
     @staticmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..ir import CircbufError, Fusion
 from . import normalization, outer_reduction, pointwise, pointwise_tma, reduction
 from .info import InputInfo
-from .utils import canonicalize_extents
+from .utils import bind_axis_extents, canonicalize_extents
 
 SCHEDULERS = [
     (normalization.NormalizationScheduler, normalization.OVERRIDES),
@@ -66,6 +66,7 @@ def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
 def schedule(fusion: Fusion, info: InputInfo, overrides: dict | None = None):
     """Compute params and apply the schedule to ``fusion``; returns the params."""
     canonicalize_extents(fusion)
+    bind_axis_extents(fusion, info.extents)
     sched, params = compute_params(fusion, info, overrides or {})
     sched.schedule(fusion, params)
     return params

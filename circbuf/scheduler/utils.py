@@ -60,6 +60,45 @@ class LogicalMap:
         return self.find(a) == self.find(b)
 
 
+def bind_axis_extents(fusion: Fusion, env: dict) -> None:
+    """Every axis of one class (the same axis of the fusion, joined through
+    broadcasts) must have one extent at run time: one kernel loops over it
+    once. Symbolic extents of one class that are equal at run time are
+    unified (the kernel is compiled for them being equal; every new input
+    signature is checked here again). Two outputs of different extents that
+    share a broadcast input (an [1, 2, 3] tensor added to both an
+    [1, 4, 2, 3] and an [1, 5, 2, 3] one) break that; until fusion
+    segmentation runs them as separate kernels, that is an error naming
+    both axes, never a kernel sized for one of them.
+
+    >>> # bind_axis_extents(fusion, {"i0": 4, "i3": 4})   # i3 becomes i0
+    """
+    from ..ir import Var, evaluate
+
+    lmap = LogicalMap(fusion)
+    seen: dict[int, tuple] = {}
+    added = False
+    for tv in fusion.used_tvs():
+        for d, i in enumerate(tv.logical):
+            ext = i.expanded_extent if i.is_broadcast else i.extent
+            if ext is None:
+                continue
+            v = evaluate(ext, env)
+            first = seen.setdefault(lmap.find(i), (v, tv, d, ext))
+            if first[0] != v:
+                raise CircbufError(
+                    f"axis {first[2]} of {first[1].name} (extent {first[0]}) and axis {d} of {tv.name} "
+                    f"(extent {v}) are one axis of the fusion, joined through a broadcast, but their "
+                    "extents differ: one kernel cannot cover both (this needs fusion segmentation, "
+                    "not built yet; define them in separate fusions)"
+                )
+            if ext != first[3] and isinstance(ext, Var) and isinstance(first[3], Var):
+                fusion.extent_equalities.append((first[3], ext))
+                added = True
+    if added:
+        canonicalize_extents(fusion)
+
+
 def concretize_broadcasts(fusion: Fusion, lmap: LogicalMap):
     """Set ``expanded_extent`` on broadcast logical axes that meet a concrete one."""
     concrete: dict[int, object] = {}
@@ -228,11 +267,14 @@ def _src_pos(e: BroadcastOp, consumer_pos: int) -> int:
 
 def canonicalize_extents(fusion: Fusion) -> dict:
     """Replace symbolic extents the fusion equated (``a + b`` on tensors with
-    extents i0 and i2) by one representative, so their loops compare equal.
+    extents i0 and i2) by one representative, so their loops compare equal;
+    an extent equated with a constant (``broadcast_in_dim(w, [3, 4], [1])``
+    next to ``x[i0, i1]``) becomes that constant, as nvFuser concretizes it.
     Returns {name: representative}. The runtime checks the equalities."""
-    from ..ir import Var
+    from ..ir import Const, Var
 
     parent: dict[str, str] = {}
+    value: dict[str, Const] = {}
 
     def find(n):
         while parent.get(n, n) != n:
@@ -248,12 +290,30 @@ def canonicalize_extents(fusion: Fusion) -> dict:
             if ra != rb:
                 lo, hi = sorted((ra, rb), key=key)
                 parent[hi] = lo
+                if hi in value:
+                    _bind_const(value, lo, value.pop(hi), a, b)
+        elif isinstance(a, Var) != isinstance(b, Var):
+            v, c = (a, b) if isinstance(a, Var) else (b, a)
+            if isinstance(c, Const):
+                parent.setdefault(v.name, v.name)
+                _bind_const(value, find(v.name), c, a, b)
     if not parent:
         return {}
     reps = {v.name: v for v in fusion.extent_vars}
-    mapping = {n: reps[find(n)] for n in parent}
+    mapping = {}
+    for n in parent:
+        r = find(n)
+        mapping[n] = value.get(r, reps.get(r))
+    mapping = {n: m for n, m in mapping.items() if m is not None and not (isinstance(m, Var) and m.name == n)}
     _substitute_extents(fusion, mapping)
-    return {n: v.name for n, v in mapping.items()}
+    return {n: str(m) for n, m in mapping.items()}
+
+
+def _bind_const(value: dict, root: str, c, a, b):
+    old = value.get(root)
+    if old is not None and old.value != c.value:
+        raise CircbufError(f"extents {a} and {b} must be equal, but they are bound to {old} and {c}")
+    value[root] = c
 
 
 def propagate_transforms(fusion: Fusion, ref: TensorView) -> None:
