@@ -21,7 +21,9 @@ from .ir import (
     Fusion,
     IterDomain,
     IterType,
+    LinearOp,
     LoadStoreOp,
+    MatmulOp,
     ReductionOp,
     Scalar,
     TensorView,
@@ -571,33 +573,119 @@ class Ops:
         return self._cast_to(y, x.dtype)
 
     # ---------------------------------------------------------- matmul
-    def matmul(self, a, b):
-        """``a @ b`` for a [..., M, K] and b [K, N], accumulated in fp32 (Float out).
+    def _contraction_dtype(self, what, *xs):
+        dts = {x.dtype for x in xs if x is not None}
+        names = ", ".join(f"{x.name} {x.dtype.name}" for x in xs if x is not None)
+        if len(dts) != 1:
+            raise CircbufError(f"{what}: operands must have one dtype, got {names}")
+        dt = dts.pop()
+        if not dt.is_float:
+            raise CircbufError(
+                f"{what}: operands must be floating point (Half, BFloat16, Float, Double), got {names}"
+            )
+        return dt
 
-        Until the Hopper matmul scheduler lands this is broadcast + mul + sum,
-        which the reduction scheduler runs correctly but slowly.
+    def _batch_axes(self, what, xs_batch, out_rank):
+        """Broadcast the batch axes of the operands (right-aligned, as torch);
+        returns the out axes and, per operand, its (axis, out axis) pairs."""
+        ids, maps = [], [[] for _ in xs_batch]
+        for j in range(out_rank):
+            axes = []
+            for k, axs in enumerate(xs_batch):
+                i = j - (out_rank - len(axs))
+                if i >= 0:
+                    axes.append((k, i, axs[i]))
+            conc = [a for _, _, a in axes if not a.is_broadcast]
+            if conc:
+                ext = conc[0].extent
+                for a in conc[1:]:
+                    if a.extent != ext:
+                        if isinstance(a.extent, Const) and isinstance(ext, Const):
+                            raise CircbufError(f"{what}: batch extents {ext} and {a.extent} do not broadcast")
+                        self._f.extent_equalities.append((ext, a.extent))
+                ids.append(IterDomain(ext))
+            else:
+                ids.append(IterDomain(Const(1), IterType.Broadcast))
+            for k, i, _ in axes:
+                maps[k].append((i, j))
+        return ids, maps
+
+    def _equate_k(self, what, ka, kb, a, b):
+        if isinstance(ka, Const) and isinstance(kb, Const):
+            if ka.value != kb.value:
+                raise CircbufError(f"{what}: K of {a.name} ({ka}) and {b.name} ({kb}) differ")
+        elif ka != kb:
+            self._f.extent_equalities.append((ka, kb))
+
+    def matmul(self, a, b):
+        """``a @ b`` with torch.matmul's shapes: a ``[..., M, K]`` or ``[K]``,
+        b ``[..., K, N]`` or ``[K]``, batch axes broadcast. The result is in
+        the inputs' dtype (bf16 in, bf16 out), accumulated in fp32; it is one
+        ``matmul`` expr of the fusion, which the matmul scheduler runs on
+        the tensor cores.
+
+        >>> # c = fd.ops.matmul(a, b)      # [M, K] @ [K, N] -> [M, N]
         """
         self._check(a, b)
-        if b.ndim != 2 or a.ndim < 2:
-            raise CircbufError(f"matmul: needs a [..., M, K] and b [K, N]; got {a.ndim}-D and {b.ndim}-D")
-        ka, kb = a.size(-1), b.size(0)
-        if isinstance(ka, Const) and isinstance(kb, Const) and ka.value != kb.value:
-            raise CircbufError(f"matmul: K of {a.name} ({ka}) and {b.name} ({kb}) differ")
-        af = self._cast_to(a, compute_type(a.dtype))
-        bf = self._cast_to(b, compute_type(b.dtype))
-        ab = self._broadcast(af, [False] * a.ndim + [True])  # [..., M, K, 1]
-        bb = self._to_rank(bf, a.ndim + 1)  # [1.., K, N]
-        return self.sum(self.mul(ab, bb), [a.ndim - 1])
+        if not (_is_tv(a) and _is_tv(b)):
+            raise CircbufError("matmul: both operands must be tensors")
+        if a.ndim == 0 or b.ndim == 0:
+            raise CircbufError(f"matmul: operands must have at least one axis, got {a.ndim}-D and {b.ndim}-D")
+        dt = self._contraction_dtype("matmul", a, b)
+        ax, bx = a.domain.no_reductions(), b.domain.no_reductions()
+        ka, kb = ax[-1], bx[0] if b.ndim == 1 else bx[-2]
+        self._equate_k("matmul", ka.extent, kb.extent, a, b)
+        a_batch = ax[:-2] if a.ndim > 1 else []
+        b_batch = bx[:-2] if b.ndim > 1 else []
+        rank = max(len(a_batch), len(b_batch))
+        ids, (ma, mb) = self._batch_axes("matmul", [a_batch, b_batch], rank)
+        if a.ndim > 1:  # M
+            ma.append((a.ndim - 2, len(ids)))
+            ids.append(IterDomain(ax[-2].extent, ax[-2].iter_type))
+        if b.ndim > 1:  # N
+            mb.append((b.ndim - 1, len(ids)))
+            ids.append(IterDomain(bx[-1].extent, bx[-1].iter_type))
+        out = self._new(ids, dt)
+        MatmulOp(out, a, b, [ma, mb], (a.ndim - 1, 0 if b.ndim == 1 else b.ndim - 2))
+        return out
 
     def linear(self, a, w, bias=None):
-        """``a @ w.T + bias`` with w [N, K] (torch.nn.functional.linear)."""
+        """``a @ w.T + bias`` as ``torch.nn.functional.linear``: a ``[..., K]``,
+        w ``[N, K]`` (or ``[K]``), bias ``[N]``; one ``linear`` expr, in the
+        inputs' dtype, accumulated in fp32.
+
+        >>> # y = fd.ops.linear(x, w, b)   # [M, K], [N, K], [N] -> [M, N]
+        """
         self._check(a, w, bias)
-        if w.ndim != 2:
-            raise CircbufError(f"linear: weight {w.name} must be [N, K], got {w.ndim}-D")
-        af = self._cast_to(a, compute_type(a.dtype))
-        wf = self._cast_to(w, compute_type(w.dtype))
-        ab = self._broadcast(af, [False] * (a.ndim - 1) + [True, False])  # [..., 1, K]
-        out = self.sum(self.mul(ab, wf), [a.ndim])
+        if not (_is_tv(a) and _is_tv(w)) or (bias is not None and not _is_tv(bias)):
+            raise CircbufError("linear: input, weight and bias must be tensors")
+        if w.ndim not in (1, 2) or a.ndim == 0:
+            raise CircbufError(
+                f"linear: weight {w.name} must be [N, K] or [K], input at least 1-D; got {a.ndim}-D and {w.ndim}-D"
+            )
+        dt = self._contraction_dtype("linear", a, w, bias)
+        ax, wx = a.domain.no_reductions(), w.domain.no_reductions()
+        self._equate_k("linear", ax[-1].extent, wx[-1].extent, a, w)
+        ids = [IterDomain(i.extent, i.iter_type) for i in ax[:-1]]
+        ma = [(i, i) for i in range(a.ndim - 1)]
+        mw = []
+        if w.ndim == 2:
+            mw.append((0, len(ids)))
+            ids.append(IterDomain(wx[0].extent, wx[0].iter_type))
+        maps = [ma, mw]
         if bias is not None:
-            out = self.add(out, bias)
+            n = wx[0].extent if w.ndim == 2 else Const(1)
+            if bias.ndim > 1 or (bias.ndim == 1 and w.ndim == 1):
+                raise CircbufError(
+                    f"linear: bias {bias.name} must be [N] (or 0-D for a 1-D weight), got {bias.ndim}-D"
+                )
+            if bias.ndim == 1:
+                b0 = bias.domain.no_reductions()[0]
+                if not b0.is_broadcast:
+                    self._equate_k("linear", n, b0.extent, w, bias)
+                maps.append([(0, len(ids) - 1)])
+            else:
+                maps.append([])
+        out = self._new(ids, dt)
+        LinearOp(out, a, w, bias, maps)
         return out

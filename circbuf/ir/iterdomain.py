@@ -38,6 +38,9 @@ class ParallelType(Enum):
     Vectorize = "V"
     Unroll = "UR"
     Bulk = "B"  # moved whole by one bulk (TMA) copy: no loop, no thread
+    # covered by one MMA instruction (wgmma): no loop; on its output these
+    # are the per-thread fragment registers, on its K axis the instruction's k
+    Mma = "MMA"
 
     @property
     def is_block(self):
@@ -99,6 +102,8 @@ class IterDomain:
             raise CircbufError(
                 f"parallelize: a bulk (TMA box) axis needs a constant extent in [1, 256], got {self}"
             )
+        if ptype == ParallelType.Mma and not isinstance(self.loop_extent, Const):
+            raise CircbufError(f"parallelize: an MMA instruction axis needs a constant extent, got {self}")
         if ptype == ParallelType.Vectorize and not isinstance(self.loop_extent, Const):
             raise CircbufError(f"parallelize: vectorized axis {self} needs a constant extent")
         self.parallel_type = ptype

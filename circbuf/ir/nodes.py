@@ -34,6 +34,9 @@ class TensorDomain:
         self.logical: list[IterDomain] = list(logical)
         self.loop: list[IterDomain] = list(logical)
         self.contiguity = list(contiguity) if contiguity is not None else [True] * len(logical)
+        # a global tensor's logical axes in memory order (outer to inner), when
+        # that is not the logical order (a transposed view); None: row-major
+        self.allocation: list[IterDomain] | None = None
 
     def no_reductions(self) -> list[IterDomain]:
         return [i for i in self.logical if not i.is_reduction]
@@ -53,6 +56,8 @@ class TensorView:
         self.name = "T?"
         self.is_input = False
         self.circular = None  # (stages, prefetch, Pipelined | WarpSpecialized)
+        self.swizzle_bytes = 0  # shared memory: 32/64/128-byte XOR swizzle of 16-byte chunks
+        self.ring_axis: int | None = None  # circular_buffer(axis=...): the loop it rotates over
 
     # ------------------------------------------------------------ shape
     @property
@@ -157,6 +162,26 @@ class TensorView:
 
     compute_at = inline_at
 
+    def set_allocation(self, order) -> TensorView:
+        """Declare the memory order of a global tensor's axes: ``order`` lists
+        logical axis positions outermost first (``[1, 0]``: a transposed
+        view, axis 0 contiguous). Tensor maps follow it.
+
+        >>> # a.set_allocation([1, 0])   # A given as B.T: M is contiguous
+        """
+        n = len(self.logical)
+        if sorted(order) != list(range(n)):
+            raise CircbufError(f"set_allocation({self.name}): {list(order)} is not a permutation of {n} axes")
+        if self.memory_type != MemoryType.Global:
+            raise CircbufError(f"set_allocation({self.name}): only global tensors have a memory order")
+        self.domain.allocation = None if list(order) == list(range(n)) else [self.logical[k] for k in order]
+        return self
+
+    def memory_position(self) -> dict:
+        """{logical position: position in memory order} (row-major unless set_allocation said otherwise)."""
+        order = self.domain.allocation or self.logical
+        return {self.logical.index(ax): k for k, ax in enumerate(order)}
+
     def set_memory_type(self, mt: MemoryType) -> TensorView:
         if self.fusion is not None:
             self.fusion._caches_added = True
@@ -223,10 +248,35 @@ class TensorView:
             raise CircbufError(f"{what}: {self.name} is not part of a fusion")
         return self.fusion
 
-    def circular_buffer(self, stages: int, prefetch: int | None = None, type=None) -> TensorView:
+    def swizzle(self, nbytes: int) -> TensorView:
+        """Lay this shared-memory buffer out with the hardware's XOR swizzle:
+        within each span of ``nbytes`` (128, 64 or 32) the 16-byte chunk
+        index is XORed with the row index, rows being ``nbytes`` long
+        (CUTLASS's Swizzle<3,4,3>, <2,4,3>, <1,4,3>). TMA copies (the tensor
+        map's swizzle mode), wgmma descriptors and the threads' own accesses
+        are all derived from it; each stage is aligned to 1024 bytes. The
+        buffer's innermost allocated axis must span exactly ``nbytes``.
+
+        >>> # As.swizzle(128)   # [rows][64 bf16] tiles read by wgmma without bank conflicts
+        """
+        if nbytes not in (32, 64, 128):
+            raise CircbufError(f"swizzle({nbytes}): must be 32, 64 or 128 bytes")
+        if self.memory_type != MemoryType.Shared:
+            raise CircbufError(
+                f"swizzle({self.name}): only shared-memory buffers are swizzled (it is {self.memory_type.name})"
+            )
+        self.swizzle_bytes = nbytes
+        return self
+
+    def circular_buffer(
+        self, stages: int, prefetch: int | None = None, type=None, axis: int | None = None
+    ) -> TensorView:
         """Pipeline this shared-memory TMA buffer over the innermost serial loop
-        left of its compute-at position: ``stages`` slots, ``prefetch`` loads in
-        flight (default ``stages - 1``), ``type`` Pipelined() or WarpSpecialized().
+        left of its compute-at position (or over loop axis ``axis``): ``stages``
+        slots, ``prefetch`` loads in flight (default ``stages - 1``), ``type``
+        Pipelined() or WarpSpecialized(). A buffer not inlined into its readers
+        (compute-at 0) runs its copies in a loop nest of its own; each stage
+        holds its loop axes right of ``axis``.
 
         >>> # xs = x.cache_after(op="tma"); xs.inline_at(2); xs.circular_buffer(3)
         """
@@ -254,6 +304,18 @@ class TensorView:
             raise CircbufError(
                 f"circular_buffer({self.name}): a warp-specialized buffer must be filled by TMA"
             )
+        if axis is not None:
+            a = _norm_axis(axis, len(self.loop), self, "circular_buffer")
+            if self.loop[a].parallel_type not in (ParallelType.Serial, ParallelType.Unroll):
+                raise CircbufError(
+                    f"circular_buffer({self.name}): ring axis {a} ({self.loop[a]}) must be a serial loop"
+                )
+            if self.compute_at_pos and a >= self.compute_at_pos:
+                raise CircbufError(
+                    f"circular_buffer({self.name}): ring axis {a} must be left of the compute-at position "
+                    f"({self.compute_at_pos})"
+                )
+            self.ring_axis = a
         if self.circular_buffer_axis() is None:
             raise CircbufError(
                 f"circular_buffer({self.name}): no serial loop left of its compute-at position "
@@ -266,8 +328,15 @@ class TensorView:
 
     def circular_buffer_axis(self) -> int | None:
         """Position of the loop the buffer rotates over: the innermost serial
-        axis left of the compute-at position."""
-        for k in range(self.compute_at_pos - 1, -1, -1):
+        axis left of its compute-at position, or, for a buffer not inlined
+        into its readers (its copies form a loop nest of their own, as a
+        matmul's operand tiles do), left of its first bulk (box) axis."""
+        if self.ring_axis is not None:
+            return self.ring_axis
+        end = self.compute_at_pos
+        if end == 0:
+            end = next((k for k, a in enumerate(self.loop) if a.parallel_type == ParallelType.Bulk), 0)
+        for k in range(end - 1, -1, -1):
             ax = self.loop[k]
             if ax.parallel_type in (ParallelType.Serial, ParallelType.Unroll) and not ax.is_broadcast:
                 return k
@@ -279,6 +348,8 @@ class TensorView:
         s = f"{self.name}_{self.memory_type.value}_{self.dtype.short}[{ids}]"
         if self.compute_at_pos:
             s += f" ca_pos({self.compute_at_pos})"
+        if self.swizzle_bytes:
+            s += f" swizzle({self.swizzle_bytes}B)"
         if self.circular:
             s += f" circular_buffer(stages={self.circular[0]}, prefetch={self.circular[1]}, {self.circular[2]})"
         return s
@@ -385,13 +456,24 @@ class TernaryOp(Expr):
 
 
 class LoadStoreOp(Expr):
-    """A copy between memories (``set``)."""
+    """A copy between memories (``set``). A TMA copy may land in a buffer
+    with broadcast axes (``is_broadcast_dim``): a matmul operand tile
+    ``[M, K]`` staged as ``[M, 1, K]``, so that its loop nest can iterate
+    over the output's N tiles as well; the same box lands once per
+    iteration of those axes."""
 
     op_name = "set"
 
-    def __init__(self, out, in_, kind: str = "set"):
+    def __init__(self, out, in_, kind: str = "set", is_broadcast_dim=None):
         self.kind = kind
+        self.is_broadcast_dim = list(is_broadcast_dim) if is_broadcast_dim else None
         super().__init__([out], [in_])
+
+    def logical_map(self, producer):
+        if self.is_broadcast_dim is None:
+            return super().logical_map(producer)
+        cons = [c for c, b in zip(self.out.logical, self.is_broadcast_dim) if not b]
+        return list(zip(producer.domain.no_reductions(), cons))
 
 
 class BroadcastOp(Expr):
@@ -428,6 +510,82 @@ class ReductionOp(Expr):
         return f"{self.out.name} = {self.op_name}({self.inputs[0].name}, dims={dims}, init={self.init})"
 
 
+class _Contraction(Expr):
+    """Base of the exprs that contract an axis of two operands. ``maps[k]``
+    pairs (axis of input k, axis of ``out``) for the axes that carry over;
+    axes of an input absent from its map are contracted (K)."""
+
+    def __init__(self, out, inputs, maps):
+        self.maps = [list(m) for m in maps]
+        super().__init__([out], inputs)
+
+    def logical_map(self, producer):
+        out = []
+        for k, x in enumerate(self.inputs):
+            if x is producer:
+                ids = producer.domain.no_reductions()
+                out += [(ids[i], self.out.logical[j]) for i, j in self.maps[k]]
+        return out
+
+
+class MatmulOp(_Contraction):
+    """``out = a @ b`` with torch.matmul's semantics (batch axes broadcast,
+    1-D operands as torch treats them): one expr of the fusion math, in the
+    inputs' dtype, accumulated in fp32. The matmul scheduler translates it
+    to MMA form (or, where the tensor cores cannot take it, to a sum of
+    products)."""
+
+    op_name = "matmul"
+
+    def __init__(self, out, a, b, maps, k_axes):
+        self.k_axes = tuple(k_axes)  # the contracted axis of a and of b
+        super().__init__(out, [a, b], maps)
+
+
+class LinearOp(_Contraction):
+    """``out = x @ w.T (+ bias)`` with w ``[N, K]``, as
+    ``torch.nn.functional.linear``; like :class:`MatmulOp` one expr."""
+
+    op_name = "linear"
+
+    def __init__(self, out, x, w, bias, maps):
+        self.k_axes = (len(x.domain.no_reductions()) - 1, len(w.domain.no_reductions()) - 1)
+        super().__init__(out, [x, w] + ([bias] if bias is not None else []), maps)
+
+
+class MmaOp(_Contraction):
+    """The MMA form of a matmul: ``out[b.., m, n, rk] = sum_k a[.., m, k] * b[.., k, n]``
+    in ``out``'s dtype (fp32). ``roles[k][i]`` names what axis ``i`` of
+    operand ``k`` is: ``"B"`` (batch), ``"M"``, ``"N"`` or ``"K"``; the
+    memory layout of each operand (K-major or MN-major) is read off the
+    shared-memory buffers that feed it when it is lowered."""
+
+    op_name = "mma"
+
+    def __init__(self, out, a, b, roles):
+        self.roles = [list(r) for r in roles]
+        pos = {}  # role -> out axis positions
+        axes = out.logical
+        batch = [j for j, i in enumerate(axes) if not i.is_reduction][:-2]
+        pos["M"], pos["N"] = len(batch), len(batch) + 1
+        pos["K"] = next(j for j, i in enumerate(axes) if i.is_reduction)
+        maps = []
+        for r in self.roles:
+            m, nb, seen = [], r.count("B"), 0
+            for i, role in enumerate(r):
+                if role == "B":  # an operand's batch axes align with out's innermost ones
+                    m.append((i, batch[len(batch) - nb + seen]))
+                    seen += 1
+                else:
+                    m.append((i, pos[role]))
+            maps.append(m)
+        super().__init__(out, [a, b], maps)
+
+    def __str__(self):
+        ra, rb = ("".join(r) for r in self.roles)
+        return f"{self.out.name} = mma({self.inputs[0].name} [{ra}], {self.inputs[1].name} [{rb}])"
+
+
 def reduction_init(op: str, dtype: DataType) -> Const:
     if op == "sum":
         return Const(0.0 if dtype.is_float else 0, dtype)
@@ -458,6 +616,9 @@ __all__ = [
     "LoadStoreOp",
     "BroadcastOp",
     "ReductionOp",
+    "MatmulOp",
+    "LinearOp",
+    "MmaOp",
     "IterType",
     "reduction_init",
 ]

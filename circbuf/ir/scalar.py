@@ -240,6 +240,8 @@ def _eval_op(op, x, y):
         return bool(x) and bool(y)
     if op == "||":
         return bool(x) or bool(y)
+    if op == "^":
+        return int(x) ^ int(y)
     if op == "<=":
         return x <= y
     if op == ">":
@@ -352,6 +354,8 @@ def value_range(e: Scalar) -> tuple:
         return (min(la, lb), min(ha, hb))
     if op == "max":
         return (max(la, lb), max(ha, hb))
+    if op == "^":  # phase bits
+        return (0, 1) if la >= 0 and lb >= 0 and ha <= 1 and hb <= 1 else (-INF, INF)
     return (0, 1)
 
 

@@ -18,12 +18,14 @@ from .simplify_indices import simplify_indices
 from .sync import insert_syncs
 from .tma_store import tma_stores
 from .vectorize import vectorize_loops
+from .wgmma import wgmma_sync
 
 PASSES = [
     ("allocation", insert_allocations),
     ("indexing", lower_indexing),
     ("vectorize", vectorize_loops),
     ("predicate", insert_predicates),
+    ("wgmma", wgmma_sync),
     ("tma_store", tma_stores),
     ("circular_buffer", circular_buffer),
     ("simplify", simplify_indices),

@@ -29,12 +29,18 @@ from ..ir import CircbufError, Const, MemoryType, Scalar, TensorView, simplify
 from .kir import Allocate, ExprStmt, ForLoop, Kernel, ReductionInit, walk
 
 SMEM_ALIGN = 128  # TMA destinations need 128-byte alignment
+SWIZZLE_ALIGN = 1024  # a swizzle pattern (8 rows of 128 bytes) starts on this boundary
 
 
 def allocation_axes(tv: TensorView) -> list:
-    """Loop axes a buffer of ``tv`` holds, outer to inner."""
+    """Loop axes a buffer of ``tv`` holds, outer to inner: those right of its
+    compute-at position, or, for a circular buffer not inlined into its
+    readers (a loop nest of its own), those right of its ring axis."""
     out = []
-    for ax in tv.loop[tv.compute_at_pos :]:
+    start = tv.compute_at_pos
+    if tv.circular is not None and start == 0:
+        start = tv.circular_buffer_axis() + 1
+    for ax in tv.loop[start:]:
         if ax.is_broadcast or ax.is_reduction:
             continue
         pt = ax.parallel_type
@@ -96,8 +102,19 @@ def insert_allocations(kernel: Kernel) -> Kernel:
     offset = Const(0)
     for _, a in placed.values():
         if a.memory == MemoryType.Shared:
+            # a swizzled buffer's pattern repeats every 1024 bytes from an
+            # aligned address: each stage starts on such a boundary
+            align = SWIZZLE_ALIGN if a.tv.swizzle_bytes else SMEM_ALIGN
+            offset = simplify(((offset + (align - 1)) // align) * align)
             a.offset = offset
-            nbytes = simplify(a.size * (a.tv.dtype.size * a.stages))
+            stage = simplify(a.size * a.tv.dtype.size)
+            if a.tv.swizzle_bytes and a.stages > 1:
+                if not (isinstance(stage, Const) and stage.value % SWIZZLE_ALIGN == 0):
+                    raise CircbufError(
+                        f"{a.tv.name}: a swizzled circular buffer's stage ({stage} bytes) must be a "
+                        f"multiple of {SWIZZLE_ALIGN} bytes"
+                    )
+            nbytes = simplify(stage * a.stages)
             offset = simplify(((offset + nbytes + (SMEM_ALIGN - 1)) // SMEM_ALIGN) * SMEM_ALIGN)
     kernel.smem_bytes = offset if not (isinstance(offset, Const) and offset.value == 0) else 0
     per_host: dict = {}

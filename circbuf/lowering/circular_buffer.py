@@ -1,62 +1,67 @@
 """Pass: circular buffering of TMA-filled shared-memory buffers.
 
-For each buffer ``X`` marked ``circular_buffer(S, P)``, the loop ``L`` it
-rotates over (the innermost serial loop left of its compute-at position) is
-rewritten so that the copies for iteration ``i + P`` are in flight while
-iteration ``i`` computes. ``full[s]`` barriers say "stage s landed" (one
-elected thread arrives with the expected byte count; the copies complete the
-transaction); the slot is known free again through a block sync at the end of
-each iteration (``war="block_sync"``) or an ``empty[s]`` barrier every thread
-arrives on (``war="mbarrier"``). Stage ``i % S``, phase ``(i / S) % 2``.
+A buffer ``X`` marked ``circular_buffer(S, P)`` holds ``S`` stages; the
+loop it rotates over (its *ring loop*) gives one ring position per
+iteration. ``full[s]`` barriers say "stage s landed" (one elected thread
+announces the bytes, the copies complete the transaction); ``empty[s]``
+barriers (or a block sync) say "stage s may be refilled". Each side of the
+ring carries a stage index and a phase bit as variables (``X_load_stage``,
+``X_use_phase``, ...), advanced once per ring position and flipped at each
+wrap, so the ring is right for any loops around the ring loop: it never
+restarts or drains between iterations of an enclosing loop.
 
-Before::
+Pipelined (every thread loads and computes; ``P`` copies in flight)::
 
-    FOR j0 in 0..E                                  // L
-      FOR j1 in 0..ceilDiv(R, 256)
-        TMA_LOAD X[j1 * 256] <- tmap0{j1 * 256, j0 * G + blockIdx.x}
-      ... reads X[...] ...
+    RING X_load (stages=S); RING X_use (stages=S)
+    FOR o ..                                      // any enclosing loops
+      FOR j in 0..P                               // prologue: the first P copies
+        IF (j < E) and thread 0: [WAIT X_empty[load_stage] parity=load_phase ^ 1]
+                                  EXPECT_TX X_full[load_stage]; TMA_LOAD -> stage; ADVANCE X_load
+      FOR i in 0..E                               // the ring loop
+        IF (i + P < E) and thread 0: ... the copies of i + P, as above ...
+        WAIT X_full[use_stage] parity=use_phase
+        ... reads X[use_stage * stage + ...] ...
+        BLOCK_SYNC | ARRIVE X_empty[use_stage]     // right after the last read
+        ADVANCE X_use
 
-After::
+WarpSpecialized: one more row of threads (``threadIdx.y == Y``) is the
+producer; one elected lane issues the copies of every buffer of the ring
+into one stage per position (one ``full``/``empty`` pair per stage). The
+copies either sit inside the readers' loops (then the producer runs a
+copy-only clone of the loops around them) or form a loop nest of their
+own (a matmul's operand tiles: the tile loop and the k loop of the loads,
+separate from the readers' tile loop, k loop and epilogue)::
 
-    ALLOC mbarrier X_full[S]
-    IF thread 0: MBARRIER_INIT X_full[s] arrivals=1 (each s); FENCE mbarrier_init
-    BLOCK_SYNC
-    FOR j2 in 0..P                                   // prologue: fill P stages
-      IF (j2 < E) and thread 0
-        MBARRIER_ARRIVE_EXPECT_TX X_full[j2 % S] bytes=stage bytes
-        FOR j1 ..: TMA_LOAD X[(j2 % S) * stage + j1 * 256] <- ... on X_full[j2 % S]
-    FOR j0 in 0..E                                   // main; the last P iterations drain
-      IF (j0 + P < E) and thread 0
-        [MBARRIER_WAIT X_empty[(j0 + P) % S] parity=((j0 + P) / S + 1) % 2]
-        MBARRIER_ARRIVE_EXPECT_TX X_full[(j0 + P) % S] ...; TMA_LOAD ... (j0 + P)
-      MBARRIER_WAIT X_full[j0 % S] parity=(j0 / S) % 2
-      ... reads X[(j0 % S) * stage + ...] ...
-      BLOCK_SYNC | MBARRIER_ARRIVE X_empty[j0 % S]
-    BLOCK_SYNC; IF thread 0: MBARRIER_INVAL X_full[s] (each s)
-
-The drain is the main loop's last P iterations with their issue predicated
-off, so the consumer body (reductions, stores) is not duplicated.
-
-WarpSpecialized(on=TIDy): one more row of threads is launched; it is the
-producer. Its elected thread runs a clone of every serial loop enclosing the
-copies, holding only the copies; everyone else runs the original nest with
-the copies removed. Stage and phase come from the linear index over all
-enclosing serial loops, so an outer loop and the buffered loop share one
-ring that never drains between outer iterations::
-
-    IF (threadIdx.y == Y)                    // producer
-      [SETMAXNREG.DEC 40]
-      IF (threadIdx.x == 0)
-        FOR j0 in 0..E                       // clone: copies only
-          MBARRIER_WAIT X_empty[lin % S] parity=(lin / S + 1) % 2
-          MBARRIER_ARRIVE_EXPECT_TX X_full[lin % S]; TMA_LOAD ...
+    IF (threadIdx.y == Y)                         // producer
+      SETMAXNREG.DEC 40
+      IF elect_one(warp 0 of the row)
+        RING X_load
+        FOR t in blockIdx.x..T step gridDim.x
+          FOR k in 0..K
+            WAIT X_empty[load_stage] parity=load_phase ^ 1
+            EXPECT_TX X_full[load_stage] bytes=A + B; TMA_LOAD A, B -> stage; ADVANCE X_load
       RETURN
-    ELSE                                     // consumers
-      [SETMAXNREG.INC 232]
-      FOR j0 in 0..E
-        MBARRIER_WAIT X_full[lin % S] parity=(lin / S) % 2
-        ... (block reductions sync consumers only: bar.sync 1, Y * T)
-        MBARRIER_ARRIVE X_empty[lin % S]
+    ELSE                                          // consumers
+      SETMAXNREG.INC 232
+      RING X_use at position p0                   // a ping-pong warpgroup starts a tile later
+      FOR t in blockIdx.x + threadIdx.y * G..T step 2 * G
+        FOR k in 0..K
+          WAIT X_full[use_stage] parity=use_phase
+          WGMMA_FENCE; WGMMA ...; WGMMA_COMMIT_GROUP; WGMMA_WAIT_GROUP 1
+          IF (k != 0): ARRIVE X_empty[(use_stage + S - 1) % S]   // the previous stage's wgmmas are done
+          ADVANCE X_use
+        WGMMA_WAIT_GROUP 0; ARRIVE X_empty[(use_stage + S - 1) % S]
+        ... epilogue ...
+        ADVANCE X_use by K                        // the other warpgroup's tile
+
+A reader's position is found by mapping its loops onto the producer's: the
+i-th serial loop around the reads corresponds to the i-th loop of the
+producer's nest, with the same trip count; a reader loop that starts
+``q`` producer steps later and strides ``r`` producer steps starts its
+ring ``q x (positions per iteration)`` later and skips ``(r - 1) x (positions
+per iteration)`` after each of its iterations. A stage read by asynchronous
+wgmmas is released only once they are done: after the next k step's
+``wgmma.wait_group 1``, or the ``wait_group 0`` after the k loop.
 """
 
 from __future__ import annotations
@@ -64,13 +69,14 @@ from __future__ import annotations
 import copy
 
 from ..ir import Bin, CircbufError, Const, ParallelType, Var, WarpSpecialized, simplify
-from ..ir.scalar import substitute
+from ..ir.scalar import free_vars, substitute
 from .kir import (
     Allocate,
     Assign,
     BlockReduce,
     BlockSync,
     Comment,
+    ElectOne,
     Fence,
     ForLoop,
     IfThenElse,
@@ -82,26 +88,33 @@ from .kir import (
     MBarrierInval,
     MBarrierRef,
     MBarrierWait,
+    MmaOperand,
     Return,
+    Ring,
+    RingAdvance,
+    RingInit,
     SetMaxNReg,
     TensorRef,
     TmaLoad,
+    Wgmma,
+    WgmmaWait,
     thread0_cond,
     walk,
 )
 
 
+# ------------------------------------------------------------ helpers
 def _find_loop(nodes, key):
     found = []
     walk(nodes, lambda n, s: found.append(n) if isinstance(n, ForLoop) and n.key == key else None)
     return found[0] if found else None
 
 
-def _only_loads(node, tv) -> bool:
+def _only_loads(node, tvs) -> bool:
     if isinstance(node, TmaLoad):
-        return node.dst.tv is tv
+        return node.dst.tv in tvs
     if isinstance(node, ForLoop):
-        return bool(node.body) and all(_only_loads(n, tv) for n in node.body)
+        return bool(node.body) and all(_only_loads(n, tvs) for n in node.body)
     return False
 
 
@@ -111,8 +124,17 @@ def _reads(node, tv) -> bool:
     def f(n, _s):
         if isinstance(n, Assign) and any(isinstance(o, TensorRef) and o.tv is tv for o in n.operands):
             hit.append(n)
+        elif isinstance(n, Wgmma) and tv in (n.a.tv, n.b.tv):
+            hit.append(n)
 
     walk([node], f)
+    return bool(hit)
+
+
+def _async_reads(node, tv) -> bool:
+    """True when ``tv`` is read by wgmmas: the read is done only at a wait_group."""
+    hit = []
+    walk([node], lambda n, _s: hit.append(n) if isinstance(n, Wgmma) and tv in (n.a.tv, n.b.tv) else None)
     return bool(hit)
 
 
@@ -135,112 +157,41 @@ def _clone_loads(nodes, mapping, stage_off, bar):
 
 
 def _offset_reads(nodes, tv, off):
+    """Every read of ``tv`` moves to the stage at element offset ``off``."""
+
     def f(n, _s):
         if isinstance(n, Assign):
             n.operands = [
                 TensorRef(o.tv, o.index + off, o.vector) if isinstance(o, TensorRef) and o.tv is tv else o
                 for o in n.operands
             ]
+        elif isinstance(n, Wgmma):
+            for side in ("a", "b"):
+                op = getattr(n, side)
+                if op.tv is tv:
+                    setattr(
+                        n, side, MmaOperand(op.tv, op.offset + off, op.lbo, op.sbo, op.swizzle, op.transpose)
+                    )
         elif isinstance(n, BlockReduce) and n.ref is not None and n.ref.tv is tv:
             raise CircbufError(f"{tv.name}: a circular buffer cannot be a reduction result")
 
     walk(nodes, f)
 
 
-def circular_buffer(kernel: Kernel) -> Kernel:
-    """Entry: rewrite the loops of circular-buffered TMA buffers (see module doc)."""
-    if not kernel.circular_loops:
-        return kernel
-    allocs = {}
-    walk(kernel.body, lambda n, s: allocs.__setitem__(n.tv.name, n) if isinstance(n, Allocate) else None)
-    ws = [n for n in kernel.circular_loops if isinstance(allocs[n].tv.circular[2], WarpSpecialized)]
-    if ws:
-        return _warp_specialize_all(kernel, allocs, ws)
-    setup, teardown = [], []
-    thread0 = thread0_cond(kernel)
-    n_threads = kernel.max_threads
-    for name, key in kernel.circular_loops.items():
-        alloc = allocs[name]
-        tv = alloc.tv
-        stages, prefetch, kind = tv.circular
-        loop = _find_loop(kernel.body, key)
-        if loop is None:
-            raise CircbufError(f"{name}: its circular-buffer loop was not generated (is the axis parallel?)")
-        loads = [n for n in loop.body if _only_loads(n, tv)]
-        if not loads:
-            raise CircbufError(f"{name}: circular buffering needs the TMA copies directly in its loop")
-        rest = [n for n in loop.body if not any(n is m for m in loads)]
-        first_read = next((k for k, n in enumerate(loop.body) if _reads(n, tv)), len(loop.body))
-        if any(loop.body.index(m) > first_read for m in loads):
-            raise CircbufError(f"{name}: a read of the buffer precedes its copy in the loop")
-        S, P = stages, prefetch
-        full = f"{name}_full"
-        empty = f"{name}_empty" if kind.war == "mbarrier" else None
-        kernel.barrier_names += [full] + ([empty] if empty else [])
-        stage_elems = alloc.size
-        stage_bytes = simplify(stage_elems * tv.dtype.size)
-        i, E = loop.index, loop.extent
-
-        ring = _Ring(S, full, empty, stage_elems, stage_bytes, loads, i)
-        issue = ring.issue
-        pv = Var(f"{i.name}_pro", lo=0, hi=Const(P))
-        prologue = ForLoop(pv, Const(P), [IfThenElse(Bin("&&", pv.lt(E), thread0), issue(pv))], key=-1)
-        ahead = simplify(i + P)
-        main = [
-            Comment(f"issue the copies of iteration {ahead}, then wait for iteration {i}"),
-            IfThenElse(Bin("&&", ahead.lt(E), thread0), issue(ahead)),
-            MBarrierWait(MBarrierRef(full, simplify(i % S)), simplify((i // S) % 2)),
-        ]
-        _offset_reads(rest, tv, simplify((i % S) * stage_elems))
-        release = (
-            [MBarrierArrive(MBarrierRef(empty, simplify(i % S)))]
-            if empty
-            else [BlockSync(f"WAR: stage {i} % {S} of {name} is refilled next")]
-        )
-        loop.body = main + _release_after_last_read(rest, tv, release)
-        _insert_before(kernel.body, loop, [Comment(f"prologue: fill {P} of {S} stages of {name}"), prologue])
-        # barrier setup at the top of the kernel, teardown at the end
-        setup.append(MBarrierAlloc(full, S))
-        inits = [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
-        invals = [MBarrierInval(MBarrierRef(full, Const(s))) for s in range(S)]
-        if empty:
-            setup.append(MBarrierAlloc(empty, S))
-            inits += [MBarrierInit(MBarrierRef(empty, Const(s)), Const(n_threads)) for s in range(S)]
-            invals += [MBarrierInval(MBarrierRef(empty, Const(s))) for s in range(S)]
-        setup.append(IfThenElse(thread0, inits + [Fence("mbarrier_init")]))
-        teardown.append(IfThenElse(thread0, invals))
-    setup.append(BlockSync("barriers initialized before any thread uses them"))
-    kernel.body = setup + kernel.body + [BlockSync("every wait is done before the barriers go")] + teardown
-    return kernel
-
-
-class _Ring:
-    """One circular buffer's stages and barriers."""
-
-    def __init__(self, stages, full, empty, stage_elems, stage_bytes, loads, index):
-        self.S, self.full, self.empty = stages, full, empty
-        self.stage_elems, self.stage_bytes = stage_elems, stage_bytes
-        self.loads, self.index = loads, index
-
-    def issue(self, it) -> list:
-        """Copies of iteration ``it`` into stage ``it % S``: wait for the slot
-        (mbarrier WAR), announce the bytes, issue."""
-        slot = simplify(it % self.S)
-        body = []
-        if self.empty:
-            body.append(MBarrierWait(MBarrierRef(self.empty, slot), simplify((it // self.S + 1) % 2)))
-        body.append(MBarrierArriveExpectTx(MBarrierRef(self.full, slot), self.stage_bytes))
-        body += _clone_loads(
-            self.loads, {self.index.name: it}, simplify(slot * self.stage_elems), MBarrierRef(self.full, slot)
-        )
-        return body
-
-
-def _release_after_last_read(rest, tv, release) -> list:
-    """The slot is free once its last reader is done: a row copied to registers
-    releases its stage before the reductions run."""
-    last = max((k for k, n in enumerate(rest) if _reads(n, tv)), default=len(rest) - 1)
-    return rest[: last + 1] + release + rest[last + 1 :]
+def _stack_to(nodes, target, stack=()):
+    """The ForLoops enclosing ``target`` (outermost first), or None."""
+    for n in nodes:
+        if n is target:
+            return list(stack)
+        if isinstance(n, ForLoop):
+            r = _stack_to(n.body, target, (*stack, n))
+            if r is not None:
+                return r
+        if isinstance(n, (IfThenElse, ElectOne)):
+            r = _stack_to(n.then + getattr(n, "else_", []), target, stack)
+            if r is not None:
+                return r
+    return None
 
 
 def _insert_before(nodes, target, new) -> bool:
@@ -257,135 +208,437 @@ def _insert_before(nodes, target, new) -> bool:
     return False
 
 
-def _stack_to(nodes, target, stack=()):
-    """The ForLoops enclosing ``target`` (outermost first), or None."""
+def _parent_list(nodes, target):
+    """The node list that holds ``target`` directly."""
     for n in nodes:
         if n is target:
-            return list(stack)
-        if isinstance(n, ForLoop):
-            r = _stack_to(n.body, target, (*stack, n))
-            if r is not None:
-                return r
-        if isinstance(n, IfThenElse):
-            r = _stack_to(n.then + n.else_, target, stack)
+            return nodes
+        for sub in _children(n):
+            r = _parent_list(sub, target)
             if r is not None:
                 return r
     return None
 
 
-def _warp_specialize_all(kernel, allocs, names):
-    """All warp-specialized buffers must rotate over one loop with one stage count."""
-    if len(names) != len(kernel.circular_loops):
-        raise CircbufError("a kernel's circular buffers must all be warp-specialized, or none")
-    keys = {kernel.circular_loops[n] for n in names}
-    rings = {allocs[n].tv.circular[:1] + (allocs[n].tv.circular[2],) for n in names}
-    if len(keys) != 1 or len(rings) != 1:
+def _children(n):
+    if isinstance(n, ForLoop):
+        return [n.body]
+    if isinstance(n, IfThenElse):
+        return [n.then, n.else_]
+    if isinstance(n, ElectOne):
+        return [n.then]
+    return []
+
+
+def _first_read(nodes, tvs):
+    """The first node (pre-order, innermost) that reads one of ``tvs``."""
+    found = []
+
+    def f(n, _s):
+        if not found and isinstance(n, (Assign, Wgmma)) and any(_reads(n, t) for t in tvs):
+            found.append(n)
+
+    walk(nodes, f)
+    return found[0] if found else None
+
+
+class _Buffer:
+    """One circular-buffered tensor: its allocation and its copies."""
+
+    def __init__(self, alloc, loads):
+        self.alloc, self.loads = alloc, loads
+        self.tv = alloc.tv
+        self.stage_elems = alloc.size
+        self.stage_bytes = simplify(alloc.size * alloc.tv.dtype.size)
+
+
+def _issue(ring, bufs, full, empty, loop_index, it, S, P, gap_wait=False) -> list:
+    """The copies of ring position ``ring`` (iteration ``it`` of the ring
+    loop) into ``ring``'s stage: wait for the slot, announce the bytes of
+    every buffer, issue, advance."""
+    st = ring.stage
+    body = []
+    if empty:
+        body.append(MBarrierWait(MBarrierRef(empty, st), Bin("^", ring.phase, Const(1))))
+        if gap_wait and P < S - 1:
+            # at most P positions ahead of the readers: wait for position - P - 1 as well
+            body.append(
+                MBarrierWait(
+                    MBarrierRef(empty, simplify((st + (S - P - 1)) % S)),
+                    Bin("^", ring.phase, st.lt(P + 1)),
+                )
+            )
+    nbytes = Const(0)
+    for b in bufs:
+        nbytes = simplify(nbytes + b.stage_bytes)
+    body.append(MBarrierArriveExpectTx(MBarrierRef(full, st), nbytes))
+    mapping = {loop_index.name: it} if loop_index is not None else {}
+    for b in bufs:
+        body += _clone_loads(b.loads, mapping, simplify(st * b.stage_elems), MBarrierRef(full, st))
+    body.append(RingAdvance(ring, Const(1)))
+    return body
+
+
+def _release_after_last_read(body, tvs, release) -> list:
+    """The slot is free once its last reader is done: a row copied to registers
+    releases its stage before the reductions run."""
+    last = max((k for k, n in enumerate(body) if any(_reads(n, t) for t in tvs)), default=len(body) - 1)
+    return body[: last + 1] + release + body[last + 1 :]
+
+
+# ------------------------------------------------------------ entry
+def circular_buffer(kernel: Kernel) -> Kernel:
+    """Entry: rewrite the loops of circular-buffered TMA buffers (see module doc)."""
+    if not kernel.circular_loops:
+        return kernel
+    allocs = {}
+    walk(kernel.body, lambda n, s: allocs.__setitem__(n.tv.name, n) if isinstance(n, Allocate) else None)
+    ws = [n for n in kernel.circular_loops if isinstance(allocs[n].tv.circular[2], WarpSpecialized)]
+    if ws:
+        if len(ws) != len(kernel.circular_loops):
+            raise CircbufError("a kernel's circular buffers must all be warp-specialized, or none")
+        return _warp_specialize(kernel, allocs, ws)
+    setup, teardown = [], []
+    for name, key in kernel.circular_loops.items():
+        _pipeline(kernel, allocs[name], key, setup, teardown)
+    setup.append(BlockSync("barriers initialized before any thread uses them"))
+    kernel.body = setup + kernel.body + [BlockSync("every wait is done before the barriers go")] + teardown
+    return kernel
+
+
+# ------------------------------------------------------------ Pipelined
+def _pipeline(kernel, alloc, key, setup, teardown):
+    tv = alloc.tv
+    name = tv.name
+    S, P, kind = tv.circular
+    if tv.compute_at_pos == 0:
         raise CircbufError(
-            f"warp-specialized buffers {', '.join(names)} must share one loop, stage count and type"
+            f"{name}: a Pipelined circular buffer must be inlined into its readers' loops "
+            "(a buffer with a loop nest of its own needs WarpSpecialized)"
         )
-    loop = _find_loop(kernel.body, keys.pop())
+    loop = _find_loop(kernel.body, key)
     if loop is None:
-        raise CircbufError(f"{names[0]}: its circular-buffer loop was not generated (is the axis parallel?)")
-    bufs = []
-    for n in names:
-        tv = allocs[n].tv
-        loads = [x for x in loop.body if _only_loads(x, tv)]
-        if not loads:
-            raise CircbufError(f"{n}: circular buffering needs the TMA copies directly in its loop")
-        bufs.append((allocs[n], loads))
-    rest = [x for x in loop.body if not any(x is m for _, ls in bufs for m in ls)]
-    stages, _, kind = allocs[names[0]].tv.circular
-    return _warp_specialize(kernel, bufs, loop, rest, stages, kind)
+        raise CircbufError(f"{name}: its circular-buffer loop was not generated (is the axis parallel?)")
+    loads = [n for n in loop.body if _only_loads(n, [tv])]
+    if not loads:
+        raise CircbufError(f"{name}: circular buffering needs the TMA copies directly in its loop")
+    rest = [n for n in loop.body if not any(n is m for m in loads)]
+    first_read = next((k for k, n in enumerate(loop.body) if _reads(n, tv)), len(loop.body))
+    if any(loop.body.index(m) > first_read for m in loads):
+        raise CircbufError(f"{name}: a read of the buffer precedes its copy in the loop")
+    buf = _Buffer(alloc, loads)
+    full = f"{name}_full"
+    empty = f"{name}_empty" if kind.war == "mbarrier" else None
+    kernel.barrier_names += [full] + ([empty] if empty else [])
+    load, use = Ring(f"{name}_load", S), Ring(f"{name}_use", S)
+    thread0 = thread0_cond(kernel)
+    i, E, start, step = loop.index, loop.extent, loop.start, loop.step
+
+    pv = Var(f"{i.name}_pro", lo=0, hi=Const(P))
+    first = simplify(start + pv * step)
+    prologue = ForLoop(
+        pv,
+        Const(P),
+        [IfThenElse(Bin("&&", first.lt(E), thread0), _issue(load, [buf], full, empty, i, first, S, P))],
+    )
+    ahead = simplify(i + step * P)
+    _offset_reads(rest, tv, simplify(use.stage * buf.stage_elems))
+    release = (
+        [MBarrierArrive(MBarrierRef(empty, use.stage))]
+        if empty
+        else [BlockSync(f"WAR: stage {use.stage} of {name} is refilled next")]
+    )
+    loop.body = (
+        [
+            Comment(f"issue the copies of iteration {ahead}, then wait for iteration {i}"),
+            IfThenElse(Bin("&&", ahead.lt(E), thread0), _issue(load, [buf], full, empty, i, ahead, S, P)),
+            MBarrierWait(MBarrierRef(full, use.stage), use.phase),
+        ]
+        + _release_after_last_read(rest, [tv], release)
+        + [RingAdvance(use, Const(1))]
+    )
+    _insert_before(kernel.body, loop, [Comment(f"prologue: fill {P} of {S} stages of {name}"), prologue])
+    setup += [RingInit(load), RingInit(use), MBarrierAlloc(full, S)]
+    inits = [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
+    invals = [MBarrierInval(MBarrierRef(full, Const(s))) for s in range(S)]
+    if empty:
+        setup.append(MBarrierAlloc(empty, S))
+        inits += [MBarrierInit(MBarrierRef(empty, Const(s)), Const(kernel.max_threads)) for s in range(S)]
+        invals += [MBarrierInval(MBarrierRef(empty, Const(s))) for s in range(S)]
+    setup.append(IfThenElse(thread0, inits + [Fence("mbarrier_init")]))
+    teardown.append(IfThenElse(thread0, invals))
 
 
-def _warp_specialize(kernel, bufs, loop, rest, stages, kind):
-    name = ", ".join(a.tv.name for a, _ in bufs)
+# ------------------------------------------------------ WarpSpecialized
+def _warp_specialize(kernel, allocs, names):
+    """All warp-specialized buffers form one ring: one stage count and type,
+    one ring loop (inlined buffers) or one loop structure (own nests)."""
+    rings = {allocs[n].tv.circular[:2] + (allocs[n].tv.circular[2],) for n in names}
+    if len(rings) != 1:
+        raise CircbufError(
+            f"warp-specialized buffers {', '.join(names)} must share one stage count, prefetch and type"
+        )
+    S, P, kind = rings.pop()
     if kind.on != ParallelType.TIDy:
-        raise CircbufError(f"{name}: WarpSpecialized(on={kind.on.name}) is not supported yet (use TIDy)")
-    y = kernel.launch.get(ParallelType.TIDy, Const(1))
-    tx = kernel.launch.get(ParallelType.TIDx, Const(1))
+        raise CircbufError(f"{names[0]}: WarpSpecialized(on={kind.on.name}) is not supported yet (use TIDy)")
+    tvs = [allocs[n].tv for n in names]
+    separate = [tv.compute_at_pos == 0 for tv in tvs]
+    if any(separate) != all(separate):
+        raise CircbufError(
+            f"warp-specialized buffers {', '.join(names)} must all be inlined into their readers, or none"
+        )
+    label = "_".join(names) if len(names) > 1 else names[0]
+    if all(separate):
+        producer_nest, bufs, levels = _separate_nests(kernel, allocs, names)
+    else:
+        producer_nest, bufs, levels = _inlined_nest(kernel, allocs, names)
+    y, tx = kernel.launch.get(ParallelType.TIDy, Const(1)), kernel.launch.get(ParallelType.TIDx, Const(1))
     if not isinstance(y, Const) or not isinstance(tx, Const):
-        raise CircbufError(f"{name}: warp specialization needs constant thread extents")
+        raise CircbufError(f"{label}: warp specialization needs constant thread extents")
     consumers = y.value * tx.value
     if kind.registers and tx.value % 128:
         raise CircbufError(
-            f"{name}: WarpSpecialized(registers=...) uses setmaxnreg, which acts on whole warpgroups: "
+            f"{label}: WarpSpecialized(registers=...) uses setmaxnreg, which acts on whole warpgroups: "
             f"each threadIdx.y row must be a multiple of 128 threads, not {tx.value}"
         )
     kernel.launch[ParallelType.TIDy] = Const(y.value + 1)  # the producer row
     kernel.max_threads = consumers + tx.value
     if kernel.max_threads > 1024:
-        raise CircbufError(f"{name}: {kernel.max_threads} threads with the producer row exceed 1024")
-    S = stages
-    encl = _stack_to(kernel.body, loop) + [loop]
-    lin = Const(0)
-    for lp in encl:
-        lin = lin * lp.extent + lp.index
-    lin = simplify(lin)
-    slot = simplify(lin % S)
-    prod, waits, releases = [], [], []
-    for alloc, loads in bufs:
-        tv = alloc.tv
-        full, empty = f"{tv.name}_full", f"{tv.name}_empty"
-        kernel.barrier_names += [full, empty]
-        stage_elems = alloc.size
-        stage_bytes = simplify(stage_elems * tv.dtype.size)
-        # producer: for each buffer, wait for the slot, announce the bytes, copy
-        prod += [
-            MBarrierWait(MBarrierRef(empty, slot), simplify((lin // S + 1) % 2)),
-            MBarrierArriveExpectTx(MBarrierRef(full, slot), stage_bytes),
-        ] + _clone_loads(loads, {}, simplify(slot * stage_elems), MBarrierRef(full, slot))
-        _offset_reads(rest, tv, simplify(slot * stage_elems))
-        waits.append(MBarrierWait(MBarrierRef(full, slot), simplify((lin // S) % 2)))
-        releases.append((tv, MBarrierArrive(MBarrierRef(empty, slot))))
-    # a clone of the enclosing serial loops around the copies
-    for lp in reversed(encl):
-        prod = [ForLoop(lp.index, lp.extent, prod, lp.ptype, key=-1)]
-    producer = []
-    if kind.registers:
-        producer.append(SetMaxNReg(kind.registers[0], increase=False))
+        raise CircbufError(f"{label}: {kernel.max_threads} threads with the producer row exceed 1024")
+    full, empty = f"{label}_full", f"{label}_empty"
+    kernel.barrier_names += [full, empty]
+
+    # producer: one elected lane runs the copy nest
+    load = Ring(f"{label}_load", S)
+    ring_loop = levels[-1][0]
+    issue = _issue(load, bufs, full, empty, None, None, S, P, gap_wait=True)
+    ring_loop.body = issue
+    producer = [SetMaxNReg(kind.registers[0], increase=False)] if kind.registers else []
+    warp0 = Var("threadIdx.x").lt(32)
     producer += [
-        IfThenElse(Var("threadIdx.x").eq(0), [Comment("elected producer thread"), *prod]),
+        ElectOne(warp0, [Comment("the elected producer lane"), RingInit(load), *producer_nest]),
         Return(),
     ]
-    # consumers: the original nest without the copies
-    body = rest
-    for tv, rel in releases:
-        body = _release_after_last_read(body, tv, [rel])
-    loop.body = waits + body
+
+    # consumers: wait for each position, release it after its last read
+    use = Ring(f"{label}_use", S)
+    body = [n for n in kernel.body if not any(n is m for m in producer_nest)]
+    arrivals = _place_consumer_ring(kernel, body, bufs, levels, use, full, empty, S, consumers, label)
 
     def named(n, _s):
         if isinstance(n, (BlockReduce, BlockSync)):
             if consumers % 32:
                 raise CircbufError(
-                    f"{name}: warp-specialized consumers that synchronize need whole warps "
+                    f"{label}: warp-specialized consumers that synchronize need whole warps "
                     f"(named barriers count warps), not {consumers} threads"
                 )
-            n.barrier = (1, consumers)
+            n.barrier = (kernel.named_barrier("consumers"), consumers)
 
-    kernel.consumer_barrier = (1, consumers)
-
-    walk(kernel.body, named)
+    walk(body, named)
+    kernel.consumer_barrier = (kernel.named_barrier("consumers"), consumers)
     consumer = [SetMaxNReg(kind.registers[1], increase=True)] if kind.registers else []
     # shared buffers are seen by both roles: declare them before the split
-    smem = [n for n in kernel.body if isinstance(n, Allocate) and n.memory.name == "Shared"]
-    consumer += [n for n in kernel.body if not any(n is m for m in smem)]
+    smem = [n for n in body if isinstance(n, Allocate) and n.memory.name == "Shared"]
+    consumer += [n for n in body if not any(n is m for m in smem)]
     if kind.registers:
         kernel.min_blocks = 1  # setmaxnreg needs a register cap at entry
-    inits, bar_allocs = [], []
-    for alloc, _ in bufs:
-        full, empty = f"{alloc.tv.name}_full", f"{alloc.tv.name}_empty"
-        bar_allocs += [MBarrierAlloc(full, S), MBarrierAlloc(empty, S)]
-        inits += [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
-        inits += [MBarrierInit(MBarrierRef(empty, Const(s)), Const(consumers)) for s in range(S)]
+    inits = [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
+    inits += [MBarrierInit(MBarrierRef(empty, Const(s)), Const(arrivals)) for s in range(S)]
     kernel.body = [
-        *bar_allocs,
+        MBarrierAlloc(full, S),
+        MBarrierAlloc(empty, S),
         IfThenElse(
             Bin("&&", Var("threadIdx.x").eq(0), Var("threadIdx.y").eq(0)), inits + [Fence("mbarrier_init")]
         ),
         BlockSync("barriers initialized before the roles split"),
         *smem,
-        Comment(f"warp roles: threadIdx.y == {y.value} loads {name}, the other rows compute"),
+        Comment(f"warp roles: threadIdx.y == {y.value} loads {', '.join(names)}, the other rows compute"),
         IfThenElse(Var("threadIdx.y").eq(y.value), producer, consumer, roles=True),
     ]
     return kernel
+
+
+def _inlined_nest(kernel, allocs, names):
+    """Copies inside the readers' ring loop: the producer runs a copy-only
+    clone of the serial loops around them; the readers keep the rest."""
+    keys = {kernel.circular_loops[n] for n in names}
+    if len(keys) != 1:
+        raise CircbufError(f"warp-specialized buffers {', '.join(names)} must share one loop")
+    loop = _find_loop(kernel.body, keys.pop())
+    if loop is None:
+        raise CircbufError(f"{names[0]}: its circular-buffer loop was not generated (is the axis parallel?)")
+    tvs = [allocs[n].tv for n in names]
+    bufs = []
+    for n in names:
+        loads = [x for x in loop.body if _only_loads(x, [allocs[n].tv])]
+        if not loads:
+            raise CircbufError(f"{n}: circular buffering needs the TMA copies directly in its loop")
+        bufs.append(_Buffer(allocs[n], loads))
+    loop.body = [x for x in loop.body if not _only_loads(x, tvs)]
+    encl = _stack_to(kernel.body, loop) + [loop]
+    nest, clones = [], []
+    for lp in reversed(encl):
+        c = copy.copy(lp)
+        c.body = nest
+        nest = [c]
+        clones.insert(0, c)
+    # the clone loops are the producer's levels; the readers' levels are the originals
+    levels = [(c, lp) for c, lp in zip(clones, encl)]
+    return nest, bufs, levels
+
+
+def _separate_nests(kernel, allocs, names):
+    """Each buffer's copies form a top-level loop nest of their own. The
+    nests must have one loop structure; they are fused into one producer
+    nest (one stage holds every buffer's tile of a position)."""
+    nests, bufs = [], []
+    for n in names:
+        tv = allocs[n].tv
+        top = [x for x in kernel.body if isinstance(x, ForLoop) and _only_loads(x, [tv])]
+        if len(top) != 1:
+            raise CircbufError(f"{n}: its copies must form one loop nest of their own")
+        nests.append(top[0])
+    head = nests[0]
+    levels = _level_loops(head, kernel.circular_loops[names[0]])
+    depth = len(levels)
+    for n, nest in zip(names[1:], nests[1:]):
+        other = _level_loops(nest, kernel.circular_loops[n])
+        if len(other) != depth or any(not _same_header(a, b) for a, b in zip(levels, other)):
+            raise CircbufError(
+                f"{names[0]} and {n} share a ring but their copies run different loops; "
+                "schedule their ring loops alike"
+            )
+    ring = levels[-1]
+    for n, nest in zip(names, nests):
+        other = _level_loops(nest, kernel.circular_loops[n])
+        mapping = {b.index.name: a.index for a, b in zip(levels, other)}
+        loads = _rename(other[-1].body, mapping)
+        bufs.append(_Buffer(allocs[n], loads))
+    ring.body = []
+    for nest in nests[1:]:  # fused into the head nest: gone from the kernel
+        kernel.body.remove(nest)
+    return [head], bufs, [(lp, None) for lp in levels]
+
+
+def _level_loops(nest, key):
+    """The serial loops from a load nest's top down to its ring loop."""
+    chain, cur = [], nest
+    while True:
+        chain.append(cur)
+        if cur.key == key:
+            return chain
+        inner = [x for x in cur.body if isinstance(x, ForLoop)]
+        if len(inner) != 1 or len(cur.body) != 1:
+            raise CircbufError("a ring's load nest must be a chain of loops down to its ring loop")
+        cur = inner[0]
+
+
+def _same_header(a, b) -> bool:
+    return all(
+        simplify(x - y) == Const(0) for x, y in ((a.extent, b.extent), (a.start, b.start), (a.step, b.step))
+    )
+
+
+def _rename(nodes, mapping):
+    out = []
+    for n in nodes:
+        if isinstance(n, ForLoop):
+            c = copy.copy(n)
+            c.extent = substitute(n.extent, mapping)
+            c.body = _rename(n.body, mapping)
+            out.append(c)
+        else:
+            out.append(
+                TmaLoad(
+                    TensorRef(n.dst.tv, substitute(n.dst.index, mapping)),
+                    n.map_index,
+                    [substitute(x, mapping) for x in n.coords],
+                    n.box_bytes,
+                    n.bar,
+                )
+            )
+    return out
+
+
+def _place_consumer_ring(kernel, body, bufs, levels, use, full, empty, S, consumers, label):
+    """Waits, releases and ring advances in the readers' nest; returns the
+    number of arrivals that release one position."""
+    tvs = [b.tv for b in bufs]
+    read = _first_read(body, tvs)
+    if read is None:
+        raise CircbufError(f"{label}: no reader of the buffer in the kernel")
+    encl = [lp for lp in _stack_to(body, read) if lp.ptype == ParallelType.Serial]
+    depth = len(levels)
+    if levels[0][1] is not None:  # inlined: the readers' own loops
+        mine = [lp for _, lp in levels]
+    else:
+        mine = encl[:depth]
+    if len(mine) != depth:
+        raise CircbufError(f"{label}: the readers run fewer loops than the ring's {depth}")
+    # where each reader loop starts and how far it strides, in producer
+    # iterations; ``per``: ring positions per iteration of a level
+    init, per = Const(0), Const(1)
+    skips = []
+    for depth_k, ((p, _), c) in enumerate(reversed(list(zip(levels, mine)))):
+        if simplify(p.extent - c.extent) != Const(0):
+            raise CircbufError(
+                f"{label}: the readers' loop {c.index} (extent {c.extent}) does not match the ring's "
+                f"loop {p.index} (extent {p.extent})"
+            )
+        off = simplify(c.start - p.start)
+        q, r = simplify(off // p.step), simplify(c.step // p.step)
+        if simplify(q * p.step - off) != Const(0) or simplify(r * p.step - c.step) != Const(0):
+            raise CircbufError(
+                f"{label}: the readers' loop {c.index} does not walk the ring's loop {p.index}"
+            )
+        if depth_k == 0 and (q != Const(0) or r != Const(1)):
+            raise CircbufError(f"{label}: the readers must read every position of the ring loop {p.index}")
+        init = simplify(init + q * per)
+        skips.append((c, simplify((r - 1) * per)))
+        if p is not levels[0][0]:
+            if p.strided:
+                raise CircbufError(f"{label}: only the outermost ring loop may be a grid-stride loop")
+            per = simplify(per * p.extent)
+    ring_loop = mine[-1]
+    # stage offsets of the reads, the wait at the top of each position
+    for b in bufs:
+        _offset_reads(ring_loop.body, b.tv, simplify(use.stage * b.stage_elems))
+    ring_loop.body.insert(0, MBarrierWait(MBarrierRef(full, use.stage), use.phase))
+    prev = simplify((use.stage + (S - 1)) % S)
+    if any(_async_reads(n, t) for n in ring_loop.body for t in tvs):
+        waits = [k for k, n in enumerate(ring_loop.body) if isinstance(n, WgmmaWait)]
+        if not waits:
+            raise CircbufError(f"{label}: wgmmas read the ring but no wgmma wait_group retires them")
+        k = waits[-1]
+        ring_loop.body.insert(
+            k + 1,
+            IfThenElse(
+                Bin("!=", ring_loop.index, ring_loop.start),
+                [Comment("the previous stage's wgmmas are done"), MBarrierArrive(MBarrierRef(empty, prev))],
+            ),
+        )
+        parent = _parent_list(body, ring_loop)
+        after = parent.index(ring_loop) + 1
+        tail = next((k for k in range(after, len(parent)) if isinstance(parent[k], WgmmaWait)), None)
+        if tail is None or parent[tail].pending != 0:
+            raise CircbufError(f"{label}: the wgmmas of the last k step are never waited for")
+        parent.insert(tail + 1, MBarrierArrive(MBarrierRef(empty, prev)))
+        ring_loop.body.append(RingAdvance(use, Const(1)))
+    else:
+        ring_loop.body = _release_after_last_read(
+            ring_loop.body, tvs, [MBarrierArrive(MBarrierRef(empty, use.stage))]
+        ) + [RingAdvance(use, Const(1))]
+    for c, skip in skips[1:]:
+        if skip != Const(0):
+            c.body.append(Comment("the other readers' positions"))
+            c.body.append(RingAdvance(use, skip))
+    body.insert(0, RingInit(use, init if init != Const(0) else None))
+    # one arrival per reading thread; thread indices that pick the position
+    # (a ping-pong warpgroup's tiles) divide the readers of a position
+    arrivals = consumers
+    names = set(free_vars(init))
+    for pt in (ParallelType.TIDy, ParallelType.TIDz):
+        if pt.value in names:
+            ext = kernel.launch.get(pt)
+            arrivals //= ext.value
+    return arrivals

@@ -23,10 +23,12 @@ from ..ir import (
     Un,
     UnaryOp,
     Var,
+    as_scalar,
 )
 from .kir import (
     Allocate,
     Assign,
+    BarrierArrive,
     BlockReduce,
     BlockSync,
     BulkCommitGroup,
@@ -44,11 +46,18 @@ from .kir import (
     MBarrierInval,
     MBarrierRef,
     MBarrierWait,
+    MmaOperand,
     Return,
+    RingAdvance,
+    RingInit,
     SetMaxNReg,
     TensorRef,
     TmaLoad,
     TmaStore,
+    Wgmma,
+    WgmmaCommit,
+    WgmmaFence,
+    WgmmaWait,
 )
 from .prelude import PRELUDE
 
@@ -113,6 +122,7 @@ class CudaCodegen:
         self.lines: list[str] = []
         self.ind = 1
         self.red_smem: list[str] = []
+        self.helpers: dict[str, str] = {}  # wgmma wrappers the kernel uses, by name
 
     # -------------------------------------------------------- scalars
     def scalar(self, e: Scalar) -> str:
@@ -167,10 +177,14 @@ class CudaCodegen:
 
     def visit_ForLoop(self, n: ForLoop):
         ext = self.scalar(n.extent)
-        if isinstance(n.extent, Const) and (n.extent.value <= 32 or n.unroll):
+        if isinstance(n.extent, Const) and not n.strided and (n.extent.value <= 32 or n.unroll):
             self.emit("#pragma unroll")
         v = n.index.name
-        self.emit(f"for (index_t {v} = 0; {v} < {ext}; ++{v}) {{")
+        if n.strided:
+            start, step = self.scalar(n.start), self.scalar(n.step)
+            self.emit(f"for (index_t {v} = {start}; {v} < {ext}; {v} += {step}) {{")
+        else:
+            self.emit(f"for (index_t {v} = 0; {v} < {ext}; ++{v}) {{")
         self.block(n.body)
         self.emit("}")
 
@@ -192,8 +206,16 @@ class CudaCodegen:
         t = n.tv.dtype.value
         if n.memory == MemoryType.Shared:
             stages = f" x {n.stages} stages" if n.stages > 1 else ""
-            self.emit(f"// {n.tv.name}: {self.scalar(n.size)} elements{stages}")
+            swz = f", {n.tv.swizzle_bytes}B swizzle" if n.tv.swizzle_bytes else ""
+            self.emit(f"// {n.tv.name}: {self.scalar(n.size)} elements{stages}{swz}")
             self.emit(f"{t}* {n.tv.name} = reinterpret_cast<{t}*>(cb_smem + {self.scalar(n.offset)});")
+            desc = self.k.descriptors.get(n.tv.name)
+            if desc is not None:  # wgmma reads it: the descriptor of element 0, made once
+                lbo, sbo, swz = desc
+                self.emit(
+                    f"const unsigned long long {n.tv.name}_desc = "
+                    f"cb::smem_desc({n.tv.name}, {lbo}, {sbo}, {_SWIZZLE_CODE[swz]});"
+                )
         else:
             self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}];")
 
@@ -249,6 +271,53 @@ class CudaCodegen:
     def visit_SetMaxNReg(self, n: SetMaxNReg):
         self.emit(f"cb::setmaxnreg_{'inc' if n.increase else 'dec'}<{n.count}>();")
 
+    def visit_RingInit(self, n: RingInit):
+        r = n.ring
+        if n.position is None:
+            self.emit(f"int {r.name}_stage = 0;")
+            self.emit(f"unsigned {r.name}_phase = 0;")
+        else:
+            pos = self.scalar(n.position)
+            self.emit(f"int {r.name}_stage = ({pos}) % {r.stages};")
+            self.emit(f"unsigned {r.name}_phase = (({pos}) / {r.stages}) & 1;")
+
+    def visit_RingAdvance(self, n: RingAdvance):
+        r = n.ring
+        if isinstance(n.count, Const) and n.count.value == 1:
+            self.emit(f"if (++{r.name}_stage == {r.stages}) {{ {r.name}_stage = 0; {r.name}_phase ^= 1; }}")
+        else:
+            self.emit(f"{r.name}_stage += {self.scalar(n.count)};")
+            self.emit(f"{r.name}_phase ^= ({r.name}_stage / {r.stages}) & 1;")
+            self.emit(f"{r.name}_stage %= {r.stages};")
+
+    def desc(self, op: MmaOperand) -> str:
+        off = self.scalar(op.offset)
+        return f"{op.tv.name}_desc + (unsigned long long)((({off}) * {op.tv.dtype.size}) >> 4)"
+
+    def visit_Wgmma(self, n: Wgmma):
+        m, nn, k = n.shape
+        ab = n.a.tv.dtype
+        name = f"wgmma_m{m}n{nn}k{k}_{ab.short}"
+        if name not in self.helpers:
+            self.helpers[name] = _wgmma_helper(name, nn, ab)
+        ta, tb = int(n.a.transpose), int(n.b.transpose)
+        self.emit(
+            f"{name}<{ta}, {tb}>(&{self.ref(n.acc)}, {self.desc(n.a)}, {self.desc(n.b)}, "
+            f"(int)({self.scalar(n.scale_d)}));"
+        )
+
+    def visit_WgmmaFence(self, n: WgmmaFence):
+        self.emit("cb::wgmma_fence();")
+
+    def visit_WgmmaCommit(self, n: WgmmaCommit):
+        self.emit("cb::wgmma_commit();")
+
+    def visit_WgmmaWait(self, n: WgmmaWait):
+        self.emit(f"cb::wgmma_wait<{n.pending}>();")
+
+    def visit_BarrierArrive(self, n: BarrierArrive):
+        self.emit(f"cb::bar_arrive({self.scalar(n.barrier[0])}, {n.barrier[1]});  // {n.reason}")
+
     def visit_Return(self, n: Return):
         self.emit("return;")
 
@@ -260,8 +329,10 @@ class CudaCodegen:
         self.emit(f"cb::tma_load(&{self.ref(n.dst)}, &tmap{n.map_index}, {self.bar(n.bar)}, {coords});")
 
     def visit_BlockSync(self, n: BlockSync):
-        if n.barrier[0]:
-            self.emit(f"cb::sync_threads({n.barrier[0]}, {n.barrier[1]});  // {n.reason}")
+        if not (isinstance(n.barrier[0], int) and n.barrier[0] == 0):
+            self.emit(
+                f"cb::sync_threads({self.scalar(as_scalar(n.barrier[0]))}, {n.barrier[1]});  // {n.reason}"
+            )
         else:
             self.emit(f"__syncthreads();  // {n.reason}")
 
@@ -346,10 +417,42 @@ class CudaCodegen:
         head = [
             f"typedef {index_t} index_t;",
             PRELUDE,
+            *self.helpers.values(),
             f'extern "C" __global__ void __launch_bounds__({max(k.max_threads, 1)}{", " + str(k.min_blocks) if k.min_blocks else ""}) {k.name}(',
             "    " + ",\n    ".join(params) + ") {",
         ]
         return "\n".join(head + smem + body + ["}", ""])
+
+
+_SWIZZLE_CODE = {128: 1, 64: 2, 32: 3, 0: 0}
+_MMA_TYPE = {DataType.BFloat16: "bf16", DataType.Half: "f16"}
+
+
+def _wgmma_helper(name: str, n: int, ab: DataType) -> str:
+    """One warpgroup MMA m64nNk16 with both operands from shared-memory
+    descriptors, accumulating into N/2 fp32 registers per thread; scale_d
+    0 computes D = A x B (the first k step of a tile)."""
+    regs = n // 2
+    outs = ", ".join(f"%{k}" for k in range(regs))
+    t = _MMA_TYPE[ab]
+    asm = (
+        f"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
+        f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{outs}}}, %{regs}, %{regs + 1}, "
+        f"p, 1, 1, %{regs + 3}, %{regs + 4};\\n}}\\n"
+    )
+    dst = ", ".join(f'"+f"(d[{k}])' for k in range(regs))
+    return "\n".join(
+        [
+            "template <int TA, int TB>",
+            f"__device__ __forceinline__ void {name}(float* d, unsigned long long da, unsigned long long db, "
+            "int scale_d) {",
+            f'  asm volatile("{asm}"',
+            f"      : {dst}",
+            '      : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));',
+            "}",
+            "",
+        ]
+    )
 
 
 def _operand_type(e) -> DataType:

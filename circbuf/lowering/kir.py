@@ -29,18 +29,48 @@ def _block(nodes, ind):
 
 @dataclass(eq=False)
 class ForLoop(Node):
+    """``for (index = start; index < extent; index += step)``. A loop over
+    the outer part of a split whose inner part is a block index (a
+    persistent grid) strides: ``start = blockIdx.x``, ``step = gridDim.x``,
+    and ``index`` is then the split's input index itself."""
+
     index: Var
     extent: Scalar
     body: list = field(default_factory=list)
     ptype: ParallelType = ParallelType.Serial
     key: int = -1  # loop class of the IterDomains this loop iterates
     unroll: bool = False
+    start: Scalar = field(default_factory=lambda: _zero())
+    step: Scalar = field(default_factory=lambda: _one())
+
+    @property
+    def strided(self) -> bool:
+        return not (_is_const(self.start, 0) and _is_const(self.step, 1))
 
     def lines(self, ind):
         tag = f" ({self.ptype.value})" if self.ptype != ParallelType.Serial else ""
         tag += " unroll" if self.unroll else ""
-        head = "  " * ind + f"FOR {self.index} in 0..{self.extent}{tag}"
+        rng = f"{self.start}..{self.extent} step {self.step}" if self.strided else f"0..{self.extent}"
+        head = "  " * ind + f"FOR {self.index} in {rng}{tag}"
         return [head] + _block(self.body, ind + 1)
+
+
+def _zero():
+    from ..ir import Const
+
+    return Const(0)
+
+
+def _one():
+    from ..ir import Const
+
+    return Const(1)
+
+
+def _is_const(x, v) -> bool:
+    from ..ir.scalar import is_const
+
+    return is_const(x, v)
 
 
 @dataclass(eq=False)
@@ -158,9 +188,11 @@ class TensorMapSpec:
 
     param: int
     dims: list  # list of (axes tuple, box)
+    swizzle: int = 0  # bytes: the shared side's swizzle (0, 32, 64, 128)
 
     def __str__(self):
-        return f"tmap(param {self.param}, " + ", ".join(f"{list(a)}:{b}" for a, b in self.dims) + ")"
+        sw = f", swizzle {self.swizzle}B" if self.swizzle else ""
+        return f"tmap(param {self.param}, " + ", ".join(f"{list(a)}:{b}" for a, b in self.dims) + sw + ")"
 
 
 @dataclass(eq=False)
@@ -315,6 +347,121 @@ class Return(Node):
 
 
 @dataclass(eq=False)
+class Ring:
+    """One side's position in a circular buffer of ``stages`` slots: a stage
+    index and a phase bit, carried as variables as a person writes them
+    (``stage``, ``phase``), not recomputed from loop indices at every use."""
+
+    name: str
+    stages: int
+
+    @property
+    def stage(self) -> Var:
+        return Var(f"{self.name}_stage", lo=0, hi=self.stages)
+
+    @property
+    def phase(self) -> Var:
+        return Var(f"{self.name}_phase", lo=0, hi=2)
+
+
+@dataclass(eq=False)
+class RingInit(Node):
+    """Declare ``ring``'s stage and phase at ring position ``position``."""
+
+    ring: Ring
+    position: object = None  # Scalar; None: 0
+
+    def lines(self, ind):
+        at = f" at position {self.position}" if self.position is not None else ""
+        return ["  " * ind + f"RING {self.ring.name} (stages={self.ring.stages}){at}"]
+
+
+@dataclass(eq=False)
+class RingAdvance(Node):
+    """Move ``ring`` on by ``count`` positions (the phase flips at each wrap)."""
+
+    ring: Ring
+    count: object  # Scalar
+
+    def lines(self, ind):
+        return ["  " * ind + f"RING_ADVANCE {self.ring.name} by {self.count}"]
+
+
+@dataclass(eq=False)
+class MmaOperand:
+    """A wgmma operand in shared memory: buffer ``tv`` at element offset
+    ``offset`` (stage included), read through a matrix descriptor with the
+    leading/stride byte offsets ``lbo``/``sbo``, the buffer's swizzle and
+    ``transpose`` set for an MN-major tile."""
+
+    tv: TensorView
+    offset: object  # Scalar, elements
+    lbo: int
+    sbo: int
+    swizzle: int
+    transpose: bool
+
+    def __str__(self):
+        t = " T" if self.transpose else ""
+        return f"desc({self.tv.name}+{self.offset}, lbo={self.lbo}, sbo={self.sbo}, sw={self.swizzle}{t})"
+
+
+@dataclass(eq=False)
+class Wgmma(Node):
+    """``wgmma.mma_async.m64nNk16``: acc[fragment] (+)= A x B for one
+    warpgroup, the accumulator fragment starting at ``acc``; ``scale_d`` is
+    0 for the first k step of a tile (D = A x B: no zeroing needed)."""
+
+    acc: TensorRef
+    a: MmaOperand
+    b: MmaOperand
+    shape: tuple  # (64, N, 16)
+    scale_d: object  # Scalar
+    k_loop: int = -1  # loop key of the k loop (the commit/wait go there)
+
+    def lines(self, ind):
+        m, n, k = self.shape
+        return ["  " * ind + f"WGMMA.m{m}n{n}k{k} {self.acc} += {self.a} x {self.b} scale_d={self.scale_d}"]
+
+
+@dataclass(eq=False)
+class WgmmaFence(Node):
+    """wgmma.fence: the accumulator registers are handed to the tensor cores."""
+
+    def lines(self, ind):
+        return ["  " * ind + "WGMMA_FENCE"]
+
+
+@dataclass(eq=False)
+class WgmmaCommit(Node):
+    """Close this warpgroup's open group of wgmmas."""
+
+    def lines(self, ind):
+        return ["  " * ind + "WGMMA_COMMIT_GROUP"]
+
+
+@dataclass(eq=False)
+class WgmmaWait(Node):
+    """Wait until at most ``pending`` wgmma groups of this warpgroup are in flight."""
+
+    pending: int
+
+    def lines(self, ind):
+        return ["  " * ind + f"WGMMA_WAIT_GROUP {self.pending}"]
+
+
+@dataclass(eq=False)
+class BarrierArrive(Node):
+    """``bar.arrive id, threads``: count toward a named barrier without waiting."""
+
+    barrier: tuple  # (id Scalar, threads)
+    reason: str = ""
+
+    def lines(self, ind):
+        return ["  " * ind + f"BAR_ARRIVE bar{self.barrier[0]}/{self.barrier[1]}  // {self.reason}"]
+
+
+@dataclass(eq=False)
 class Comment(Node):
     text: str
 
@@ -361,6 +508,22 @@ class Kernel:
     min_blocks: int = 0  # __launch_bounds__ second argument, 0: none
     hang_record: bool = False  # the kernel takes a host-mapped record (CIRCBUF_DEBUG_HANG)
     consumer_barrier: tuple = (0, 0)  # warp-specialized: (named barrier, consumer threads)
+    descriptors: dict = field(
+        default_factory=dict
+    )  # smem tv name -> (lbo, sbo, swizzle): wgmma descriptor bases
+    named_barriers: dict = field(default_factory=dict)  # purpose -> first id (ids 1..15; 0 is __syncthreads)
+
+    def named_barrier(self, purpose: str, count: int = 1) -> int:
+        """The first of ``count`` consecutive named-barrier ids reserved for
+        ``purpose`` (the same ids for the same purpose); id 0 is __syncthreads."""
+        if purpose not in self.named_barriers:
+            used = sum(n for _, n in self.named_barriers.values())
+            if 1 + used + count > 16:
+                from ..ir import CircbufError
+
+                raise CircbufError(f"{self.name}: more than 15 named barriers needed ({purpose})")
+            self.named_barriers[purpose] = (1 + used, count)
+        return self.named_barriers[purpose][0]
 
     def __str__(self):
         grid = [str(self.launch.get(p, 1)) for p in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)]

@@ -139,7 +139,9 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
                 index[ax.id] = Var(pt.value, lo=0, hi=hi)
                 continue
             key = uf.find(ax.id)
-            if pt == ParallelType.Bulk:  # the copy moves the whole box: index of its first element
+            if pt in (ParallelType.Bulk, ParallelType.Mma):
+                # one copy moves the whole box, one instruction covers the
+                # MMA tile: index of its first element
                 index[ax.id] = Const(0)
                 continue
             if (ax.is_broadcast and key not in shared) or is_const(ax.loop_extent, 1):
@@ -148,12 +150,18 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             loop = None
             if key in shared:
                 loop = next((n for n in reversed(cur) if isinstance(n, ForLoop) and n.key == key), None)
+            chain = _grid_stride(ax)
             if loop is None:
                 loop = new_loop(ax, key)
+                if chain is not None:  # for (t = start; t < extent; t += step)
+                    loop.extent, loop.start, loop.step = chain[1].loop_extent, chain[2], chain[3]
+                    loop.index = Var(loop.index.name, lo=0, hi=loop.extent)
                 cur.append(loop)
             if anchor is not None and anchor[1] is None and anchor[0] is cur:
                 anchor = (cur, loop)
             index[ax.id] = loop.index
+            if chain is not None:
+                index[chain[1].id] = loop.index  # the loop runs the split's input index itself
             cur = loop.body
         stmt = ExprStmt(e, index)
         cur.append(stmt)
@@ -197,9 +205,42 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
     return kernel
 
 
+def _grid_stride(ax):
+    """A serial axis that is the outer part of a split whose inner part is
+    bound to a block index (through splits whose inner parts are thread
+    indices, as a ping-pong warpgroup's share of the tiles) is a persistent
+    grid loop: it runs ``for (t = start; t < extent; t += step)`` over the
+    split input ``top`` directly. Returns (ax, top, start, step) or None.
+    The chain stops at the first block-bound inner part, so rows split over
+    threadIdx.y below a grid split keep a trip count every row shares."""
+    if ax.parallel_type != ParallelType.Serial or ax.is_broadcast:
+        return None
+    cur, step, start = ax, Const(1), Const(0)
+    while True:
+        d = cur.definition
+        if d is None or type(d).__name__ != "Split" or d.outer is not cur or not d.inner_split:
+            return None
+        inner = d.inner
+        pt = inner.parallel_type
+        if not pt.is_grid_or_block or inner.is_broadcast:
+            return None
+        ext = simplify(inner.loop_extent)
+        hw = Var(pt.value, lo=0, hi=ext if isinstance(ext, Const) else None)
+        start = simplify(start * ext + hw)
+        step = simplify(step * ext)
+        cur = d.in_
+        if pt.is_block:
+            return ax, cur, start, step
+
+
 def _check_reduction(out: TensorView):
     seen_red = False
+    mma = type(out.definition).__name__ == "MmaOp"
     for ax in out.loop:
+        if ax.parallel_type in (ParallelType.Mma, ParallelType.Bulk):
+            continue
+        if mma and not ax.is_reduction:
+            continue  # an MMA writes each fragment whole: any loop order (its k steps accumulate)
         if ax.is_reduction:
             seen_red = True
             if ax.parallel_type.is_block:

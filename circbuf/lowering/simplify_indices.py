@@ -17,6 +17,7 @@ from .kir import (
     MBarrierWait,
     TensorRef,
     TmaLoad,
+    Wgmma,
     walk,
 )
 
@@ -39,6 +40,12 @@ def simplify_indices(kernel: Kernel) -> Kernel:
             node.cond = simplify(node.cond)
         elif isinstance(node, ForLoop):
             node.extent = simplify(node.extent)
+            node.start, node.step = simplify(node.start), simplify(node.step)
+        elif isinstance(node, Wgmma):
+            ref(node.acc)
+            node.scale_d = simplify(node.scale_d)
+            for op in (node.a, node.b):
+                op.offset = simplify(op.offset)
         elif isinstance(node, TmaLoad):
             ref(node.dst)
             node.coords = [simplify(c) for c in node.coords]

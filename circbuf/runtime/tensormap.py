@@ -24,6 +24,14 @@ _DTYPES = {
 }
 
 
+_SWIZZLE = {
+    0: "CU_TENSOR_MAP_SWIZZLE_NONE",
+    32: "CU_TENSOR_MAP_SWIZZLE_32B",
+    64: "CU_TENSOR_MAP_SWIZZLE_64B",
+    128: "CU_TENSOR_MAP_SWIZZLE_128B",
+}
+
+
 def map_geometry(spec, shape, strides, itemsize):
     """(globalDim, globalStrides in bytes, boxDim), innermost first."""
     dims, gstrides, box = [], [], []
@@ -67,8 +75,8 @@ def check_map(name, ptr, dims, gstrides, box, itemsize):
 
 
 def encode(spec, tensor, name: str) -> bytes:
-    """The 128 opaque bytes of a tensor map for ``tensor`` (tiled, no swizzle,
-    out-of-range elements read as zero)."""
+    """The 128 opaque bytes of a tensor map for ``tensor`` (tiled, with the
+    shared side's swizzle, out-of-range elements read as zero)."""
     from cuda.bindings import driver as drv
 
     from .driver import check
@@ -89,7 +97,7 @@ def encode(spec, tensor, name: str) -> bytes:
             [drv.cuuint32_t(b) for b in box],
             [drv.cuuint32_t(1)] * rank,
             drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+            getattr(drv.CUtensorMapSwizzle, _SWIZZLE[spec.swizzle]),
             drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         ),

@@ -102,3 +102,46 @@ class ReductionParams(Params):
     name = "Reduction params"
     inner: bool = True
     threads: int = 128
+
+
+@dataclass(frozen=True)
+class MatmulParams(Params):
+    """A Hopper matmul: [bm x bn] output tiles, K in steps of bk, operand
+    tiles staged by TMA through a ``stages``-deep ring that a producer warp
+    fills while two consumer warpgroups run wgmma on it; ``pingpong``: each
+    warpgroup owns whole tiles (alternating), else both split one tile
+    (cooperative). ``persistent``: one CTA per SM walks the tiles in bands of
+    ``group`` tiles along ``raster``. ``simt`` holds the params of the
+    sum-of-products path taken where the tensor cores cannot be (fp32
+    operands, strides a tensor map cannot describe, K = 0).
+
+    >>> print(MatmulParams(tile=(128, 256, 64), stages=4, grid=132).brief())
+    tile 128x256x64, 4 stages (prefetch 3), persistent, cooperative, raster M/8, grid 132
+    """
+
+    name = "Matmul params"
+    tile: tuple = (128, 256, 64)
+    stages: int = 4
+    prefetch: int = 3
+    persistent: bool = True
+    pingpong: bool = False
+    cluster: tuple = (1, 1)
+    raster: str = "M"  # the tile index that runs fastest inside a band
+    group: int = 8  # tiles per band (L2 reuse of the operand panels)
+    registers: tuple = (40, 232)  # setmaxnreg: producer, consumers
+    epilogue_tile: tuple = (64, 64)
+    grid: int = 132
+    a_major: str = "K"  # which axis of A is contiguous in memory: "K" or "M"
+    b_major: str = "K"  # of B: "K" (linear's [N, K] weight) or "N" (matmul's [K, N])
+    simt: object = None  # ReductionParams: the sum-of-products path
+
+    def brief(self) -> str:
+        if self.simt is not None:
+            return f"SIMT sum of products ({self.simt.threads} threads)"
+        bm, bn, bk = self.tile
+        kind = "ping-pong" if self.pingpong else "cooperative"
+        grid = "persistent" if self.persistent else "one CTA per tile"
+        return (
+            f"tile {bm}x{bn}x{bk}, {self.stages} stages (prefetch {self.prefetch}), {grid}, {kind}, "
+            f"raster {self.raster}/{self.group}, grid {self.grid}"
+        )

@@ -41,6 +41,8 @@ class PointwiseScheduler:
         """None when this scheduler applies, else the reason it does not."""
         if any(isinstance(e, ReductionOp) for e in fusion.exprs()):
             return "fusion has reductions"
+        if any(e.op_name in ("matmul", "linear") for e in fusion.exprs()):
+            return "fusion has a matmul"
         ranks = {o.ndim for o in fusion.outputs}
         if len(ranks) != 1:
             return f"outputs have different ranks {sorted(ranks)}"

@@ -48,6 +48,8 @@ class ReductionScheduler:
         reds = _reductions(fusion)
         if not reds:
             return "fusion has no reduction"
+        if any(e.op_name in ("matmul", "linear") for e in fusion.exprs()):
+            return "fusion has a matmul"
         lmap = LogicalMap(fusion)
         ref = reds[0]
         key = _red_classes(ref, lmap)

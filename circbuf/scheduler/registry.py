@@ -6,11 +6,12 @@
 from __future__ import annotations
 
 from ..ir import CircbufError, Fusion
-from . import normalization, outer_reduction, pointwise, pointwise_tma, reduction
+from . import matmul, normalization, outer_reduction, pointwise, pointwise_tma, reduction
 from .info import InputInfo
 from .utils import bind_axis_extents, canonicalize_extents
 
 SCHEDULERS = [
+    (matmul.MatmulScheduler, matmul.OVERRIDES),
     (normalization.NormalizationScheduler, normalization.OVERRIDES),
     (outer_reduction.OuterReductionScheduler, outer_reduction.OVERRIDES),
     (reduction.ReductionScheduler, reduction.OVERRIDES),

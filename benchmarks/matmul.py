@@ -1,0 +1,148 @@
+"""Matmul benchmark: circbuf's Hopper matmul scheduler against torch
+(cuBLAS) in the same run, bf16, random inputs, triton's do_bench median.
+
+    PYTHONPATH=. python benchmarks/matmul.py            # the issue's table
+    PYTHONPATH=. python benchmarks/matmul.py --sweep    # heuristic vs override sets
+    PYTHONPATH=. python benchmarks/matmul.py --epilogue # linear + bias + gelu vs eager, torch.compile
+
+TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
+for each shape (torch._dynamo.reset(), dynamic=False).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+from benchmarks.common import bench_ms, gpu_name, write_json  # noqa: E402
+from tests.test_gpu_matmul import mm_fusion  # noqa: E402
+
+# (M, N, K, kind): kind "matmul" is A @ B with B [K, N]; "linear" is x @ W.T with W [N, K]
+SHAPES = [
+    (2048, 2048, 2048, "matmul"),
+    (4096, 4096, 4096, "matmul"),
+    (8192, 8192, 8192, "matmul"),
+    (8192, 8192, 1024, "matmul"),
+    (4096, 14336, 4096, "linear"),
+    (3000, 5000, 4000, "matmul"),
+    (2048, 2048, 2048, "linear"),
+    (4096, 4096, 4096, "linear"),
+    (8192, 8192, 8192, "linear"),
+]
+SWEEP = {
+    "coop 128x256 s4": dict(tile=(128, 256, 64), stages=4),
+    "coop 128x128 s6": dict(tile=(128, 128, 64), stages=6),
+    "coop 256x128 s4": dict(tile=(256, 128, 64), stages=4),
+    "pp 128x128 s6": dict(pingpong=True, tile=(128, 128, 64), stages=6),
+    "pp 64x256 s6": dict(pingpong=True, tile=(64, 256, 64), stages=6),
+    "pp 128x256 s4 24/240": dict(pingpong=True, tile=(128, 256, 64), stages=4, registers=(24, 240)),
+    "coop 128x256 s3": dict(tile=(128, 256, 64), stages=3),
+    "coop raster g4": dict(group=4),
+    "coop raster g16": dict(group=16),
+    "non-persistent": dict(persistent=False),
+}
+
+
+def inputs(m, n, k, kind):
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn((n, k) if kind == "linear" else (k, n), device="cuda", dtype=torch.bfloat16)
+    return a, b
+
+
+def torch_mm(kind):
+    return (lambda a, b: a @ b.T) if kind == "linear" else (lambda a, b: a @ b)
+
+
+def tflops(m, n, k, ms):
+    return 2 * m * n * k / ms / 1e9
+
+
+def table():
+    print(f"GPU: {gpu_name()}  bf16, do_bench median, TFLOP/s")
+    print(f"{'shape':>24s} {'kind':>6s} {'cuBLAS':>8s} {'circbuf':>8s} {'ratio':>6s}  params")
+    rows, ratios = [], []
+    for m, n, k, kind in SHAPES:
+        a, b = inputs(m, n, k, kind)
+        fd = mm_fusion(kind)
+        (out,) = fd.execute([a, b])
+        ref = torch_mm(kind)(a, b)
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        t_torch = bench_ms(lambda: torch_mm(kind)(a, b))
+        t_cb = bench_ms(lambda: fd.execute([a, b]))
+        r = t_torch / t_cb
+        ratios.append(r)
+        p = fd.last_params()
+        print(
+            f"{f'{m}x{n}x{k}':>24s} {kind:>6s} {tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} "
+            f"{r:6.3f}  {p.brief()} (err {err:.1e})"
+        )
+        rows.append(
+            dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, params=p.brief(), err=err)
+        )
+    geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    print(f"geomean vs cuBLAS: {geo:.3f}x; min {min(ratios):.3f}x")
+    write_json("bench_matmul.json", rows)
+
+
+def sweep():
+    print(f"GPU: {gpu_name()}  matmul sweep, TFLOP/s (heuristic first)")
+    for m, n, k, kind in SHAPES:
+        a, b = inputs(m, n, k, kind)
+        line = []
+        fd = mm_fusion(kind)
+        fd.execute([a, b])
+        line.append(
+            f"heuristic[{fd.last_params().brief()}] {tflops(m, n, k, bench_ms(lambda fd=fd: fd.execute([a, b]))):.0f}"
+        )
+        for tag, ov in SWEEP.items():
+            fd = mm_fusion(kind)
+            try:
+                fd.fusion.schedule(**ov)
+                fd.execute([a, b])
+                line.append(f"{tag} {tflops(m, n, k, bench_ms(lambda fd=fd: fd.execute([a, b]))):.0f}")
+            except Exception as e:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
+                line.append(f"{tag} n/a({type(e).__name__}: {str(e)[:60]})")
+        print(f"{m}x{n}x{k} {kind}: " + " | ".join(line))
+
+
+def epilogue():
+    """linear + bias + gelu: fused kernel vs eager, a static torch.compile and the bare GEMM."""
+    print(f"GPU: {gpu_name()}  linear + bias + gelu (bf16), us")
+    for m, n, k in ((8192, 8192, 1024), (4096, 14336, 4096)):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / 8
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+
+        def eager(x, w, bias):
+            return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias))
+
+        torch._dynamo.reset()
+        compiled = torch.compile(eager, dynamic=False)
+        compiled(x, w, bias)
+        fd = mm_fusion("linear", bias=True, epilogue="gelu")
+        (out,) = fd.execute([x, w, bias])
+        ref = eager(x, w, bias)
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        t_eager = bench_ms(lambda: eager(x, w, bias))
+        t_comp = bench_ms(lambda: compiled(x, w, bias))
+        t_gemm = bench_ms(lambda: x @ w.T)
+        t_cb = bench_ms(lambda: fd.execute([x, w, bias]))
+        print(
+            f"{m}x{n}x{k}: circbuf {t_cb * 1e3:.0f}  eager {t_eager * 1e3:.0f}  compile {t_comp * 1e3:.0f}  "
+            f"bare cuBLAS GEMM {t_gemm * 1e3:.0f}  (circbuf / bare GEMM = {t_cb / t_gemm:.3f}, err {err:.1e})"
+        )
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        print("benchmarks/matmul.py needs a CUDA GPU (none found)")
+        sys.exit(1)
+    if "--sweep" in sys.argv:
+        sweep()
+    elif "--epilogue" in sys.argv:
+        epilogue()
+    else:
+        table()

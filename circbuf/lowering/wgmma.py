@@ -1,0 +1,94 @@
+"""Pass: order warpgroup MMAs against their accumulators.
+
+wgmmas run asynchronously: a ``wgmma.fence`` hands the accumulator
+registers to the tensor cores before a k step's instructions, a commit
+closes them into one group, and ``wgmma.wait_group N`` waits until at most
+``N`` groups are in flight. One group per k step, one group kept in flight
+(the next step's loads overlap this step's math); all groups are done
+before anything reads the accumulators. The k loop is the outermost loop
+whose index decides ``scale_d`` (the first k step of a tile overwrites the
+accumulator).
+
+Before::
+
+    FOR t in blockIdx.x..T step gridDim.x
+      FOR k in 0..K
+        FOR kw in 0..4
+          WGMMA acc += A[k, kw] x B[k, kw] scale_d=!(k == 0 && kw == 0)
+      ... epilogue reads acc ...
+
+After::
+
+    FOR t in blockIdx.x..T step gridDim.x
+      FOR k in 0..K
+        WGMMA_FENCE
+        FOR kw in 0..4
+          WGMMA ...
+        WGMMA_COMMIT_GROUP
+        WGMMA_WAIT_GROUP 1            // the previous k step's group is done
+      WGMMA_WAIT_GROUP 0              // every group is done before the epilogue
+      ... epilogue reads acc ...
+"""
+
+from __future__ import annotations
+
+from ..ir.scalar import free_vars
+from .kir import ForLoop, Kernel, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, walk
+
+IN_FLIGHT = 1  # wgmma groups left running at the end of a k step
+
+
+def wgmma_sync(kernel: Kernel) -> Kernel:
+    """Entry: fences, commits and waits around the wgmmas of each k loop."""
+    found = []  # (wgmma, enclosing loops)
+    walk(kernel.body, lambda n, s: found.append((n, list(s))) if isinstance(n, Wgmma) else None)
+    done = set()
+    for w, stack in found:
+        loops = [lp for lp in stack if isinstance(lp, ForLoop)]
+        names = set(free_vars(w.scale_d))
+        k_loop = next((lp for lp in loops if lp.index.name in names), None)
+        if k_loop is not None:
+            if id(k_loop) in done:
+                continue
+            done.add(id(k_loop))
+            k_loop.body = [WgmmaFence(), *k_loop.body, WgmmaCommit(), WgmmaWait(IN_FLIGHT)]
+            _after(kernel.body, k_loop, WgmmaWait(0))
+            continue
+        # the whole reduction is one k step: one group, waited for at once
+        _before(kernel.body, w, WgmmaFence())
+        _after(kernel.body, w, WgmmaCommit(), WgmmaWait(0))
+    return kernel
+
+
+def _before(nodes, target, *new) -> bool:
+    for k, n in enumerate(nodes):
+        if n is target:
+            nodes[k:k] = list(new)
+            return True
+        for sub in _children(n):
+            if _before(sub, target, *new):
+                return True
+    return False
+
+
+def _after(nodes, target, *new) -> bool:
+    for k, n in enumerate(nodes):
+        if n is target:
+            nodes[k + 1 : k + 1] = list(new)
+            return True
+        for sub in _children(n):
+            if _after(sub, target, *new):
+                return True
+    return False
+
+
+def _children(n):
+    from .kir import ElectOne, IfThenElse
+
+    if isinstance(n, ForLoop):
+        return [n.body]
+    if isinstance(n, IfThenElse):
+        return [n.then, n.else_]
+    if isinstance(n, ElectOne):
+        return [n.then]
+    return []

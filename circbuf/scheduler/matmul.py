@@ -1,0 +1,713 @@
+"""Matmul scheduler: a fusion with one ``matmul`` / ``linear`` and a
+pointwise epilogue on its output, run on Hopper's tensor cores.
+
+The ``matmul`` expr is translated to MMA form: the operands are staged in
+shared memory by TMA copies (with a broadcast axis for the other operand's
+tile loop), ``acc = mma(As, Bs)`` accumulates in fp32 registers, and the
+epilogue (bias, activation, residual, the cast) runs on ``acc`` before the
+final cast. The schedule, for a cooperative persistent kernel with
+[bm x bn x bk] tiles (T = tiles, G = CTAs, W = 2 consumer warpgroups)::
+
+    acc  [iS{T/G} (tile loop), iblockIdx.x{G}, ithreadIdx.y{W}, rS{K/bk} (k loop),
+          ithreadIdx.x{128}, iMMA{bn/8}, iMMA{2}, iMMA{2}, rS{bk/16}, rMMA{16}]   ca_pos(3)
+    As   [iS{T/G}, iblockIdx.x{G}, iS{K/bk} (ring loop), iB{bm}, bS{bn}, iB{bk}]
+         swizzle(128B) circular_buffer(stages, WarpSpecialized(TIDy))
+    out  [iS{T/G}, iblockIdx.x{G}, ithreadIdx.y{W}, ithreadIdx.x{128}, iS{bn/8}, iS{2}, iV{2}]
+
+The tile index walks bands of ``group`` tiles along ``raster`` (split,
+reorder and merge of the tile axes); ``threadIdx.x`` is the merge of the
+warp, row-in-warp and column-pair axes of the wgmma accumulator layout, so
+the fragment registers are ``iMMA`` axes and the epilogue reads them by
+constant index. The operand tiles form a loop nest of their own (the
+producer's), which the circular-buffer pass turns into the copy loop of a
+producer warp. Ping-pong splits the tile loop over the warpgroups instead
+of splitting the tile's rows.
+
+Fusions the tensor cores cannot take (fp32 or mixed operands, 1-D
+operands, strides a tensor map cannot describe, K = 0, prologue math on
+the operands) are translated to a sum of products and run by the plain
+reduction scheduler: correct, not fast.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..ir import (
+    BinaryOp,
+    BroadcastOp,
+    CastOp,
+    CircbufError,
+    Const,
+    DataType,
+    Fusion,
+    IterDomain,
+    IterType,
+    LinearOp,
+    LoadStoreOp,
+    MatmulOp,
+    MemoryType,
+    MmaOp,
+    ParallelType,
+    ReductionOp,
+    TensorView,
+    TernaryOp,
+    UnaryOp,
+    WarpSpecialized,
+    evaluate,
+    reduction_init,
+)
+from .info import InputInfo
+from .params import MatmulParams
+from .utils import LogicalMap, concretize_broadcasts, hoist_broadcasts
+
+OVERRIDES = (
+    "persistent",
+    "stages",
+    "prefetch",
+    "pingpong",
+    "tile",
+    "cluster",
+    "raster",
+    "group",
+    "registers",
+    "epilogue_tile",
+)
+_EPILOGUE = (UnaryOp, BinaryOp, TernaryOp, CastOp, LoadStoreOp, BroadcastOp)
+SMEM_LIMIT = 232448 - 1024  # opt-in shared memory per block, less barriers and alignment
+
+
+def _contractions(fusion: Fusion):
+    return [e for e in fusion.exprs() if isinstance(e, (MatmulOp, LinearOp))]
+
+
+class MatmulScheduler:
+    name = "matmul"
+
+    @staticmethod
+    def can_schedule(fusion: Fusion) -> str | None:
+        cs = _contractions(fusion)
+        if not cs:
+            return "fusion has no matmul"
+        if len(cs) > 1:
+            return f"{len(cs)} matmuls in one fusion (each needs its own kernel: fusion segmentation, not built yet)"
+        for e in fusion.exprs():
+            if isinstance(e, ReductionOp):
+                return (
+                    f"a reduction ({e.out.name}) next to a matmul needs a second kernel "
+                    "(fusion segmentation, not built yet)"
+                )
+            if not isinstance(e, (*_EPILOGUE, MatmulOp, LinearOp)):
+                return f"{type(e).__name__} {e.out.name} cannot be part of a matmul's epilogue"
+        return None
+
+    # ------------------------------------------------------------ params
+    @staticmethod
+    def compute_params(fusion: Fusion, info: InputInfo, overrides: dict) -> MatmulParams:
+        e = _contractions(fusion)[0]
+        why = _mma_unsupported(fusion, e, info)
+        env = info.extents
+        if why is None:
+            params = _mma_params(fusion, e, info, overrides)
+            if params is not None:
+                return params
+        if overrides:
+            raise CircbufError(
+                f"schedule({', '.join(sorted(overrides))}): this matmul runs on the SIMT path "
+                f"({why or 'the tensor-core path cannot take it'}), which takes no matmul overrides"
+            )
+        from .reduction import ReductionScheduler
+
+        f2 = copy.deepcopy(fusion)
+        decompose(f2)
+        why2 = ReductionScheduler.can_schedule(f2)
+        if why2:
+            raise CircbufError(f"matmul {e.out.name}: no path takes it ({why}; SIMT path: {why2})")
+        del env
+        return MatmulParams(simt=ReductionScheduler.compute_params(f2, info, {}))
+
+    # ---------------------------------------------------------- schedule
+    @staticmethod
+    def schedule(fusion: Fusion, params: MatmulParams):
+        if params.simt is not None:
+            from .reduction import ReductionScheduler
+
+            decompose(fusion)
+            ReductionScheduler.schedule(fusion, params.simt)
+            return
+        _schedule_mma(fusion, params)
+
+
+# ---------------------------------------------------------------- checks
+def _operands(e):
+    if isinstance(e, MatmulOp):
+        return e.inputs[0], e.inputs[1], None
+    return e.inputs[0], e.inputs[1], (e.inputs[2] if len(e.inputs) > 2 else None)
+
+
+def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
+    """None when the tensor-core path can take this fusion on these inputs,
+    else why not (the SIMT path takes it)."""
+    a, b, _ = _operands(e)
+    if a.dtype not in (DataType.BFloat16, DataType.Half):
+        return f"{a.dtype.name} operands (the tensor-core path takes BFloat16 and Half)"
+    if a.ndim < 2 or b.ndim < 2:
+        return "a 1-D operand (a matrix-vector product)"
+    if isinstance(e, LinearOp) and b.ndim != 2:
+        return "a linear weight that is not 2-D"
+    for x in (a, b):
+        if not x.is_input:
+            return f"operand {x.name} is computed in the fusion (prologue math is not staged by TMA)"
+    c = e.out
+    if any(i.is_broadcast for i in c.logical[-2:]):
+        return "an M or N extent of 1 fixed in the definition"
+    k = evaluate(a.logical[-1].extent, info.extents)
+    if k == 0:
+        return "K = 0 (the sum of no products)"
+    for x in (a, b):
+        t = info.tensors[fusion.inputs.index(x)]
+        if any(s == 0 for s in t.sizes):
+            return f"{x.name} is empty"
+        why = _operand_layout(t)[1]
+        if why:
+            return f"operand {x.name}: {why}"
+    lmap = LogicalMap(fusion)
+    classes = {lmap.find(i) for i in c.logical}
+    for o in fusion.outputs:
+        for d, i in enumerate(o.logical):
+            if (not i.is_broadcast or i.expanded_extent is not None) and lmap.find(i) not in classes:
+                return f"output {o.name} axis {d} is not an axis of the matmul's output"
+        if o.ndim != c.ndim:
+            return f"output {o.name} does not have the matmul output's shape"
+    return None
+
+
+def _operand_layout(t) -> tuple:
+    """(major, reason): which of the last two axes is contiguous ("inner" or
+    "outer") and whether a tensor map can describe the rest."""
+    if t.align % 16:
+        return None, "data pointer not 16-byte aligned"
+    n = len(t.sizes)
+    inner_c = t.sizes[-1] == 1 or t.strides[-1] == 1
+    outer_c = t.sizes[-2] == 1 or t.strides[-2] == 1
+    if inner_c and (t.sizes[-2] == 1 or t.strides[-2] * t.itemsize % 16 == 0):
+        major, other = "inner", t.strides[-2]
+    elif outer_c and t.strides[-1] * t.itemsize % 16 == 0:
+        major, other = "outer", t.strides[-1]
+    else:
+        return None, f"strides {t.strides} (a tensor map needs one unit stride and 16-byte multiples)"
+    for d in range(n - 2):
+        if t.sizes[d] > 1 and (t.strides[d] * t.itemsize) % 16:
+            return None, f"batch stride {t.strides[d]} not a multiple of 16 bytes"
+    del other
+    return major, None
+
+
+def _pick(overrides, name, default):
+    return overrides[name] if name in overrides else default
+
+
+def _mma_params(fusion, e, info, ov) -> MatmulParams:
+    """Heuristics and the validation of every override (a CircbufError names
+    the rule a value breaks)."""
+    a, b, _ = _operands(e)
+    env = info.extents
+    c = e.out
+    m = evaluate(c.logical[-2].extent, env)
+    n = evaluate(c.logical[-1].extent, env)
+    batch = 1
+    for i in c.logical[:-2]:
+        batch *= evaluate(i.expanded_extent if i.is_broadcast and i.expanded_extent else i.extent, env)
+    ta = info.tensors[fusion.inputs.index(a)]
+    tb = info.tensors[fusion.inputs.index(b)]
+    a_major = "K" if _operand_layout(ta)[0] == "inner" else "M"
+    if isinstance(e, LinearOp):
+        b_major = "K" if _operand_layout(tb)[0] == "inner" else "N"
+    else:
+        b_major = "N" if _operand_layout(tb)[0] == "inner" else "K"
+    bad = sorted(set(ov) - set(OVERRIDES))
+    if bad:
+        raise CircbufError(
+            f"schedule(): the matmul scheduler does not take {', '.join(bad)}; it takes {', '.join(OVERRIDES)}"
+        )
+    persistent = _pick(ov, "persistent", True)
+    pingpong = _pick(ov, "pingpong", False)
+    for name, v in (("persistent", persistent), ("pingpong", pingpong)):
+        if not isinstance(v, bool):
+            raise CircbufError(f"schedule({name}={v!r}): must be True or False")
+    bm_d, bn_d = (128, 128) if pingpong else (128, 256)
+    if n <= 128 and not pingpong:
+        bn_d = 128
+    tile = _pick(ov, "tile", (bm_d, bn_d, 64))
+    if not (isinstance(tile, (tuple, list)) and len(tile) == 3 and all(isinstance(x, int) for x in tile)):
+        raise CircbufError(f"schedule(tile={tile!r}): must be (bm, bn, bk), three ints")
+    bm, bn, bk = tile
+    warpgroups = 1 if pingpong else 2
+    if bm % (64 * warpgroups) or not 64 <= bm <= 256:
+        rule = "a multiple of 64 per warpgroup" + (
+            "" if pingpong else " (two warpgroups split it: 128 or 256)"
+        )
+        raise CircbufError(f"schedule(tile={tuple(tile)}): bm = {bm} must be {rule}, at most 256")
+    if bn % 16 or not 16 <= bn <= 256:
+        raise CircbufError(
+            f"schedule(tile={tuple(tile)}): bn = {bn} must be a multiple of 16 in [16, 256] (the wgmma N)"
+        )
+    if bk % 64 or not 64 <= bk <= 128:
+        raise CircbufError(
+            f"schedule(tile={tuple(tile)}): bk = {bk} must be 64 or 128 (128-byte swizzled rows of 16-bit K)"
+        )
+    if b_major == "N" and bn % 64:
+        raise CircbufError(
+            f"schedule(tile={tuple(tile)}): bn = {bn} must be a multiple of 64 for an N-major B (64-wide swizzle atoms)"
+        )
+    if a_major == "M" and bm % 64:
+        raise CircbufError(f"schedule(tile={tuple(tile)}): bm must be a multiple of 64 for an M-major A")
+    stage_bytes = (bm + bn) * bk * a.dtype.size
+    fit = SMEM_LIMIT // stage_bytes
+    stages = _pick(ov, "stages", min(fit, 7))
+    if not isinstance(stages, int) or stages < 2:
+        raise CircbufError(f"schedule(stages={stages!r}): must be an int >= 2")
+    if stages * stage_bytes > SMEM_LIMIT:
+        raise CircbufError(
+            f"schedule(stages={stages}, tile={tuple(tile)}): {stages} stages of {stage_bytes} bytes exceed "
+            f"the {SMEM_LIMIT} bytes of shared memory a block can have (at most {fit} stages of this tile)"
+        )
+    prefetch = _pick(ov, "prefetch", stages - 1)
+    if not isinstance(prefetch, int) or not 0 < prefetch < stages:
+        raise CircbufError(f"schedule(prefetch={prefetch!r}): must satisfy 0 < prefetch < stages ({stages})")
+    raster = _pick(ov, "raster", "M" if n >= m else "N")
+    if raster not in ("M", "N"):
+        raise CircbufError(f"schedule(raster={raster!r}): must be 'M' or 'N'")
+    tiles_m, tiles_n = -(-m // bm), -(-n // bn)
+    along = tiles_m if raster == "M" else tiles_n
+    group = _pick(ov, "group", _default_group(along))
+    if not isinstance(group, int) or group < 1:
+        raise CircbufError(f"schedule(group={group!r}): must be an int >= 1")
+    cluster = _pick(ov, "cluster", (1, 1))
+    if not (
+        isinstance(cluster, (tuple, list))
+        and len(cluster) == 2
+        and all(isinstance(x, int) and x >= 1 for x in cluster)
+    ):
+        raise CircbufError(f"schedule(cluster={cluster!r}): must be (cx, cy), two ints >= 1")
+    if cluster[0] * cluster[1] > 1:
+        if tiles_m % cluster[0] or tiles_n % cluster[1]:
+            raise CircbufError(
+                f"schedule(cluster={tuple(cluster)}): the cluster must divide the tile grid "
+                f"({tiles_m} x {tiles_n} tiles of {bm}x{bn})"
+            )
+        raise CircbufError(
+            f"schedule(cluster={tuple(cluster)}): thread-block clusters (TMA multicast) are not built yet; use (1, 1)"
+        )
+    registers = _pick(ov, "registers", (40, 232))
+    ok = (
+        isinstance(registers, (tuple, list))
+        and len(registers) == 2
+        and all(isinstance(r, int) and 24 <= r <= 256 and r % 8 == 0 for r in registers)
+    )
+    if not ok:
+        raise CircbufError(f"schedule(registers={registers!r}): two multiples of 8 in [24, 256] (setmaxnreg)")
+    if (registers[0] + 2 * registers[1]) * 128 > 65536:
+        raise CircbufError(
+            f"schedule(registers={tuple(registers)}): producer + 2 x consumer registers x 128 threads "
+            "exceed the 65536 registers of an SM"
+        )
+    acc_regs = (bm // warpgroups) * bn // 128
+    if acc_regs + 24 > registers[1]:
+        raise CircbufError(
+            f"schedule(tile={tuple(tile)}, registers={tuple(registers)}): a warpgroup's {acc_regs} "
+            f"accumulator registers per thread do not fit in {registers[1]}"
+        )
+    epi = _pick(ov, "epilogue_tile", (64, 64))
+    if not (
+        isinstance(epi, (tuple, list)) and len(epi) == 2 and all(isinstance(x, int) and x > 0 for x in epi)
+    ):
+        raise CircbufError(f"schedule(epilogue_tile={epi!r}): must be (rows, cols), two positive ints")
+    if (bm // warpgroups) % epi[0] or bn % epi[1]:
+        raise CircbufError(
+            f"schedule(epilogue_tile={tuple(epi)}): must divide a warpgroup's {bm // warpgroups}x{bn} tile"
+        )
+    tiles = batch * tiles_m * tiles_n
+    grid = min(tiles, info.sm_count) if persistent else tiles
+    return MatmulParams(
+        tile=tuple(tile),
+        stages=stages,
+        prefetch=prefetch,
+        persistent=persistent,
+        pingpong=pingpong,
+        cluster=tuple(cluster),
+        raster=raster,
+        group=group,
+        registers=tuple(registers),
+        epilogue_tile=tuple(epi),
+        grid=max(grid, 1),
+        a_major=a_major,
+        b_major=b_major,
+    )
+
+
+def _default_group(along: int) -> int:
+    """CUTLASS's rule: bands of 8/4/2 tiles once the side has >= 6/3/2... tiles."""
+    for g in (8, 4, 2):
+        if along >= g:
+            return g
+    return 1
+
+
+# ----------------------------------------------------------- rewriting
+def _new(fusion, ids, dtype, mem=MemoryType.Local):
+    return fusion.register(TensorView(ids, dtype, mem))
+
+
+def _clone_axes(axes):
+    return [IterDomain(i.extent, i.iter_type) for i in axes]
+
+
+def _detach(e):
+    for x in e.tv_inputs():
+        if e in x.uses:
+            x.uses.remove(e)
+
+
+def decompose(fusion: Fusion) -> None:
+    """Rewrite the matmul / linear as a sum of products (broadcast, multiply,
+    sum over K in the accumulator type, cast): the SIMT path.
+
+    >>> # decompose(f)   # c = matmul(a, b)  ->  c = cast(sum(a[.., M, K, 1] * b[.., 1, K, N], K))
+    """
+    e = _contractions(fusion)[0]
+    a, b, bias = _operands(e)
+    c = e.out
+    acc_t = DataType.Double if a.dtype == DataType.Double else DataType.Float
+    _detach(e)
+    af, bf = _cast(fusion, a, acc_t), _cast(fusion, b, acc_t)
+    rank = c.ndim
+    linear = isinstance(e, LinearOp)
+    # full product space [batch.., M?, K, N?]: out axes in order with K before N
+    has_m = a.ndim > 1
+    has_n = (b.ndim > 1) if not linear else (b.ndim == 2)
+    nb = rank - int(has_m) - int(has_n)
+    kpos = nb + int(has_m)
+    prod_rank = rank + 1
+
+    def place(x, xf, roles):
+        # roles: per axis of x, "B<k>"/"M"/"N"/"K" -> position in the product space
+        pos = []
+        xb = roles.count("B")
+        for r in roles:
+            if r == "B":
+                pos.append(len([p for p in pos if p < nb]) + (nb - xb))
+            elif r == "M":
+                pos.append(nb)
+            elif r == "K":
+                pos.append(kpos)
+            else:
+                pos.append(kpos + 1)
+        flags = [True] * prod_rank
+        for p in pos:
+            flags[p] = False
+        if sorted(pos) != pos:  # linear's weight is [N, K]: K must come first
+            xf = _transpose_last2(fusion, xf)
+        out = _new(fusion, [IterDomain(Const(1), IterType.Broadcast) for _ in range(prod_rank)], xf.dtype)
+        src = iter(xf.domain.no_reductions())
+        for k, f in enumerate(flags):
+            if not f:
+                i = next(src)
+                out.logical[k] = IterDomain(i.extent, i.iter_type)
+        out.domain.loop = list(out.logical)
+        BroadcastOp(out, xf, flags)
+        return out
+
+    ra = ["B"] * (a.ndim - 2) + ["M", "K"] if a.ndim > 1 else ["K"]
+    if linear:
+        rb = ["N", "K"] if b.ndim == 2 else ["K"]
+    else:
+        rb = ["B"] * (b.ndim - 2) + ["K", "N"] if b.ndim > 1 else ["K"]
+    ab, bb = place(a, af, ra), place(b, bf, rb)
+    ids = []
+    for k in range(prod_rank):
+        x, y = ab.logical[k], bb.logical[k]
+        src = x if not x.is_broadcast else y
+        ids.append(IterDomain(src.extent, src.iter_type))
+    prod = _new(fusion, ids, acc_t)
+    BinaryOp("mul", prod, ab, bb)
+    red = _new(fusion, _clone_axes(ids), acc_t)
+    red.logical[kpos].iter_type = IterType.Reduction
+    red.domain.loop = list(red.logical)
+    ReductionOp("sum", red, prod, reduction_init("sum", acc_t))
+    val = red
+    if bias is not None:
+        val = _add_bias(fusion, red, bias, acc_t)
+    _finish(c, val)
+
+
+def _cast(fusion, x, dt):
+    if x.dtype == dt:
+        return x
+    out = _new(fusion, _clone_axes(x.domain.no_reductions()), dt)
+    CastOp(out, x)
+    return out
+
+
+def _transpose_last2(fusion, x):
+    raise CircbufError(
+        f"{x.name}: a linear weight is contracted over its last axis; the SIMT path needs "
+        "a [K, N] weight (transpose it, or use matmul)"
+    )
+
+
+def _add_bias(fusion, val, bias, dt):
+    """``val + bias`` with bias [N] broadcast over the other axes of val."""
+    bf = _cast(fusion, bias, dt)
+    shape = val.domain.no_reductions()
+    if bf.ndim:
+        bb = _new(
+            fusion,
+            [IterDomain(Const(1), IterType.Broadcast) for _ in shape[:-1]] + _clone_axes(shape[-1:]),
+            dt,
+        )
+        BroadcastOp(bb, bf, [True] * (len(shape) - 1) + [False])
+    else:
+        bb = _new(fusion, [IterDomain(Const(1), IterType.Broadcast) for _ in shape], dt)
+        BroadcastOp(bb, bf, [True] * len(shape))
+    out = _new(fusion, _clone_axes(shape), dt)
+    BinaryOp("add", out, val, bb)
+    return out
+
+
+def _finish(c, val):
+    """``c`` (the matmul's output, in the inputs' dtype) becomes ``cast(val)``."""
+    c.definition = None
+    if val.dtype == c.dtype:
+        LoadStoreOp(c, val)
+    else:
+        CastOp(c, val)
+
+
+# ------------------------------------------------------------ MMA path
+def translate(fusion: Fusion, params: MatmulParams):
+    """The MMA form of the fusion's matmul: TMA-staged operand tiles with
+    broadcast axes, ``acc = mma(As, Bs)`` in fp32, ``c = cast(acc (+ bias))``;
+    epilogue casts of ``c`` back to fp32 read the fp32 value instead (the
+    epilogue runs on the accumulator, before the final cast). Returns
+    (acc, As, Bs, the fp32 value c is cast from)."""
+    e = _contractions(fusion)[0]
+    a, b, bias = _operands(e)
+    c = e.out
+    linear = isinstance(e, LinearOp)
+    _detach(e)
+    cx = c.domain.no_reductions()
+    nb = len(cx) - 2
+    batch = cx[:nb]
+    k_ext = a.logical[-1].extent
+
+    def staged(x, roles):
+        """x staged in shared memory as [batch.., M, N, K]-roled axes in x's
+        own order, with broadcast axes for the roles x lacks."""
+        ids, flags = [], []
+        xb = roles.count("B")
+        for _ in range(nb - xb):
+            ids.append(IterDomain(Const(1), IterType.Broadcast))
+            flags.append(True)
+        src = iter(x.domain.no_reductions())
+        full = []
+        for r in roles:
+            if r == "-":
+                full.append(IterDomain(Const(1), IterType.Broadcast))
+                flags.append(True)
+            else:
+                i = next(src)
+                full.append(IterDomain(i.extent, i.iter_type))
+                flags.append(False)
+        ids += full
+        xs = _new(fusion, ids, x.dtype, MemoryType.Shared)
+        LoadStoreOp(xs, x, kind="tma", is_broadcast_dim=flags)
+        return xs
+
+    a_roles = ["B"] * (a.ndim - 2) + ["M", "-", "K"]  # [.., M, bN, K]
+    if linear:
+        b_roles = ["-", "N", "K"]  # [.., bM, N, K]
+    else:
+        b_roles = ["B"] * (b.ndim - 2) + ["-", "K", "N"]  # [.., bM, K, N]
+    As, Bs = staged(a, a_roles), staged(b, b_roles)
+    ra = ["B"] * nb + ["M", "N", "K"]
+    rb = ["B"] * nb + (["M", "N", "K"] if linear else ["M", "K", "N"])
+    acc = _new(
+        fusion,
+        _clone_axes(batch) + _clone_axes(cx[nb:]) + [IterDomain(k_ext, IterType.Reduction)],
+        DataType.Float,
+    )
+    MmaOp(acc, As, Bs, [ra, rb])
+    val = acc
+    if bias is not None:
+        val = _add_bias(fusion, acc, bias, DataType.Float)
+    _finish(c, val)
+    # epilogue math on the fp32 value: cast(cast(val, bf16), f32) -> val
+    for u in list(c.uses):
+        if isinstance(u, CastOp) and u.out.dtype == DataType.Float and u.out not in fusion.outputs:
+            for v in list(u.out.uses):
+                v.replace_input(u.out, val)
+    return acc, As, Bs, val
+
+
+def _roles(tv, lmap, classes) -> list:
+    """The role ("B", "M", "N", "K") of each logical axis of ``tv``."""
+    out = []
+    for i in tv.logical:
+        r = classes.get(lmap.find(i))
+        out.append(r)
+    return out
+
+
+def _tile(tv, roles, params, pingpong_split: bool):
+    """The tile loop: [.., M, N] -> [tiles / G (, W)] [G] [rest in role order].
+    Returns the positions of the remaining M, N, K parts."""
+    bm, bn, bk = params.tile
+    order = [k for k, r in enumerate(roles) if r == "B"]
+    order += [roles.index("M"), roles.index("N")]
+    if "K" in roles:
+        order.append(roles.index("K"))
+    tv.reorder(order)  # [B.., M, N, K?]
+    nb = roles.count("B")
+    tv.split(nb, bm)  # [B.., Mo, Mi, N, K?]
+    tv.split(nb + 2, bn)  # [B.., Mo, Mi, No, Ni, K?]
+    rest = len(tv.loop) - (nb + 4)
+    # bring the tile axes together: [B.., Mo, No, Mi, Ni, K?]
+    perm = list(range(nb)) + [nb, nb + 2, nb + 1, nb + 3] + list(range(nb + 4, nb + 4 + rest))
+    tv.reorder(perm)
+    g = params.group
+    if params.raster == "M":  # bands of g M-tiles: within a band M runs fastest
+        tv.split(nb, g)  # [B.., Mog, Mg, No, ..]
+        tv.reorder(
+            list(range(nb)) + [nb, nb + 2, nb + 1] + list(range(nb + 3, len(tv.loop)))
+        )  # [B.., Mog, No, Mg]
+    else:
+        tv.split(nb + 1, g)  # [B.., Mo, Nog, Ng, ..]
+        tv.reorder(
+            list(range(nb)) + [nb + 1, nb, nb + 2] + list(range(nb + 3, len(tv.loop)))
+        )  # [B.., Nog, Mo, Ng]
+    for _ in range(nb + 2):
+        tv.merge(0)  # [T, Mi, Ni, K?]
+    if params.persistent:
+        tv.split(0, params.grid)  # [T/G, G, ...]
+        if pingpong_split:
+            tv.split(0, 2)  # [T/G/2, W, G, ...]
+            tv.axis(1).parallelize(ParallelType.TIDy)
+            tv.axis(2).parallelize(ParallelType.BIDx)
+            return 3
+        tv.axis(1).parallelize(ParallelType.BIDx)
+        return 2
+    tv.axis(0).parallelize(ParallelType.BIDx)
+    if pingpong_split:
+        raise CircbufError("ping-pong needs a persistent grid (each warpgroup takes every other tile)")
+    return 1
+
+
+def _fragment(tv, pos, params, has_k):
+    """[.., Mi, Ni, K?] from ``pos`` -> the warpgroup split and the wgmma
+    accumulator layout; returns the loop position of Mb in
+    [(W), K/bk?, (bk/64)?, Mb, TIDx{128}, j, h, e, (64/16, 16)?]."""
+    bm, bn, bk = params.tile
+    w = 1 if params.pingpong else 2
+    p = pos
+    if not params.pingpong:
+        tv.split(p, bm // w)  # [W, Mw]
+        tv.axis(p).parallelize(ParallelType.TIDy)
+        p += 1
+    # [Mw, Ni, K?] at p
+    tv.split(p, 64)  # [Mb, M64, Ni, K?]
+    tv.split(p + 1, 16)  # [Mb, w4, 16, Ni, K?]
+    tv.split(p + 2, 8)  # [Mb, w4, h2, r8, Ni, K?]
+    tv.split(p + 4, 8)  # [Mb, w4, h2, r8, j, 8, K?]
+    tv.split(p + 5, 2)  # [Mb, w4, h2, r8, j, c4, e2, K?]
+    frag = [p, p + 1, p + 3, p + 5, p + 4, p + 2, p + 6]  # Mb, w4, r8, c4, j, h2, e2
+    if has_k:
+        k = p + 7
+        _k_loops(tv, k, bk)  # [Ko, Kc, K64]
+        tv.split(k + 2, 16)  # [Ko, Kc, Kw, K16]
+        order = list(range(p)) + [k, k + 1] + frag + [k + 2, k + 3]
+        q = p + 2
+    else:
+        order = list(range(p)) + frag
+        q = p
+    tv.reorder(order)
+    tv.merge(q + 1)  # w4 r8
+    tv.merge(q + 1)  # (w4 r8) c4: the 128 threads of the warpgroup
+    tv.axis(q + 1).parallelize(ParallelType.TIDx)
+    if has_k:  # [.., Mb, TIDx, j, h, e, Kw, K16]: one wgmma covers j, h, e and K16
+        for k in (q + 2, q + 3, q + 4, q + 6):
+            tv.axis(k).parallelize(ParallelType.Mma)
+    return q
+
+
+def _k_loops(tv, k, bk):
+    """K -> [K/bk (the k loop), bk/64, 64]: a 64-element piece is one
+    128-byte swizzled row of the operand tiles."""
+    tv.split(k, bk)
+    tv.split(k + 1, 64)
+
+
+def _operand_tile(xs, roles, params, mn_role, major):
+    """A staged operand: its tile loop (no warpgroup split: the producer
+    walks every tile), the ring loop over K and the boxes one stage holds:
+    K-major [Kc][MN][64 K] (boxes [MN x 64]), MN-major [Kc][MNc][64 K][64 MN]
+    (boxes [64 x 64])."""
+    pos = _tile(xs, roles, params, pingpong_split=False)
+    # [T.., Mi, Ni, K] at pos
+    _k_loops(xs, pos + 2, params.tile[2])  # [Mi, Ni, Ko, Kc, K64]
+    mn, other = (pos, pos + 1) if mn_role == "M" else (pos + 1, pos)
+    ko, kc, k64 = pos + 2, pos + 3, pos + 4
+    if major == "K":
+        xs.reorder(list(range(pos)) + [ko, kc, mn, other, k64])  # [Ko, Kc, MN, other, K64]
+        xs.axis(pos + 2).parallelize(ParallelType.Bulk)
+        xs.axis(pos + 4).parallelize(ParallelType.Bulk)
+    else:
+        xs.split(mn, 64)  # MN -> [MNc, MN64]
+        mnc, mn64 = mn, mn + 1
+        other += 1 if other > mn else 0
+        ko, kc, k64 = ko + 1, kc + 1, k64 + 1
+        xs.reorder(list(range(pos)) + [ko, kc, mnc, other, k64, mn64])  # [Ko, Kc, MNc, other, K64, MN64]
+        xs.axis(pos + 4).parallelize(ParallelType.Bulk)
+        xs.axis(pos + 5).parallelize(ParallelType.Bulk)
+    xs.swizzle(128)
+    kind = WarpSpecialized(on=ParallelType.TIDy, registers=params.registers)
+    xs.circular_buffer(params.stages, params.prefetch, kind, axis=pos)
+
+
+def _schedule_mma(fusion: Fusion, params: MatmulParams):
+    linear = isinstance(_contractions(fusion)[0], LinearOp)
+    acc, As, Bs, val = translate(fusion, params)
+    hoist_broadcasts(fusion)
+    e = acc.definition
+    a_in, b_in = As.definition.inputs[0], Bs.definition.inputs[0]
+    # transposed views: the tensor maps follow the memory order
+    if params.a_major == "M":
+        a_in.set_allocation(list(range(a_in.ndim - 2)) + [a_in.ndim - 1, a_in.ndim - 2])
+    if params.b_major == ("N" if linear else "K"):
+        b_in.set_allocation(list(range(b_in.ndim - 2)) + [b_in.ndim - 1, b_in.ndim - 2])
+    lmap = LogicalMap(fusion)
+    concretize_broadcasts(fusion, lmap)
+    classes = {}
+    for r, ax in zip(e.roles[0], As.logical):
+        classes[lmap.find(ax)] = r
+    for r, ax in zip(e.roles[1], Bs.logical):
+        classes.setdefault(lmap.find(ax), r)
+    # operands: loop nests of their own (the producer's copy loops)
+    _operand_tile(As, _roles(As, lmap, classes), params, "M", "K" if params.a_major == "K" else "MN")
+    _operand_tile(Bs, _roles(Bs, lmap, classes), params, "N", "K" if params.b_major == "K" else "MN")
+    # the accumulator and the epilogue: one tile loop
+    for tv in fusion.used_tvs():
+        if tv.is_input or tv in (As, Bs):
+            continue
+        roles = _roles(tv, lmap, classes)
+        if None in roles:
+            raise CircbufError(f"{tv.name}: an axis that is not an axis of the matmul's output")
+        pos = _tile(tv, roles, params, pingpong_split=params.pingpong)
+        _fragment(tv, pos, params, has_k=tv is acc)
+        if not tv.is_output:
+            tv.memory_type = MemoryType.Local
+    acc.inline_at(3 if params.persistent else 2)  # the tile loop, the grid, the warpgroup
+    for tv in fusion.used_tvs():
+        if not (tv.is_input or tv.is_output or tv in (As, Bs, acc)):
+            tv.inline_at(len(tv.loop))
+    return acc

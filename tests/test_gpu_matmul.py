@@ -1,0 +1,261 @@
+"""GPU tests of the matmul scheduler against torch in float64: shapes
+(1, primes, ragged), both operand layouts and transposed views, batches,
+epilogues, every override set, and the SIMT path. Outputs are poisoned with
+NaN before each launch (conftest), so an unwritten element fails."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import circbuf as cb
+from tests.util import TORCH, D
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def check(out, ref, rel=1e-2):
+    """‖out − ref‖ / ‖ref‖ below ``rel`` (bf16 operands land near 2e-3), every element finite."""
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    o = out.double()
+    assert torch.isfinite(o).all(), "non-finite output (an unwritten element?)"
+    err = ((o - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert err < rel, err
+
+
+def mm_fusion(kind="matmul", dtype=D.BFloat16, arank=2, brank=2, bias=False, epilogue=None):
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1] * arank, dtype=dtype)
+        b = fd.define_tensor([-1] * brank, dtype=dtype)
+        if kind == "linear":
+            bb = fd.define_tensor([-1], dtype=dtype) if bias else None
+            c = fd.ops.linear(a, b, bb)
+        else:
+            c = fd.ops.matmul(a, b)
+        if epilogue == "gelu":
+            c = fd.ops.cast(fd.ops.gelu(c), dtype)
+        elif epilogue == "silu":
+            c = fd.ops.cast(fd.ops.silu(c), dtype)
+        elif epilogue == "relu":
+            c = fd.ops.cast(fd.ops.relu(c), dtype)
+        elif epilogue == "tanh_gelu":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            x = fd.ops.cast(c, D.Float)
+            inner = fd.ops.mul(
+                fd.ops.add(x, fd.ops.mul(fd.ops.mul(fd.ops.mul(x, x), x), 0.044715)), 0.7978845608028654
+            )
+            c = fd.ops.cast(fd.ops.mul(fd.ops.mul(x, 0.5), fd.ops.add(fd.ops.tanh(inner), 1.0)), dtype)
+        elif epilogue == "scale":
+            s = fd.define_scalar(dtype=D.Double)
+            c = fd.ops.cast(fd.ops.mul(c, s), dtype)
+        elif epilogue == "residual":
+            r = fd.define_tensor([-1] * max(arank, brank), dtype=dtype)
+            c = fd.ops.cast(fd.ops.add(c, r), dtype)
+        fd.add_output(c)
+    return fd
+
+
+def ref_epilogue(c, epilogue, extra):
+    if epilogue == "gelu":
+        return torch.nn.functional.gelu(c)
+    if epilogue == "silu":
+        return torch.nn.functional.silu(c)
+    if epilogue == "relu":
+        return torch.relu(c)
+    if epilogue == "tanh_gelu":
+        return torch.nn.functional.gelu(c, approximate="tanh")
+    if epilogue == "scale":
+        return c * extra
+    if epilogue == "residual":
+        return c + extra.double()
+    return c
+
+
+SHAPES = [
+    (128, 256, 64),
+    (512, 512, 512),
+    (1000, 700, 304),  # ragged M, N, K
+    (1, 256, 256),  # M = 1
+    (257, 129, 72),
+    (8, 8, 8),
+    (131, 1031, 1048),
+    (2048, 2048, 1024),
+]
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES)
+@pytest.mark.parametrize("kind", ["matmul", "linear"])
+def test_matmul_shapes(m, n, k, kind):
+    fd = mm_fusion(kind)
+    a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn((n, k) if kind == "linear" else (k, n), device=DEV, dtype=torch.bfloat16)
+    (out,) = fd.execute([a, b])
+    assert out.dtype == torch.bfloat16
+    ref = a.double() @ (b.double().T if kind == "linear" else b.double())
+    check(out, ref)
+    assert type(fd.last_params()).__name__ == "MatmulParams" and fd.last_params().simt is None
+
+
+@pytest.mark.parametrize("epilogue", ["gelu", "silu", "relu", "tanh_gelu", "scale", "residual"])
+@pytest.mark.parametrize("dtype", [D.BFloat16, D.Half])
+def test_epilogues(epilogue, dtype):
+    m, n, k = 384, 520, 256
+    fd = mm_fusion("matmul", dtype, epilogue=epilogue)
+    td = TORCH[dtype]
+    a = torch.randn(m, k, device=DEV, dtype=td) / 4
+    b = torch.randn(k, n, device=DEV, dtype=td) / 4
+    extra = None
+    inputs = [a, b]
+    if epilogue == "scale":
+        extra = 0.37
+        inputs.append(extra)
+    if epilogue == "residual":
+        extra = torch.randn(m, n, device=DEV, dtype=td)
+        inputs.append(extra)
+    (out,) = fd.execute(inputs)
+    assert out.dtype == td
+    check(out, ref_epilogue(a.double() @ b.double(), epilogue, extra))
+
+
+def test_linear_bias_gelu():
+    fd = mm_fusion("linear", bias=True, epilogue="gelu")
+    x = torch.randn(777, 512, device=DEV, dtype=torch.bfloat16) / 8
+    w = torch.randn(1040, 512, device=DEV, dtype=torch.bfloat16) / 8
+    bias = torch.randn(1040, device=DEV, dtype=torch.bfloat16)
+    (out,) = fd.execute([x, w, bias])
+    ref = torch.nn.functional.gelu(x.double() @ w.double().T + bias.double())
+    check(out, ref)
+
+
+@pytest.mark.parametrize("kind", ["matmul", "linear"])
+@pytest.mark.parametrize("ta, tb", [(False, True), (True, False), (True, True)])
+def test_transposed_views(kind, ta, tb):
+    m, n, k = 320, 384, 192
+    fd = mm_fusion(kind)
+    a = (
+        torch.randn(k, m, device=DEV, dtype=torch.bfloat16).T
+        if ta
+        else torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    )
+    bshape = (n, k) if kind == "linear" else (k, n)
+    b = (
+        torch.randn(bshape[::-1], device=DEV, dtype=torch.bfloat16).T
+        if tb
+        else torch.randn(bshape, device=DEV, dtype=torch.bfloat16)
+    )
+    (out,) = fd.execute([a, b])
+    ref = a.double() @ (b.double().T if kind == "linear" else b.double())
+    check(out, ref)
+    p = fd.last_params()
+    assert p.simt is None and p.a_major == ("M" if ta else "K")
+
+
+@pytest.mark.parametrize(
+    "ashape, bshape",
+    [
+        ((3, 256, 192), (3, 192, 320)),
+        ((3, 256, 192), (192, 320)),
+        ((1, 256, 192), (4, 192, 320)),
+        ((2, 3, 130, 64), (2, 3, 64, 72)),
+    ],
+)
+def test_batched(ashape, bshape):
+    fd = mm_fusion("matmul", arank=len(ashape), brank=len(bshape))
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([1 if s == 1 else -1 for s in ashape], dtype=D.BFloat16)
+        b = fd.define_tensor([-1] * len(bshape), dtype=D.BFloat16)
+        fd.add_output(fd.ops.matmul(a, b))
+    a = torch.randn(ashape, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(bshape, device=DEV, dtype=torch.bfloat16)
+    (out,) = fd.execute([a, b])
+    check(out, a.double() @ b.double())
+
+
+OVERRIDES = [
+    dict(persistent=False),
+    dict(persistent=True, pingpong=True),
+    dict(pingpong=True, tile=(128, 256, 64), registers=(24, 240)),
+    dict(pingpong=True, tile=(64, 256, 64)),
+    dict(tile=(128, 128, 64)),
+    dict(tile=(256, 128, 64)),
+    dict(tile=(128, 64, 64)),
+    dict(tile=(128, 128, 128), stages=3),
+    dict(tile=(128, 256, 64), stages=2),
+    dict(tile=(128, 128, 64), stages=7),
+    dict(tile=(128, 128, 64), stages=5, prefetch=2),
+    dict(raster="N", group=2),
+    dict(raster="M", group=1),
+]
+
+
+@pytest.mark.parametrize("ov", OVERRIDES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("kind", ["matmul", "linear"])
+def test_overrides(ov, kind):
+    m, n, k = 1000, 1032, 520
+    fd = mm_fusion(kind)
+    fd.fusion.schedule(**ov)
+    a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn((n, k) if kind == "linear" else (k, n), device=DEV, dtype=torch.bfloat16)
+    (out,) = fd.execute([a, b])
+    check(out, a.double() @ (b.double().T if kind == "linear" else b.double()))
+    p = fd.last_params()
+    for key, v in ov.items():
+        assert getattr(p, key) == (tuple(v) if isinstance(v, list) else v)
+
+
+def test_architecture_snippet():
+    """The ARCHITECTURE.md example: matmul + gelu + cast under persistent=True, stages=4."""
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=cb.DataType.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=cb.DataType.BFloat16)
+        c = fd.ops.matmul(a, b)
+        fd.add_output(fd.ops.cast(fd.ops.gelu(c), cb.DataType.BFloat16))
+    fd.fusion.schedule(persistent=True, stages=4)
+    A = torch.randn(1024, 512, device=DEV, dtype=torch.bfloat16) / 8
+    B = torch.randn(512, 768, device=DEV, dtype=torch.bfloat16) / 8
+    (out,) = fd.execute([A, B])
+    check(out, torch.nn.functional.gelu(A.double() @ B.double()))
+
+
+@pytest.mark.parametrize(
+    "what, ashape, bshape, dtype",
+    [
+        ("fp32", (300, 200), (200, 100), torch.float32),
+        ("K odd (row stride 8190 B)", (257, 4095), (4095, 129), torch.bfloat16),
+        ("1-D @ 2-D", (256,), (256, 64), torch.bfloat16),
+        ("2-D @ 1-D", (64, 256), (256,), torch.bfloat16),
+        ("1-D @ 1-D", (256,), (256,), torch.bfloat16),
+        ("K = 0", (64, 0), (0, 32), torch.bfloat16),
+        ("M = 0", (0, 64), (64, 32), torch.bfloat16),
+    ],
+)
+def test_simt_path(what, ashape, bshape, dtype):
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1] * len(ashape), dtype=D.Float if dtype == torch.float32 else D.BFloat16)
+        b = fd.define_tensor([-1] * len(bshape), dtype=D.Float if dtype == torch.float32 else D.BFloat16)
+        fd.add_output(fd.ops.matmul(a, b))
+    a = torch.randn(ashape, device=DEV, dtype=dtype)
+    b = torch.randn(bshape, device=DEV, dtype=dtype)
+    (out,) = fd.execute([a, b])
+    ref = a.double() @ b.double()
+    assert out.dtype == dtype and out.shape == ref.shape
+    if ref.numel() and ref.norm() > 0:
+        check(out, ref, rel=1e-2 if dtype == torch.bfloat16 else 1e-5)
+    else:
+        assert torch.equal(out.double().cpu(), ref.cpu())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 700),
+    n=st.integers(1, 700).map(lambda x: x),
+    k8=st.integers(1, 80),
+    kind=st.sampled_from(["matmul", "linear"]),
+)
+def test_hypothesis_shapes(m, n, k8, kind):
+    k = 8 * k8
+    fd = mm_fusion(kind)
+    a = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn((n, k) if kind == "linear" else (k, n), device=DEV, dtype=torch.bfloat16)
+    (out,) = fd.execute([a, b])
+    check(out, a.double() @ (b.double().T if kind == "linear" else b.double()))
