@@ -70,8 +70,8 @@ def table():
         (out,) = fd.execute([a, b])
         ref = torch_mm(kind)(a, b)
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-        t_torch = bench_ms(lambda: torch_mm(kind)(a, b))
-        t_cb = bench_ms(lambda: fd.execute([a, b]))
+        t_torch = bench_ms(lambda f=torch_mm(kind), a=a, b=b: f(a, b))
+        t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
         r = t_torch / t_cb
         ratios.append(r)
         p = fd.last_params()
@@ -95,14 +95,14 @@ def sweep():
         fd = mm_fusion(kind)
         fd.execute([a, b])
         line.append(
-            f"heuristic[{fd.last_params().brief()}] {tflops(m, n, k, bench_ms(lambda fd=fd: fd.execute([a, b]))):.0f}"
+            f"heuristic[{fd.last_params().brief()}] {tflops(m, n, k, bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))):.0f}"
         )
         for tag, ov in SWEEP.items():
             fd = mm_fusion(kind)
             try:
                 fd.fusion.schedule(**ov)
                 fd.execute([a, b])
-                line.append(f"{tag} {tflops(m, n, k, bench_ms(lambda fd=fd: fd.execute([a, b]))):.0f}")
+                line.append(f"{tag} {tflops(m, n, k, bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))):.0f}")
             except Exception as e:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
                 line.append(f"{tag} n/a({type(e).__name__}: {str(e)[:60]})")
         print(f"{m}x{n}x{k} {kind}: " + " | ".join(line))
@@ -126,10 +126,11 @@ def epilogue():
         (out,) = fd.execute([x, w, bias])
         ref = eager(x, w, bias)
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-        t_eager = bench_ms(lambda: eager(x, w, bias))
-        t_comp = bench_ms(lambda: compiled(x, w, bias))
-        t_gemm = bench_ms(lambda: x @ w.T)
-        t_cb = bench_ms(lambda: fd.execute([x, w, bias]))
+        args = (x, w, bias)
+        t_eager = bench_ms(lambda args=args: eager(*args))
+        t_comp = bench_ms(lambda f=compiled, args=args: f(*args))
+        t_gemm = bench_ms(lambda x=x, w=w: x @ w.T)
+        t_cb = bench_ms(lambda fd=fd, args=args: fd.execute(list(args)))
         print(
             f"{m}x{n}x{k}: circbuf {t_cb * 1e3:.0f}  eager {t_eager * 1e3:.0f}  compile {t_comp * 1e3:.0f}  "
             f"bare cuBLAS GEMM {t_gemm * 1e3:.0f}  (circbuf / bare GEMM = {t_cb / t_gemm:.3f}, err {err:.1e})"

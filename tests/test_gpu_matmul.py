@@ -160,7 +160,6 @@ def test_transposed_views(kind, ta, tb):
     ],
 )
 def test_batched(ashape, bshape):
-    fd = mm_fusion("matmul", arank=len(ashape), brank=len(bshape))
     with cb.FusionDefinition() as fd:
         a = fd.define_tensor([1 if s == 1 else -1 for s in ashape], dtype=D.BFloat16)
         b = fd.define_tensor([-1] * len(bshape), dtype=D.BFloat16)
