@@ -70,7 +70,8 @@ def table():
         (out,) = fd.execute([a, b])
         ref = torch_mm(kind)(a, b)
         err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-        t_torch = bench_ms(lambda f=torch_mm(kind), a=a, b=b: f(a, b))
+        fn = torch_mm(kind)
+        t_torch = bench_ms(lambda f=fn, a=a, b=b: f(a, b))
         t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
         r = t_torch / t_cb
         ratios.append(r)
@@ -102,7 +103,9 @@ def sweep():
             try:
                 fd.fusion.schedule(**ov)
                 fd.execute([a, b])
-                line.append(f"{tag} {tflops(m, n, k, bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))):.0f}")
+                line.append(
+                    f"{tag} {tflops(m, n, k, bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))):.0f}"
+                )
             except Exception as e:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
                 line.append(f"{tag} n/a({type(e).__name__}: {str(e)[:60]})")
         print(f"{m}x{n}x{k} {kind}: " + " | ".join(line))
