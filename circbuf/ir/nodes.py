@@ -163,18 +163,42 @@ class TensorView:
     compute_at = inline_at
 
     def set_allocation(self, order) -> TensorView:
-        """Declare the memory order of a global tensor's axes: ``order`` lists
-        logical axis positions outermost first (``[1, 0]``: a transposed
-        view, axis 0 contiguous). Tensor maps follow it.
+        """The allocation domain: how the tensor lies in memory.
+
+        - A global tensor: ``order`` lists logical axis positions, outermost
+          first (``[1, 0]``: a transposed view, axis 0 contiguous); tensor
+          maps follow it.
+        - A shared buffer: ``order`` lists IterDomains of its transforms
+          (logical, split or merged axes), outermost first; the buffer is
+          row-major over them instead of over its loop axes right of the
+          compute-at position (a [rows][cols] staging tile whose threads
+          own the wgmma fragment layout).
 
         >>> # a.set_allocation([1, 0])   # A given as B.T: M is contiguous
         """
-        n = len(self.logical)
-        if sorted(order) != list(range(n)):
-            raise CircbufError(f"set_allocation({self.name}): {list(order)} is not a permutation of {n} axes")
-        if self.memory_type != MemoryType.Global:
-            raise CircbufError(f"set_allocation({self.name}): only global tensors have a memory order")
-        self.domain.allocation = None if list(order) == list(range(n)) else [self.logical[k] for k in order]
+        if self.memory_type == MemoryType.Global:
+            n = len(self.logical)
+            if sorted(order) != list(range(n)):
+                raise CircbufError(
+                    f"set_allocation({self.name}): {list(order)} is not a permutation of {n} axes"
+                )
+            self.domain.allocation = (
+                None if list(order) == list(range(n)) else [self.logical[k] for k in order]
+            )
+            return self
+        if self.memory_type != MemoryType.Shared:
+            raise CircbufError(f"set_allocation({self.name}): registers are laid out by their loop axes")
+        from .fusion import transform_history
+
+        known = {i.id for i in self.logical}
+        for t in transform_history(self):
+            known.update(o.id for o in t.outputs)
+        for ax in order:
+            if not isinstance(ax, IterDomain) or ax.id not in known:
+                raise CircbufError(
+                    f"set_allocation({self.name}): {ax} is not an axis of {self.name}'s transforms"
+                )
+        self.domain.allocation = list(order)
         return self
 
     def memory_position(self) -> dict:

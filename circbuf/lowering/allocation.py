@@ -40,7 +40,10 @@ def allocation_axes(tv: TensorView) -> list:
     start = tv.compute_at_pos
     if tv.circular is not None and start == 0:
         start = tv.circular_buffer_axis() + 1
-    for ax in tv.loop[start:]:
+    axes = tv.loop[start:]
+    if tv.memory_type == MemoryType.Shared and tv.domain.allocation is not None:
+        axes = tv.domain.allocation  # an explicit allocation domain
+    for ax in axes:
         if ax.is_broadcast or ax.is_reduction:
             continue
         pt = ax.parallel_type

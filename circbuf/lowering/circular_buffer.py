@@ -423,10 +423,21 @@ def _warp_specialize(kernel, allocs, names):
     # consumers: wait for each position, release it after its last read
     use = Ring(f"{label}_use", S)
     body = [n for n in kernel.body if not any(n is m for m in producer_nest)]
-    arrivals = _place_consumer_ring(kernel, body, bufs, levels, use, full, empty, S, consumers, label)
+    arrivals = _place_consumer_ring(
+        body,
+        bufs,
+        levels,
+        use,
+        full,
+        empty,
+        S,
+        consumers,
+        label,
+        {ParallelType.TIDy: y.value, ParallelType.TIDz: kernel.launch.get(ParallelType.TIDz, Const(1)).value},
+    )
 
     def named(n, _s):
-        if isinstance(n, (BlockReduce, BlockSync)):
+        if isinstance(n, (BlockReduce, BlockSync)) and _is_block_wide(n.barrier):
             if consumers % 32:
                 raise CircbufError(
                     f"{label}: warp-specialized consumers that synchronize need whole warps "
@@ -456,6 +467,10 @@ def _warp_specialize(kernel, allocs, names):
         IfThenElse(Var("threadIdx.y").eq(y.value), producer, consumer, roles=True),
     ]
     return kernel
+
+
+def _is_block_wide(barrier) -> bool:
+    return isinstance(barrier[0], int) and barrier[0] == 0
 
 
 def _inlined_nest(kernel, allocs, names):
@@ -560,7 +575,7 @@ def _rename(nodes, mapping):
     return out
 
 
-def _place_consumer_ring(kernel, body, bufs, levels, use, full, empty, S, consumers, label):
+def _place_consumer_ring(body, bufs, levels, use, full, empty, S, consumers, label, rows):
     """Waits, releases and ring advances in the readers' nest; returns the
     number of arrivals that release one position."""
     tvs = [b.tv for b in bufs]
@@ -637,8 +652,7 @@ def _place_consumer_ring(kernel, body, bufs, levels, use, full, empty, S, consum
     # (a ping-pong warpgroup's tiles) divide the readers of a position
     arrivals = consumers
     names = set(free_vars(init))
-    for pt in (ParallelType.TIDy, ParallelType.TIDz):
+    for pt, ext in rows.items():  # the consumers' own extents (no producer row)
         if pt.value in names:
-            ext = kernel.launch.get(pt)
-            arrivals //= ext.value
+            arrivals //= ext
     return arrivals

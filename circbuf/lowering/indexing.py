@@ -130,7 +130,8 @@ class _Indexer:
     def ref_out(self, tv, index: dict, logical: dict) -> TensorRef:
         if tv.memory_type == MemoryType.Global:
             return TensorRef(tv, self.global_index(tv, logical))
-        return TensorRef(tv, swizzle_index(tv, self.buffer_index(tv, index)))
+        ids = loop_to_ids(tv, index) if tv.domain.allocation is not None else index
+        return TensorRef(tv, swizzle_index(tv, self.buffer_index(tv, ids)))
 
     def ref_in(self, e, p: TensorView, logical: dict, swizzled: bool = True) -> TensorRef:
         """``p`` read at the logical coordinates of ``e``'s output; a threads'

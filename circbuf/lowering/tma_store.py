@@ -31,6 +31,7 @@ After::
 from __future__ import annotations
 
 from ..ir import CircbufError, Const, ParallelType, Var
+from ..ir.scalar import free_vars
 from .kir import (
     Assign,
     BlockSync,
@@ -53,10 +54,12 @@ def _writes(node, tv) -> bool:
     return bool(hit)
 
 
-def _elected(kernel, body):
-    """``body`` on one lane of the block's first warp (elect.sync), or on
-    thread 0 when the block is not made of whole warps. Thread extents are
-    constants (the loop-nest pass requires it)."""
+def _elected(kernel, body, warp=None):
+    """``body`` on one lane of the block's first warp (elect.sync), or of the
+    warp ``warp`` selects, or on thread 0 when the block is not made of
+    whole warps. Thread extents are constants (the loop-nest pass requires it)."""
+    if warp is not None:
+        return ElectOne(warp, body)
     tx, ty, tz = (
         kernel.launch.get(p, Const(1)).value
         for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
@@ -71,6 +74,43 @@ def _elected(kernel, body):
     return ElectOne(linear.lt(32), body)
 
 
+def _group(kernel, store):
+    """The threads that fill and store one box: all of the block, or, when
+    the box depends on thread indices (a warpgroup's own rows of the tile),
+    the threads sharing those indices. Returns (barrier, elect) for
+    ``BlockSync``/``ElectOne``: ``((0, 0), None)`` for the whole block, else a
+    named barrier per group and the condition that picks its first warp."""
+    used = set()
+    for c in store.coords + [store.src.index]:
+        used |= set(free_vars(c))
+    dims = [
+        (p, kernel.launch.get(p, Const(1)).value)
+        for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
+    ]
+    dep = [(p, e) for p, e in dims if p.value in used and e > 1]
+    if not dep:
+        return (0, 0), None
+    rest = [(p, e) for p, e in dims if (p, e) not in dep and e > 1]
+    threads, groups = 1, 1
+    for _, e in rest:
+        threads *= e
+    for _, e in dep:
+        groups *= e
+    if threads % 32:
+        raise CircbufError(
+            f"{store.src.tv.name}: each box is filled by {threads} threads; a group that syncs on a "
+            "named barrier must be whole warps"
+        )
+    gid, lin, stride = Const(0), Const(0), 1
+    for p, e in dep:
+        gid = gid * e + Var(p.value, lo=0, hi=Const(e))
+    for p, e in rest:
+        lin = lin + Var(p.value, lo=0, hi=Const(e)) * stride
+        stride *= e
+    base = kernel.named_barrier(f"tma_store {store.src.tv.name}", groups)
+    return (gid + base, threads), lin.lt(32)
+
+
 def _rewrite(nodes, kernel, loop, found) -> list:
     out = []
     for n in nodes:
@@ -83,11 +123,12 @@ def _rewrite(nodes, kernel, loop, found) -> list:
             out.append(n)
             continue
         src = n.src.tv.name
-        found.append((n, loop))
+        barrier, warp = _group(kernel, n)
+        found.append((n, loop, barrier, warp))
         out += [
             Fence("proxy_async"),
-            BlockSync(f"RAW: {src} written by the threads, read by the TMA store"),
-            _elected(kernel, [n, BulkCommitGroup()]),
+            BlockSync(f"RAW: {src} written by the threads, read by the TMA store", barrier),
+            _elected(kernel, [n, BulkCommitGroup()], warp),
         ]
     return out
 
@@ -98,7 +139,7 @@ def tma_stores(kernel: Kernel) -> Kernel:
     kernel.body = _rewrite(kernel.body, kernel, None, found)
     if not found:
         return kernel
-    for store, loop in found:
+    for store, loop, barrier, warp in found:
         if loop is None:
             continue
         src = store.src.tv
@@ -106,8 +147,12 @@ def tma_stores(kernel: Kernel) -> Kernel:
         if k is None:
             raise CircbufError(f"{src.name}: the TMA store's source is not written in its loop")
         loop.body[k:k] = [
-            _elected(kernel, [BulkWaitGroup(0, read=True)]),
-            BlockSync(f"WAR: the last TMA store has read {src.name}"),
+            _elected(kernel, [BulkWaitGroup(0, read=True)], warp),
+            BlockSync(f"WAR: the last TMA store has read {src.name}", barrier),
         ]
-    kernel.body.append(_elected(kernel, [BulkWaitGroup(0, read=False)]))
+    # the stores' global writes are done before the kernel ends (one wait
+    # per issuing warp: the lane that committed them waits)
+    warps = {str(w): w for _, _, _, w in found}
+    for w in warps.values():
+        kernel.body.append(_elected(kernel, [BulkWaitGroup(0, read=False)], w))
     return kernel

@@ -262,15 +262,38 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         )
     if a_major == "M" and bm % 64:
         raise CircbufError(f"schedule(tile={tuple(tile)}): bm must be a multiple of 64 for an M-major A")
+    epi = _pick(ov, "epilogue_tile", (64, 64))
+    if not (
+        isinstance(epi, (tuple, list)) and len(epi) == 2 and all(isinstance(x, int) and x > 0 for x in epi)
+    ):
+        raise CircbufError(f"schedule(epilogue_tile={epi!r}): must be (rows, cols), two positive ints")
+    if epi[0] != 64 or bn % epi[1] or epi[1] % 8:
+        raise CircbufError(
+            f"schedule(epilogue_tile={tuple(epi)}): a sub-tile is 64 rows (one wgmma's) by a multiple of 8 "
+            f"columns that divides bn = {bn}"
+        )
+    # outputs staged in shared memory and stored by TMA: 128-byte swizzled
+    # rows of a 16-bit type, 16-byte row strides, read by nothing else
+    tma_ok = all(
+        o.dtype.size == 2
+        and epi[1] * o.dtype.size == 128
+        and (n * o.dtype.size) % 16 == 0
+        and not fusion.consumers(o)
+        for o in fusion.outputs
+    )
+    store = "tma" if tma_ok else "direct"
+    staging = 2 * 64 * epi[1] * 2 * len(fusion.outputs) if tma_ok else 0  # [2 warpgroups][64][en] each
     stage_bytes = (bm + bn) * bk * a.dtype.size
-    fit = SMEM_LIMIT // stage_bytes
+    budget = SMEM_LIMIT - staging
+    fit = budget // stage_bytes
     stages = _pick(ov, "stages", min(fit, 7))
     if not isinstance(stages, int) or stages < 2:
         raise CircbufError(f"schedule(stages={stages!r}): must be an int >= 2")
-    if stages * stage_bytes > SMEM_LIMIT:
+    if stages * stage_bytes > budget:
         raise CircbufError(
             f"schedule(stages={stages}, tile={tuple(tile)}): {stages} stages of {stage_bytes} bytes exceed "
-            f"the {SMEM_LIMIT} bytes of shared memory a block can have (at most {fit} stages of this tile)"
+            f"the {budget} bytes of shared memory left beside the {staging}-byte output staging "
+            f"(at most {fit} stages of this tile)"
         )
     prefetch = _pick(ov, "prefetch", stages - 1)
     if not isinstance(prefetch, int) or not 0 < prefetch < stages:
@@ -318,15 +341,6 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
             f"schedule(tile={tuple(tile)}, registers={tuple(registers)}): a warpgroup's {acc_regs} "
             f"accumulator registers per thread do not fit in {registers[1]}"
         )
-    epi = _pick(ov, "epilogue_tile", (64, 64))
-    if not (
-        isinstance(epi, (tuple, list)) and len(epi) == 2 and all(isinstance(x, int) and x > 0 for x in epi)
-    ):
-        raise CircbufError(f"schedule(epilogue_tile={epi!r}): must be (rows, cols), two positive ints")
-    if (bm // warpgroups) % epi[0] or bn % epi[1]:
-        raise CircbufError(
-            f"schedule(epilogue_tile={tuple(epi)}): must divide a warpgroup's {bm // warpgroups}x{bn} tile"
-        )
     tiles = batch * tiles_m * tiles_n
     grid = min(tiles, info.sm_count) if persistent else tiles
     return MatmulParams(
@@ -340,6 +354,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         group=group,
         registers=tuple(registers),
         epilogue_tile=tuple(epi),
+        store=store,
         grid=max(grid, 1),
         a_major=a_major,
         b_major=b_major,
@@ -603,41 +618,62 @@ def _tile(tv, roles, params, pingpong_split: bool):
     return 1
 
 
-def _fragment(tv, pos, params, has_k):
-    """[.., Mi, Ni, K?] from ``pos`` -> the warpgroup split and the wgmma
-    accumulator layout; returns the loop position of Mb in
-    [(W), K/bk?, (bk/64)?, Mb, TIDx{128}, j, h, e, (64/16, 16)?]."""
+def _fragment(tv, pos, params, kind):
+    """[.., Mi, Ni, K?] from ``pos`` -> the warpgroup split, the epilogue
+    sub-tiles and the wgmma accumulator layout. ``kind``:
+
+    - ``"acc"``: [(W), K/bk, bk/64, Mb, TIDx{128}, MMA j, MMA h, MMA e, 64/16, MMA 16]
+    - ``"epilogue"``: [(W), Mb, Nc, TIDx{128}, j, h, e]: one [64 x en] sub-tile per (Mb, Nc)
+    - ``"store"``: [(W), Mb, Nc, B{64}, B{en}]: the TMA store's box
+
+    Returns {"tidy": the warpgroup axis or None, "m64", "n": the sub-tile's
+    row and column axes, "inline": the loop position after Nc}."""
     bm, bn, bk = params.tile
-    w = 1 if params.pingpong else 2
+    en = params.epilogue_tile[1]
     p = pos
+    out = {"tidy": None}
     if not params.pingpong:
-        tv.split(p, bm // w)  # [W, Mw]
+        tv.split(p, bm // 2)  # [W, Mw]
         tv.axis(p).parallelize(ParallelType.TIDy)
+        out["tidy"] = tv.axis(p)
         p += 1
-    # [Mw, Ni, K?] at p
     tv.split(p, 64)  # [Mb, M64, Ni, K?]
-    tv.split(p + 1, 16)  # [Mb, w4, 16, Ni, K?]
-    tv.split(p + 2, 8)  # [Mb, w4, h2, r8, Ni, K?]
-    tv.split(p + 4, 8)  # [Mb, w4, h2, r8, j, 8, K?]
-    tv.split(p + 5, 2)  # [Mb, w4, h2, r8, j, c4, e2, K?]
-    frag = [p, p + 1, p + 3, p + 5, p + 4, p + 2, p + 6]  # Mb, w4, r8, c4, j, h2, e2
-    if has_k:
-        k = p + 7
+    if kind == "acc":
+        lead = 1
+    else:
+        tv.split(p + 2, en)  # [Mb, M64, Nc, Nn]
+        tv.reorder(list(range(p)) + [p, p + 2, p + 1, p + 3] + list(range(p + 4, len(tv.loop))))
+        lead = 2  # [Mb, Nc, M64, Nn]
+    m64, n = p + lead, p + lead + 1
+    out["m64"], out["n"], out["inline"] = tv.axis(m64), tv.axis(n), m64
+    if kind == "store":
+        tv.axis(m64).parallelize(ParallelType.Bulk)
+        tv.axis(n).parallelize(ParallelType.Bulk)
+        return out
+    tv.split(m64, 16)  # [w4, 16, N]
+    tv.split(m64 + 1, 8)  # [w4, h2, r8, N]
+    tv.split(m64 + 3, 8)  # [w4, h2, r8, j, 8]
+    tv.split(m64 + 4, 2)  # [w4, h2, r8, j, c4, e2]
+    frag = [m64, m64 + 2, m64 + 4, m64 + 3, m64 + 1, m64 + 5]  # w4, r8, c4, j, h2, e2
+    head = list(range(m64))
+    if kind == "acc":
+        k = m64 + 6
         _k_loops(tv, k, bk)  # [Ko, Kc, K64]
         tv.split(k + 2, 16)  # [Ko, Kc, Kw, K16]
-        order = list(range(p)) + [k, k + 1] + frag + [k + 2, k + 3]
-        q = p + 2
+        # the k loops outside the MMA tile: [.., Ko, Kc, Mb, frag.., Kw, K16]
+        order = head[:p] + [k, k + 1] + head[p:] + frag + [k + 2, k + 3]
+        q = m64 + 2
     else:
-        order = list(range(p)) + frag
-        q = p
+        order = head + frag
+        q = m64
     tv.reorder(order)
-    tv.merge(q + 1)  # w4 r8
-    tv.merge(q + 1)  # (w4 r8) c4: the 128 threads of the warpgroup
-    tv.axis(q + 1).parallelize(ParallelType.TIDx)
-    if has_k:  # [.., Mb, TIDx, j, h, e, Kw, K16]: one wgmma covers j, h, e and K16
-        for k in (q + 2, q + 3, q + 4, q + 6):
+    tv.merge(q)  # w4 r8
+    tv.merge(q)  # (w4 r8) c4: the 128 threads of the warpgroup
+    tv.axis(q).parallelize(ParallelType.TIDx)
+    if kind == "acc":  # [.., TIDx, j, h, e, Kw, K16]: one wgmma covers j, h, e and K16
+        for k in (q + 1, q + 2, q + 3, q + 5):
             tv.axis(k).parallelize(ParallelType.Mma)
-    return q
+    return out
 
 
 def _k_loops(tv, k, bk):
@@ -685,6 +721,13 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         a_in.set_allocation(list(range(a_in.ndim - 2)) + [a_in.ndim - 1, a_in.ndim - 2])
     if params.b_major == ("N" if linear else "K"):
         b_in.set_allocation(list(range(b_in.ndim - 2)) + [b_in.ndim - 1, b_in.ndim - 2])
+    # outputs staged in shared memory and stored by TMA a [64 x en] box at a time
+    staged = {}
+    if params.store == "tma":
+        for o in list(fusion.outputs):
+            cs = o.cache_before(op="tma")
+            cr = cs.cache_before()  # the epilogue's last value, in registers
+            staged[id(cs)] = (o, cs, cr)
     lmap = LogicalMap(fusion)
     concretize_broadcasts(fusion, lmap)
     classes = {}
@@ -696,6 +739,7 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
     _operand_tile(As, _roles(As, lmap, classes), params, "M", "K" if params.a_major == "K" else "MN")
     _operand_tile(Bs, _roles(Bs, lmap, classes), params, "N", "K" if params.b_major == "K" else "MN")
     # the accumulator and the epilogue: one tile loop
+    stores = {id(o) for o, _, _ in staged.values()}
     for tv in fusion.used_tvs():
         if tv.is_input or tv in (As, Bs):
             continue
@@ -703,11 +747,20 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         if None in roles:
             raise CircbufError(f"{tv.name}: an axis that is not an axis of the matmul's output")
         pos = _tile(tv, roles, params, pingpong_split=params.pingpong)
-        _fragment(tv, pos, params, has_k=tv is acc)
-        if not tv.is_output:
+        kind = "acc" if tv is acc else "store" if id(tv) in stores else "epilogue"
+        axes = _fragment(tv, pos, params, kind)
+        if id(tv) in staged:  # [W][64][en], swizzled like the store's box
+            tidy = axes["tidy"] or next(a for a in tv.loop if a.parallel_type == ParallelType.TIDy)
+            tv.set_allocation([tidy, axes["m64"], axes["n"]])
+            tv.swizzle(128)
+            tv.inline_at(axes["inline"])
+            tv.axis(-1).parallelize(ParallelType.Vectorize)  # e: a bf16 pair per store
+        elif not tv.is_output:
             tv.memory_type = MemoryType.Local
     acc.inline_at(3 if params.persistent else 2)  # the tile loop, the grid, the warpgroup
+    last = {id(cr) for _, _, cr in staged.values()}
     for tv in fusion.used_tvs():
-        if not (tv.is_input or tv.is_output or tv in (As, Bs, acc)):
-            tv.inline_at(len(tv.loop))
+        if not (tv.is_input or tv.is_output or tv in (As, Bs, acc)) and id(tv) not in staged:
+            # the epilogue's last value holds a pair for one vector store
+            tv.inline_at(len(tv.loop) - (1 if id(tv) in last else 0))
     return acc
