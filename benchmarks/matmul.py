@@ -34,14 +34,16 @@ SHAPES = [
 ]
 SWEEP = {
     "coop 128x256 s4": dict(tile=(128, 256, 64), stages=4),
+    "coop 128x192 s5": dict(tile=(128, 192, 64), stages=5),
     "coop 128x128 s6": dict(tile=(128, 128, 64), stages=6),
     "coop 256x128 s4": dict(tile=(256, 128, 64), stages=4),
     "pp 128x128 s6": dict(pingpong=True, tile=(128, 128, 64), stages=6),
-    "pp 64x256 s6": dict(pingpong=True, tile=(64, 256, 64), stages=6),
-    "pp 128x256 s4 24/240": dict(pingpong=True, tile=(128, 256, 64), stages=4, registers=(24, 240)),
+    "pp 128x192 s5": dict(pingpong=True, tile=(128, 192, 64), stages=5),
+    "pp 64x256 s5": dict(pingpong=True, tile=(64, 256, 64), stages=5),
     "coop 128x256 s3": dict(tile=(128, 256, 64), stages=3),
-    "coop raster g4": dict(group=4),
-    "coop raster g16": dict(group=16),
+    "coop g4": dict(group=4),
+    "coop g16": dict(group=16),
+    "coop raster N": dict(raster="N"),
     "non-persistent": dict(persistent=False),
 }
 

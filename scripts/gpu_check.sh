@@ -10,8 +10,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 python3 -c "import torch, cuda.bindings, hypothesis; from cuda.bindings import nvrtc; print('torch', torch.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:])" | tee -a "$OUT/gpu.txt"
 summary=()
 if [[ $what == tests || $what == all ]]; then
-  CIRCBUF_DEBUG_HANG=${CIRCBUF_DEBUG_HANG:-2000000} timeout 480 python3 -m pytest -q -p no:cacheprovider tests ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
-  summary+=("pytest: $(tail -n 1 "$OUT/pytest.log")")
+  # SHARDS pytest processes side by side (kernel compiles are CPU-bound), each
+  # with its own log; a kernel that traps only takes its own shard down
+  n=${SHARDS:-8}
+  for ((i = 0; i < n; i++)); do
+    CIRCBUF_SHARD=$i/$n CIRCBUF_DEBUG_HANG=${CIRCBUF_DEBUG_HANG:-2000000} timeout ${TEST_TIMEOUT:-480} \
+      python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} > "$OUT/pytest_$i.log" 2>&1 &
+  done
+  wait
+  cat "$OUT"/pytest_*.log > "$OUT/pytest.log"
+  for ((i = 0; i < n; i++)); do summary+=("pytest shard $i/$n: $(tail -n 1 "$OUT/pytest_$i.log")"); done
 fi
 if [[ $what == bench || $what == all ]]; then
   for b in ${BENCHES:-pointwise host_overhead normalization outer_reduction}; do

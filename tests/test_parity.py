@@ -126,9 +126,8 @@ def test_integer_div_keeps_the_integer_type():
 def test_integer_div_truncates_toward_zero(dtype):
     fd = _int_div_fusion(dtype)
     a = torch.randint(-1000, 1000, (1001,), device=DEV, dtype=TORCH[dtype])
-    b = torch.randint(1, 50, (1001,), device=DEV, dtype=TORCH[dtype]) * (
-        torch.randint(0, 2, (1001,), device=DEV) * 2 - 1
-    )
+    sign = torch.randint(0, 2, (1001,), device=DEV, dtype=TORCH[dtype]) * 2 - 1
+    b = torch.randint(1, 50, (1001,), device=DEV, dtype=TORCH[dtype]) * sign
     o1, o2 = fd.execute([a, b])
     assert torch.equal(o1, torch.div(a, b, rounding_mode="trunc"))
     assert torch.equal(o2, torch.div(a, 3, rounding_mode="trunc"))

@@ -58,6 +58,7 @@ class TensorView:
         self.circular = None  # (stages, prefetch, Pipelined | WarpSpecialized)
         self.swizzle_bytes = 0  # shared memory: 32/64/128-byte XOR swizzle of 16-byte chunks
         self.ring_axis: int | None = None  # circular_buffer(axis=...): the loop it rotates over
+        self.turns = None  # ParallelType whose groups alternate their MMA and epilogue phases
 
     # ------------------------------------------------------------ shape
     @property
@@ -290,6 +291,20 @@ class TensorView:
                 f"swizzle({self.name}): only shared-memory buffers are swizzled (it is {self.memory_type.name})"
             )
         self.swizzle_bytes = nbytes
+        return self
+
+    def take_turns(self, ptype: ParallelType) -> TensorView:
+        """The two thread groups of ``ptype`` (ping-pong warpgroups, each on its
+        own tiles) take turns: one issues this MMA output's tensor-core work
+        while the other runs its epilogue, ordered by a pair of barriers.
+
+        >>> # acc.take_turns(ParallelType.TIDy)
+        """
+        if not isinstance(self.definition, Expr) or self.definition.op_name != "mma":
+            raise CircbufError(f"take_turns({self.name}): only an MMA's output takes turns")
+        if not any(a.parallel_type == ptype for a in self.loop):
+            raise CircbufError(f"take_turns({self.name}): no axis of {self.name} is bound to {ptype.value}")
+        self.turns = ptype
         return self
 
     def circular_buffer(

@@ -17,6 +17,7 @@ from .predicate import insert_predicates
 from .simplify_indices import simplify_indices
 from .sync import insert_syncs
 from .tma_store import tma_stores
+from .turns import take_turns
 from .vectorize import vectorize_loops
 from .wgmma import wgmma_sync
 
@@ -26,6 +27,7 @@ PASSES = [
     ("vectorize", vectorize_loops),
     ("predicate", insert_predicates),
     ("wgmma", wgmma_sync),
+    ("turns", take_turns),
     ("tma_store", tma_stores),
     ("circular_buffer", circular_buffer),
     ("simplify", simplify_indices),

@@ -448,16 +448,22 @@ def _warp_specialize(kernel, allocs, names):
     walk(body, named)
     kernel.consumer_barrier = (kernel.named_barrier("consumers"), consumers)
     consumer = [SetMaxNReg(kind.registers[1], increase=True)] if kind.registers else []
-    # shared buffers are seen by both roles: declare them before the split
+    # shared buffers are seen by both roles: declare them before the split;
+    # other passes' barriers are set up with the ring's
     smem = [n for n in body if isinstance(n, Allocate) and n.memory.name == "Shared"]
-    consumer += [n for n in body if not any(n is m for m in smem)]
+    other_bars = [n for n in body if isinstance(n, MBarrierAlloc) or _is_init_block(n)]
+    consumer += [n for n in body if not any(n is m for m in smem + other_bars)]
     if kind.registers:
         kernel.min_blocks = 1  # setmaxnreg needs a register cap at entry
     inits = [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
     inits += [MBarrierInit(MBarrierRef(empty, Const(s)), Const(arrivals)) for s in range(S)]
+    for n in other_bars:
+        if not isinstance(n, MBarrierAlloc):
+            inits += n.then
     kernel.body = [
         MBarrierAlloc(full, S),
         MBarrierAlloc(empty, S),
+        *[n for n in other_bars if isinstance(n, MBarrierAlloc)],
         IfThenElse(
             Bin("&&", Var("threadIdx.x").eq(0), Var("threadIdx.y").eq(0)), inits + [Fence("mbarrier_init")]
         ),
@@ -467,6 +473,10 @@ def _warp_specialize(kernel, allocs, names):
         IfThenElse(Var("threadIdx.y").eq(y.value), producer, consumer, roles=True),
     ]
     return kernel
+
+
+def _is_init_block(n) -> bool:
+    return isinstance(n, IfThenElse) and n.then and all(isinstance(x, MBarrierInit) for x in n.then)
 
 
 def _is_block_wide(barrier) -> bool:
@@ -620,7 +630,16 @@ def _place_consumer_ring(body, bufs, levels, use, full, empty, S, consumers, lab
         _offset_reads(ring_loop.body, b.tv, simplify(use.stage * b.stage_elems))
     ring_loop.body.insert(0, MBarrierWait(MBarrierRef(full, use.stage), use.phase))
     prev = simplify((use.stage + (S - 1)) % S)
+    per_warp = False
     if any(_async_reads(n, t) for n in ring_loop.body for t in tvs):
+        # a warp's wgmma.wait_group retires its warpgroup's reads at once: one
+        # elected lane per warp releases the stage (a thread's own loads would
+        # need every thread)
+        per_warp = True
+
+        def release():
+            return ElectOne(Const(True), [MBarrierArrive(MBarrierRef(empty, prev))])
+
         waits = [k for k, n in enumerate(ring_loop.body) if isinstance(n, WgmmaWait)]
         if not waits:
             raise CircbufError(f"{label}: wgmmas read the ring but no wgmma wait_group retires them")
@@ -629,7 +648,7 @@ def _place_consumer_ring(body, bufs, levels, use, full, empty, S, consumers, lab
             k + 1,
             IfThenElse(
                 Bin("!=", ring_loop.index, ring_loop.start),
-                [Comment("the previous stage's wgmmas are done"), MBarrierArrive(MBarrierRef(empty, prev))],
+                [Comment("the previous stage's wgmmas are done"), release()],
             ),
         )
         parent = _parent_list(body, ring_loop)
@@ -637,7 +656,7 @@ def _place_consumer_ring(body, bufs, levels, use, full, empty, S, consumers, lab
         tail = next((k for k in range(after, len(parent)) if isinstance(parent[k], WgmmaWait)), None)
         if tail is None or parent[tail].pending != 0:
             raise CircbufError(f"{label}: the wgmmas of the last k step are never waited for")
-        parent.insert(tail + 1, MBarrierArrive(MBarrierRef(empty, prev)))
+        parent.insert(tail + 1, release())
         ring_loop.body.append(RingAdvance(use, Const(1)))
     else:
         ring_loop.body = _release_after_last_read(
@@ -650,7 +669,7 @@ def _place_consumer_ring(body, bufs, levels, use, full, empty, S, consumers, lab
     body.insert(0, RingInit(use, init if init != Const(0) else None))
     # one arrival per reading thread; thread indices that pick the position
     # (a ping-pong warpgroup's tiles) divide the readers of a position
-    arrivals = consumers
+    arrivals = consumers // 32 if per_warp else consumers
     names = set(free_vars(init))
     for pt, ext in rows.items():  # the consumers' own extents (no producer row)
         if pt.value in names:

@@ -257,7 +257,7 @@ class _Indexer:
                 f"schedule {src.name}'s axes right of its inline position like the box"
             )
         m, coords, nbytes = self._map(out, dims, src)
-        return TmaStore(TensorRef(src, simplify(at0)), m, coords, nbytes)
+        return TmaStore(TensorRef(src, simplify(at0)), m, coords, nbytes, out)
 
     def mma(self, node) -> Wgmma:
         """One warpgroup MMA instruction: the accumulator fragment of the

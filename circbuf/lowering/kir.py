@@ -218,6 +218,7 @@ class TmaStore(Node):
     map_index: int
     coords: list  # innermost first
     box_bytes: int
+    out: object = None  # the global TensorView stored to (its thread axes say who stores)
 
     def lines(self, ind):
         c = ", ".join(str(x) for x in self.coords)

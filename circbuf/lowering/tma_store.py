@@ -83,6 +83,8 @@ def _group(kernel, store):
     used = set()
     for c in store.coords + [store.src.index]:
         used |= set(free_vars(c))
+    if store.out is not None:  # thread axes of the stored tensor: one store per index
+        used |= {ax.parallel_type.value for ax in store.out.loop if ax.parallel_type.is_thread}
     dims = [
         (p, kernel.launch.get(p, Const(1)).value)
         for p in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)

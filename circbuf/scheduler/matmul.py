@@ -758,6 +758,8 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         elif not tv.is_output:
             tv.memory_type = MemoryType.Local
     acc.inline_at(3 if params.persistent else 2)  # the tile loop, the grid, the warpgroup
+    if params.pingpong:
+        acc.take_turns(ParallelType.TIDy)
     last = {id(cr) for _, _, cr in staged.values()}
     for tv in fusion.used_tvs():
         if not (tv.is_input or tv.is_output or tv in (As, Bs, acc)) and id(tv) not in staged:

@@ -1,0 +1,137 @@
+"""Pass: ping-pong warpgroups take turns on the tensor cores.
+
+Each of two warpgroups (``threadIdx.y`` 0 and 1) owns whole tiles. An MMA
+output marked ``take_turns(TIDy)`` orders them with two pairs of mbarriers:
+a warpgroup waits for its turn before issuing a tile's MMAs and hands the
+turn over as soon as they are issued (before waiting for them to drain);
+its epilogue likewise waits for, and then hands over, the epilogue turn.
+So one warpgroup's epilogue overlaps the other's MMAs, and the two never
+compete for the tensor cores. Warpgroup 0 goes first: its phase starts at
+1, which a fresh barrier has already passed. Waits are mbarrier waits, so
+``CIRCBUF_DEBUG_HANG`` bounds them like the ring's.
+
+Before::
+
+    FOR t in blockIdx.x + threadIdx.y * G..T step 2 * G   // the tile loop
+      FOR k in 0..K: ... WGMMA ...                          // the k loop
+      WGMMA_WAIT_GROUP 0
+      ... epilogue ...
+
+After::
+
+    RING acc_turn (stages=1) at position (1 - threadIdx.y)
+    FOR t ...
+      MBARRIER_WAIT acc_mma_turn[threadIdx.y] parity=acc_turn_phase
+      FOR k in 0..K: ... WGMMA ...
+      MBARRIER_ARRIVE acc_mma_turn[1 - threadIdx.y]         // the other's MMAs may go
+      WGMMA_WAIT_GROUP 0
+      MBARRIER_WAIT acc_epi_turn[threadIdx.y] parity=acc_turn_phase
+      ... epilogue ...
+      MBARRIER_ARRIVE acc_epi_turn[1 - threadIdx.y]
+      RING_ADVANCE acc_turn by 1
+"""
+
+from __future__ import annotations
+
+from ..ir import CircbufError, Const, ParallelType, Var
+from .kir import (
+    Comment,
+    ElectOne,
+    ForLoop,
+    IfThenElse,
+    Kernel,
+    MBarrierAlloc,
+    MBarrierArrive,
+    MBarrierInit,
+    MBarrierRef,
+    MBarrierWait,
+    Ring,
+    RingAdvance,
+    RingInit,
+    Wgmma,
+    WgmmaWait,
+    walk,
+)
+
+
+def take_turns(kernel: Kernel) -> Kernel:
+    """Entry: turn barriers around the MMAs and epilogues of turn-taking outputs."""
+    found = []
+    walk(
+        kernel.body,
+        lambda n, s: found.append((n, list(s))) if isinstance(n, Wgmma) and n.acc.tv.turns else None,
+    )
+    done = set()
+    setup = []
+    for w, stack in found:
+        tv = w.acc.tv
+        if tv.name in done:
+            continue
+        done.add(tv.name)
+        pt = tv.turns
+        groups = kernel.launch.get(pt)
+        if pt != ParallelType.TIDy or groups != Const(2):
+            raise CircbufError(
+                f"{tv.name}: two warpgroups on threadIdx.y take turns, not {groups} on {pt.value}"
+            )
+        loops = [lp for lp in stack if isinstance(lp, ForLoop)]
+        k_loop = next((lp for lp in loops if lp.index.name in _names(w.scale_d)), None)
+        if k_loop is None or k_loop is loops[0]:
+            raise CircbufError(f"{tv.name}: taking turns needs a tile loop around the k loop")
+        tile = loops[loops.index(k_loop) - 1]
+        body = tile.body
+        k = body.index(k_loop)
+        tail = next((j for j in range(k + 1, len(body)) if isinstance(body[j], WgmmaWait)), None)
+        if tail is None:
+            raise CircbufError(f"{tv.name}: the k loop's wgmmas are never waited for")
+        mine, other = Var(pt.value, lo=0, hi=Const(2)), Const(1) - Var(pt.value, lo=0, hi=Const(2))
+        mma, epi = f"{tv.name}_mma_turn", f"{tv.name}_epi_turn"
+        kernel.barrier_names += [mma, epi]
+        turn = Ring(f"{tv.name}_turn", 1)
+        body[tail + 1 : tail + 1] = [
+            Comment("the epilogue's turn"),
+            MBarrierWait(MBarrierRef(epi, mine), turn.phase),
+        ]
+        body[k + 1 : k + 1] = [
+            Comment("the MMAs are issued: the other warpgroup's MMAs may go"),
+            MBarrierArrive(MBarrierRef(mma, other)),
+        ]
+        body[k:k] = [
+            Comment("this warpgroup's turn on the tensor cores"),
+            MBarrierWait(MBarrierRef(mma, mine), turn.phase),
+        ]
+        body += [MBarrierArrive(MBarrierRef(epi, other)), RingAdvance(turn, Const(1))]
+        _insert_before(kernel.body, tile, [RingInit(turn, Const(1) - Var(pt.value, lo=0, hi=Const(2)))])
+        threads = kernel.launch.get(ParallelType.TIDx, Const(1)).value
+        setup += [MBarrierAlloc(mma, 2), MBarrierAlloc(epi, 2)]
+        inits = [MBarrierInit(MBarrierRef(b, Const(g)), Const(threads)) for b in (mma, epi) for g in range(2)]
+        setup.append(IfThenElse(_thread0(), inits))
+    # at the top: the circular-buffer pass initializes them with the ring's
+    # barriers, before the block-wide sync that precedes any wait
+    kernel.body[0:0] = setup
+    return kernel
+
+
+def _thread0():
+    from ..ir import Bin
+
+    return Bin("&&", Var("threadIdx.x").eq(0), Var("threadIdx.y").eq(0))
+
+
+def _names(e) -> set:
+    from ..ir.scalar import free_vars
+
+    return set(free_vars(e))
+
+
+def _insert_before(nodes, target, new) -> bool:
+    for k, n in enumerate(nodes):
+        if n is target:
+            nodes[k:k] = new
+            return True
+        subs = [n.body] if isinstance(n, ForLoop) else [n.then, n.else_] if isinstance(n, IfThenElse) else []
+        subs += [n.then] if isinstance(n, ElectOne) else []
+        for sub in subs:
+            if _insert_before(sub, target, new):
+                return True
+    return False
