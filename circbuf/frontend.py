@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .ir import (
     BinaryOp,
     BroadcastOp,
@@ -80,11 +82,21 @@ class FusionDefinition:
         self.fusion.add_input(tv)
         return tv
 
-    def define_scalar(self, value=None, dtype=DataType.Double):
-        """A scalar: a constant when ``value`` is given, else a run-time input."""
+    def define_scalar(self, value=None, dtype=None):
+        """A scalar: a constant when ``value`` is given, else a run-time input.
+        ``dtype`` defaults to the value's (``3`` is Int64, ``2.0`` Double, as in
+        nvFuser), or Double for an input.
+
+        >>> fd = FusionDefinition(); n = fd.define_scalar(dtype=DataType.Int64)
+        """
+        if dtype is None:
+            dtype = _scalar_dtype(value) if value is not None else DataType.Double
+        if not isinstance(dtype, DataType):
+            raise CircbufError(f"define_scalar: dtype must be a circbuf DataType, got {dtype!r}")
         if value is not None:
             return Const(value, dtype)
-        v = Var(f"s{sum(1 for i in self.fusion.inputs if isinstance(i, Var))}", dtype)
+        # a run-time value of either sign: index simplification must not assume it >= 0
+        v = Var(f"s{sum(1 for i in self.fusion.inputs if isinstance(i, Var))}", dtype, lo=-math.inf)
         self.fusion.add_input(v)
         return v
 
@@ -151,17 +163,24 @@ def _as_scalar_operand(x, what) -> Scalar:
     raise CircbufError(f"{what}: operand {x!r} is neither a tensor nor a scalar")
 
 
-def _scalar_unary(op, x, float_only) -> Scalar:
+def _scalar_unary(op, x, float_only, predicate=False) -> Scalar:
     """``op`` on a fusion scalar (``define_scalar``) or a number: a scalar
-    expression the kernel computes (nvFuser's scalar math)."""
+    expression the kernel computes (nvFuser's scalar math). Constants fold
+    unless the value is a domain edge (``log(0.0)``), which the kernel then
+    computes as C does."""
     a = _as_scalar_operand(x, op)
     dt = a.dtype
-    if float_only and not dt.is_float:
+    if predicate:
+        dt = DataType.Bool
+    elif float_only and not dt.is_float:
         dt = DataType.Double
     if isinstance(a, Const):
         from .ir.scalar import _eval_un
 
-        v = _eval_un(op, a.value, dt)
+        try:
+            v = _eval_un(op, a.value, dt)
+        except (ArithmeticError, ValueError):
+            return Un(op, a, dt)
         return Const(v if dt != DataType.Bool else bool(v), dt)
     return Un(op, a, dt)
 
@@ -179,6 +198,24 @@ _SCALAR_BIN = {
     "ne": "!=",
     "maximum": "max",
     "minimum": "min",
+    "bitwise_and": "&",
+    "bitwise_or": "|",
+    "bitwise_xor": "^",
+    # the rest keep their names: cb::fmod(a, b), ... in the kernel
+    **{
+        op: op
+        for op in (
+            "fmod",
+            "remainder",
+            "pow",
+            "atan2",
+            "nextafter",
+            "gcd",
+            "bitwise_left_shift",
+            "bitwise_right_shift",
+            "logical_right_shift",
+        )
+    },
 }
 
 
@@ -186,10 +223,90 @@ def _scalar_binary(op, a, b) -> Scalar:
     """``op`` on two scalars; integer ``div`` truncates toward zero as in C."""
     x, y = _as_scalar_operand(a, op), _as_scalar_operand(b, op)
     if op == "truediv":
-        return _scalar_binary("div", Un("cast", x, DataType.Double) if not x.dtype.is_float else x, y)
+        if not x.dtype.is_float:
+            x = (
+                Const(float(x.value), DataType.Double)
+                if isinstance(x, Const)
+                else Un("cast", x, DataType.Double)
+            )
+        return _scalar_binary("div", x, y)
+    if op == "mod":  # C's %: fmod on floating-point operands
+        op = "fmod" if x.dtype.is_float or y.dtype.is_float else "%"
+        return as_scalar(x)._bin_op(op, y)
     if op not in _SCALAR_BIN:
         raise CircbufError(f"{op}: not supported on scalars; apply it to a tensor")
     return as_scalar(x)._bin_op(_SCALAR_BIN[op], y)
+
+
+def _dtype_of(x) -> DataType:
+    return x.dtype if _is_tv(x) else _scalar_dtype(x)
+
+
+def _describe(x) -> str:
+    name = x.name if isinstance(x, (TensorView, Var)) else repr(x) if not isinstance(x, Scalar) else str(x)
+    return f"{name} ({_dtype_of(x).name})"
+
+
+# operand rules of binary ops beyond torch's promotion (nvFuser's checks)
+_BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor")
+_INT_ONLY = ("bitwise_left_shift", "bitwise_right_shift", "logical_right_shift", "gcd")
+_NO_BOOL = ("pow", "fmod", "remainder", "mod")
+_TO_FLOAT = ("truediv", "atan2")  # integer operands give Float (nvFuser's float_op_config)
+
+
+def _check_operands(op, xs):
+    """Refuse operand types an op has no meaning for, naming operand and rule."""
+    dts = [_dtype_of(x) for x in xs]
+    bad = None
+    if op in _BITWISE:
+        bad = next((x for x, d in zip(xs, dts) if d.is_float), None)
+        rule = "takes integer or Bool operands"
+    elif op in _INT_ONLY:
+        bad = next((x for x, d in zip(xs, dts) if not d.is_int), None)
+        rule = "takes integer operands"
+    elif op == "nextafter" and not any(d.is_float for d in dts):  # the promoted type must be
+        bad, rule = xs[0], "takes floating-point operands (cast integers first)"
+    elif op in _NO_BOOL and all(d == DataType.Bool for d in dts):
+        bad, rule = xs[0], "takes numeric operands, not two Bools (cast first)"
+    if bad is not None:
+        raise CircbufError(f"{op}: {_describe(bad)}: {op} {rule}")
+
+
+def _float_unary(op, what):
+    def fn(self, x):
+        return self._unary(op, x)
+
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = (
+        f"{what}, elementwise. Integer and Bool inputs give Float; Half/BFloat16 are "
+        f"computed in and return Float (nvFuser's float ops).\n\n>>> # ops.{op}(x)\n"
+    )
+    return fn
+
+
+def _rounding_unary(op, what):
+    def fn(self, x):
+        if _dtype_of(x) == DataType.Bool:
+            raise CircbufError(
+                f"{op}: {_describe(x)}: {op} takes numeric operands (cast Bool first, as torch)"
+            )
+        return self._unary(op, x, float_only=False)
+
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = (
+        f"{what}, elementwise. Integers are returned as they are (their type kept); "
+        f"Half/BFloat16 give Float.\n\n>>> # ops.{op}(x)\n"
+    )
+    return fn
+
+
+def _predicate_unary(op, what):
+    def fn(self, x):
+        return self._predicate(op, x)
+
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = f"{what}, elementwise: a Bool result for any input type.\n\n>>> # ops.{op}(x)\n"
+    return fn
 
 
 class Ops:
@@ -338,6 +455,72 @@ class Ops:
     def silu(self, x):
         return self._unary("silu", x)
 
+    sin = _float_unary("sin", "Sine (radians)")
+    cos = _float_unary("cos", "Cosine (radians)")
+    tan = _float_unary("tan", "Tangent (radians)")
+    asin = _float_unary("asin", "Inverse sine, in radians; NaN outside [-1, 1]")
+    acos = _float_unary("acos", "Inverse cosine, in radians; NaN outside [-1, 1]")
+    atan = _float_unary("atan", "Inverse tangent, in radians")
+    sinh = _float_unary("sinh", "Hyperbolic sine")
+    cosh = _float_unary("cosh", "Hyperbolic cosine")
+    asinh = _float_unary("asinh", "Inverse hyperbolic sine")
+    acosh = _float_unary("acosh", "Inverse hyperbolic cosine; NaN below 1")
+    atanh = _float_unary("atanh", "Inverse hyperbolic tangent; NaN outside [-1, 1]")
+    erf = _float_unary("erf", "Error function")
+    erfc = _float_unary("erfc", "Complementary error function 1 - erf(x)")
+    erfinv = _float_unary("erfinv", "Inverse error function; NaN outside [-1, 1]")
+    erfcinv = _float_unary("erfcinv", "Inverse complementary error function; NaN outside [0, 2]")
+    lgamma = _float_unary("lgamma", "log|gamma(x)|")
+    log1p = _float_unary("log1p", "log(1 + x), accurate near 0")
+    expm1 = _float_unary("expm1", "exp(x) - 1, accurate near 0")
+    log2 = _float_unary("log2", "Base-2 logarithm")
+    log10 = _float_unary("log10", "Base-10 logarithm")
+
+    floor = _rounding_unary("floor", "Largest whole number <= x")
+    ceil = _rounding_unary("ceil", "Smallest whole number >= x")
+    round = _rounding_unary("round", "Nearest whole number, halves to even (as torch.round)")
+    trunc = _rounding_unary("trunc", "x rounded toward zero")
+
+    def frac(self, x):
+        """``x - trunc(x)`` (sign of x), elementwise; floating-point inputs only
+        (torch refuses integers too); Half/BFloat16 give Float.
+
+        >>> # ops.frac(x)
+        """
+        if not _dtype_of(x).is_float:
+            raise CircbufError(f"frac: {_describe(x)}: frac takes floating-point operands, as torch.frac")
+        return self._unary("frac", x)
+
+    isnan = _predicate_unary("isnan", "True where x is NaN (never for integers)")
+    isinf = _predicate_unary("isinf", "True where x is +-infinity")
+    isfinite = _predicate_unary("isfinite", "True where x is neither infinite nor NaN (always for integers)")
+    isposinf = _predicate_unary("isposinf", "True where x is +infinity")
+    isneginf = _predicate_unary("isneginf", "True where x is -infinity")
+    isreal = _predicate_unary(
+        "isreal", "True where x has no imaginary part: always, circbuf has no complex types"
+    )
+    signbit = _predicate_unary(
+        "signbit", "True where the sign bit is set (-0.0 and negative NaN too; x < 0 for integers)"
+    )
+
+    def _predicate(self, op, x):
+        self._check(x)
+        if not _is_tv(x):
+            return _scalar_unary(op, x, False, predicate=True)
+        x = self._cast_to(x, compute_type(x.dtype))  # 16-bit floats are tested in fp32: same answer
+        out = self._new([IterDomain(i.extent, i.iter_type) for i in x.domain.no_reductions()], DataType.Bool)
+        UnaryOp(op, out, x)
+        return out
+
+    def bitwise_not(self, x):
+        """``~x`` on integers (type kept), ``not x`` on Bool (nvFuser maps it to logical_not).
+
+        >>> # ops.bitwise_not(mask)
+        """
+        if _dtype_of(x).is_float:
+            raise CircbufError(f"bitwise_not: {_describe(x)}: bitwise_not takes integer or Bool operands")
+        return self._unary("bitwise_not", x, float_only=False)
+
     def cast(self, x, dtype: DataType):
         self._check(x)
         if not isinstance(dtype, DataType):
@@ -357,11 +540,13 @@ class Ops:
 
     # ----------------------------------------------------------- binary
     def _binary(self, op, a, b, compare=False):
+        self._check(a, b)
+        _check_operands(op, [a, b])
         if not _is_tv(a) and not _is_tv(b):
             return _scalar_binary(op, a, b)
         (a, b), ids = self._pointwise([a, b], op)
         dt = self._result_dtype([a, b])
-        if op == "truediv" and not dt.is_float:
+        if op in _TO_FLOAT and not dt.is_float:
             dt = DataType.Float
         # integer div truncates toward zero, as C and nvFuser do (torch's
         # true division is truediv)
@@ -406,6 +591,120 @@ class Ops:
 
     def ne(self, a, b):
         return self._binary("ne", a, b, compare=True)
+
+    def truediv(self, a, b):
+        """``a / b`` in floating point: integer operands give Float (``div``
+        truncates them instead).
+
+        >>> # ops.truediv(i, 2)   # Int32 [3] -> Float [1.5]
+        """
+        return self._binary("truediv", a, b)
+
+    def pow(self, a, b):
+        """``a ** b`` with torch's promotion: integers stay integers (a negative
+        exponent gives 0, or +-1 for a base of +-1, as torch and nvFuser).
+
+        >>> # ops.pow(x, 2.0); ops.pow(2, n)
+        """
+        return self._binary("pow", a, b)
+
+    def fmod(self, a, b):
+        """C's ``fmod`` (and ``%`` on integers): the result has the sign of ``a``.
+
+        >>> # ops.fmod(x, 3.0)   # -5 -> -2
+        """
+        return self._binary("fmod", a, b)
+
+    def remainder(self, a, b):
+        """Python's modulo (``torch.remainder``): the result has the sign of ``b``.
+
+        >>> # ops.remainder(x, 3)   # -5 -> 1
+        """
+        return self._binary("remainder", a, b)
+
+    def mod(self, a, b):
+        """nvFuser's ``mod``: C's ``%`` (sign of ``a``), ``fmod`` on floating point.
+
+        >>> # ops.mod(i, 4)
+        """
+        return self._binary("mod", a, b)
+
+    def atan2(self, a, b):
+        """Angle of the point (b, a) in radians, in [-pi, pi]; integers give Float.
+
+        >>> # ops.atan2(y, x)
+        """
+        return self._binary("atan2", a, b)
+
+    def nextafter(self, a, b):
+        """The next representable value after ``a`` toward ``b``; floating-point
+        operands only. Half/BFloat16 are computed in (and return) Float: the
+        step is a Float ulp (nvFuser does the same).
+
+        >>> # ops.nextafter(x, y)
+        """
+        return self._binary("nextafter", a, b)
+
+    def bitwise_and(self, a, b):
+        """``a & b`` on integers and Bools (two Bools give Bool).
+
+        >>> # ops.bitwise_and(i, 0xFF)
+        """
+        return self._binary("bitwise_and", a, b)
+
+    def bitwise_or(self, a, b):
+        """``a | b`` on integers and Bools (two Bools give Bool)."""
+        return self._binary("bitwise_or", a, b)
+
+    def bitwise_xor(self, a, b):
+        """``a ^ b`` on integers and Bools (two Bools give Bool)."""
+        return self._binary("bitwise_xor", a, b)
+
+    def bitwise_left_shift(self, a, b):
+        """``a << b`` on integers; a shift outside [0, bits) gives 0 (as torch).
+
+        >>> # ops.bitwise_left_shift(i, 3)
+        """
+        return self._binary("bitwise_left_shift", a, b)
+
+    def bitwise_right_shift(self, a, b):
+        """Arithmetic ``a >> b`` on integers (the sign fills in); a shift outside
+        [0, bits) gives 0 or -1 by the sign of ``a`` (as torch)."""
+        return self._binary("bitwise_right_shift", a, b)
+
+    def logical_right_shift(self, a, b):
+        """``a >> b`` shifting zeros in (``a`` read as unsigned); a shift outside
+        [0, bits) gives 0 (as nvFuser and jax.lax.shift_right_logical).
+
+        >>> # ops.logical_right_shift(i, 3)   # Int32 -1 -> 536870911
+        """
+        return self._binary("logical_right_shift", a, b)
+
+    def gcd(self, a, b):
+        """Greatest common divisor of integers (non-negative; gcd(0, 0) = 0)."""
+        return self._binary("gcd", a, b)
+
+    def addcmul(self, input, tensor1, tensor2, value):
+        """``input + value * tensor1 * tensor2`` (torch.addcmul, nvFuser's
+        addcmul): the three operands promoted together, ``value`` (a scalar)
+        cast to their type.
+
+        >>> # ops.addcmul(x, a, b, 0.5)
+        """
+        self._check(input, tensor1, tensor2)
+        if _is_tv(value):
+            raise CircbufError(f"addcmul: value must be a scalar, got tensor {value.name}")
+        xs = [input, tensor1, tensor2]
+        if not any(_is_tv(x) for x in xs):
+            return self.add(input, self.mul(value, self.mul(tensor1, tensor2)))
+        dt = compute_type(self._result_dtype(xs))
+        x, t1, t2 = (self._cast_to(v, dt) for v in xs)
+        v = _as_scalar_operand(value, "addcmul")
+        if isinstance(v, Const):
+            v = self._cast_to(v.value, dt)
+        elif v.dtype != dt:
+            v = Un("cast", v, dt)
+        return self.add(x, self.mul(v, self.mul(t1, t2)))
 
     def where(self, cond, a, b):
         """``cond ? a : b`` elementwise, with broadcasting."""

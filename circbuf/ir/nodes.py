@@ -336,9 +336,20 @@ class Expr:
 
 
 class UnaryOp(Expr):
+    """``out = op(in)``. The input is in the type the op computes in (the
+    frontend casts it); ``out`` has that type, or Bool for a predicate."""
+
     OPS = (
+        # keep the type (ints too)
         "neg",
         "abs",
+        "relu",
+        "floor",
+        "ceil",
+        "round",
+        "trunc",
+        "bitwise_not",
+        # floating point
         "exp",
         "exp2",
         "log",
@@ -347,13 +358,35 @@ class UnaryOp(Expr):
         "reciprocal",
         "tanh",
         "sigmoid",
-        "relu",
         "gelu",
         "silu",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "erf",
+        "erfc",
+        "erfinv",
+        "erfcinv",
+        "lgamma",
+        "log1p",
+        "expm1",
+        "log2",
+        "log10",
+        "frac",
     )
+    # Bool results, computed on the input's type
+    PREDICATES = ("isnan", "isinf", "isfinite", "isposinf", "isneginf", "isreal", "signbit")
 
     def __init__(self, op, out, in_):
-        assert op in self.OPS, op
+        assert op in self.OPS or op in self.PREDICATES, op
         self.op_name = op
         super().__init__([out], [in_])
 
@@ -369,7 +402,36 @@ class CastOp(Expr):
 
 
 class BinaryOp(Expr):
-    OPS = ("add", "sub", "mul", "div", "maximum", "minimum", "lt", "le", "gt", "ge", "eq", "ne")
+    """``out = op(a, b)``; both operands in one type (the frontend casts them)."""
+
+    OPS = (
+        "add",
+        "sub",
+        "mul",
+        "div",  # integers: truncation toward zero, as C
+        "truediv",
+        "maximum",
+        "minimum",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "eq",
+        "ne",
+        "pow",
+        "fmod",
+        "remainder",
+        "mod",
+        "atan2",
+        "nextafter",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "bitwise_left_shift",
+        "bitwise_right_shift",
+        "logical_right_shift",
+        "gcd",
+    )
 
     def __init__(self, op, out, a, b):
         assert op in self.OPS, op

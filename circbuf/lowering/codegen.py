@@ -57,6 +57,10 @@ _BIN = {
     "sub": "-",
     "mul": "*",
     "div": "/",
+    "truediv": "/",  # the operands are floating point already
+    "bitwise_and": "&",
+    "bitwise_or": "|",
+    "bitwise_xor": "^",
     "lt": "<",
     "le": "<=",
     "gt": ">",
@@ -131,12 +135,24 @@ class CudaCodegen:
             return f"ceilDiv({a}, {b})"
         if e.op in ("min", "max"):
             return f"({a} {'<' if e.op == 'min' else '>'} {b} ? {a} : {b})"
+        if e.op.isidentifier():  # fusion scalar math: fmod, pow, gcd, ... in the result's type
+            return f"cb::{e.op}({self.scalar_as(e.a, e.dtype)}, {self.scalar_as(e.b, e.dtype)})"
         return f"({a} {e.op} {b})"
 
+    def scalar_as(self, e: Scalar, dt: DataType) -> str:
+        """A scalar expression as a value of C++ type ``dt``: a typed literal, or
+        a cast (extents are index_t, infix arithmetic has C's usual types)."""
+        if isinstance(e, Const):
+            return literal(e, dt)
+        if isinstance(e, Un) and e.op == "cast" and e.dtype == dt:
+            return self.scalar(e)
+        return f"cb::cast<{_SCALAR_T[dt]}>({self.scalar(e)})"
+
     def scalar_fn(self, e: Un) -> str:
-        """Fusion scalar math, computed in the scalar's C++ type; a cast to a
-        16-bit float rounds and stays in fp32, as tensor arithmetic does."""
-        ct = _SCALAR_T.get(e.dtype, "float")
+        """Fusion scalar math, computed in the scalar's C++ type (a predicate
+        such as isnan in its operand's); a cast to a 16-bit float rounds and
+        stays in fp32, as tensor arithmetic does."""
+        ct = _SCALAR_T.get(e.a.dtype if e.op in UnaryOp.PREDICATES else e.dtype, "float")
         a = f"cb::cast<{ct}>({self.scalar(e.a)})"
         if e.op != "cast":
             return f"cb::{e.op}({a})"
@@ -150,6 +166,8 @@ class CudaCodegen:
             return self.ref(x)
         if isinstance(x, Const):
             return literal(x, dt)
+        if isinstance(x, Un) and x.op == "cast" and _SCALAR_T.get(x.dtype) == dt.value:
+            return self.scalar(x)  # a cast to this type already
         return f"cb::cast<{dt.value}>({self.scalar(x)})"
 
     def ref(self, r: TensorRef) -> str:
