@@ -20,6 +20,7 @@ from .ir import (
     CircbufError,
     Const,
     DataType,
+    FullOp,
     Fusion,
     IterDomain,
     IterType,
@@ -754,8 +755,63 @@ class Ops:
                 i.extent = Const(1)
         return out
 
+    def broadcast(self, t, is_broadcast_dim):
+        """Insert broadcast (size-1) axes where ``is_broadcast_dim`` is True; the
+        False entries are ``t``'s axes, in order (nvFuser's ``broadcast``).
+
+        >>> # ops.broadcast(x, [True, False, True])   # [N] -> [1, N, 1]
+        """
+        self._check(t)
+        if not _is_tv(t):
+            raise CircbufError(f"broadcast: operand {t!r} is not a tensor")
+        flags = [bool(f) for f in is_broadcast_dim]
+        if len(flags) - sum(flags) != t.ndim:
+            raise CircbufError(
+                f"broadcast: {t.name} has {t.ndim} axes but is_broadcast_dim {list(is_broadcast_dim)} "
+                f"has {len(flags) - sum(flags)} False entries (one per axis of {t.name})"
+            )
+        return self._broadcast(t, flags) if any(flags) else self.set(t)
+
+    def full(self, shape, fill_value, dtype):
+        """A tensor of ``shape`` filled with ``fill_value`` (a number or a fusion
+        scalar, cast to ``dtype``). Shape entries are ints >= 0, extents of other
+        tensors (``x.size(0)``) or integer fusion scalars (run-time sizes).
+
+        >>> # n = fd.define_scalar(dtype=DataType.Int64); ops.full([n, 4], 1.0, DataType.Float)
+        """
+        if not isinstance(dtype, DataType):
+            raise CircbufError(f"full: dtype must be a circbuf DataType, got {dtype!r}")
+        ids = []
+        for k, s in enumerate(shape):
+            ext = self._full_extent(s, k)
+            ids.append(IterDomain(ext, IterType.Broadcast if is_const(ext, 1) else IterType.Iteration))
+        fill = _as_scalar_operand(fill_value, "full")
+        if isinstance(fill, Const):  # a variable one the kernel casts
+            fill = self._cast_to(fill.value, dtype)
+        out = self._new(ids, dtype)
+        FullOp(out, fill)
+        return out
+
+    def _full_extent(self, s, k) -> Scalar:
+        if isinstance(s, int) and not isinstance(s, bool):
+            if s < 0:
+                raise CircbufError(f"full: shape entry {k} is {s}; extents are >= 0")
+            return Const(s)
+        if not isinstance(s, Scalar) or not s.dtype.is_int:
+            raise CircbufError(f"full: shape entry {k} ({s!r}) must be an int or an integer scalar")
+        if isinstance(s, Const):
+            return self._full_extent(int(s.value), k)
+        if isinstance(s, Var) and s in self._f.extent_vars:
+            return s
+        # a run-time size: a new extent the runtime evaluates from the scalar inputs
+        v = self._f.new_extent()
+        self._f.extent_definitions[v.name] = s
+        return v
+
     # -------------------------------------------------------- reductions
     def _dims(self, t, dims, what):
+        if not _is_tv(t):
+            raise CircbufError(f"{what}: operand must be a tensor")
         if isinstance(dims, int):
             dims = [dims]
         n = t.ndim

@@ -289,6 +289,74 @@ def test_integer_scalar_inputs_are_not_assumed_non_negative():
     assert str(simplify((n * 4 + 1) // 4)) != "s0"  # s0 = -1: (-4 + 1) / 4 is 0 in C
 
 
+# ----------------------------------------------------------- CPU: full etc.
+def _full_scalar_only():
+    with cb.FusionDefinition() as fd:
+        s0 = fd.define_scalar(dtype=D.Double)
+        s1 = fd.define_scalar(dtype=D.Double)
+        fd.add_output(fd.ops.full([5], fd.ops.add(s0, s1), D.Float))
+    return fd
+
+
+def test_scalar_only_fusion_compiles():
+    fd = _full_scalar_only()
+    assert "T0 = full({5}, (s0 + s1))" in fd.fusion.print_math()
+    ck = fd.compile([1.0, 2.5], arch="sm_90a")
+    assert "cb::cast<float>((s0 + s1))" in ck.cuda
+    with cb.FusionDefinition() as fd2:  # no inputs at all
+        fd2.add_output(fd2.ops.full([3, 2], 1.5, D.Half))
+    fd2.compile([], arch="sm_90a")
+
+
+def _full_sized_by_scalar(dtype=D.Int32):
+    with cb.FusionDefinition() as fd:
+        n = fd.define_scalar(dtype=D.Int64)
+        fd.add_output(fd.ops.full([fd.ops.add(n, 1), 3], 7, dtype))
+    return fd
+
+
+def test_full_sized_by_a_scalar():
+    fd = _full_sized_by_scalar()
+    ex = fd._get_executor()
+    info, _ = ex._bind([4], need_cuda=False)
+    assert ex._out_shapes(info.extents) == [(5, 3)]
+    ck = fd.compile([4], arch="sm_90a")
+    assert "const index_t i0 = (index_t)((s0 + 1));" in ck.cuda
+    with pytest.raises(cb.CircbufError, match=r"extent i0 = \(s0 \+ 1\) is -2 for these inputs"):
+        fd.compile([-3], arch="sm_90a")
+
+
+@pytest.mark.parametrize(
+    "shape, match",
+    [([-1], "shape entry 0 is -1; extents are >= 0"), ([2, 1.5], "shape entry 1 .* must be an int")],
+)
+def test_full_refuses_bad_shapes(shape, match):
+    with cb.FusionDefinition() as fd:
+        with pytest.raises(cb.CircbufError, match=match):
+            fd.ops.full(shape, 1.0, D.Float)
+
+
+@pytest.mark.parametrize("dtype", [D.Float, D.Half, D.BFloat16, D.Int64, D.Bool])
+def test_full_next_to_a_tensor_compiles(dtype):
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        s = fd.define_scalar(dtype=D.Double)
+        t = fd.ops.full([x.size(0), x.size(1)], s, dtype)
+        assert t.dtype == dtype
+        fd.add_output(fd.ops.add(x, t))
+        fd.add_output(t)
+    fd.compile([torch.zeros(3, 40), 1.5], arch="sm_90a")
+
+
+def test_broadcast_places_the_axes():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.Float)
+        y = fd.ops.broadcast(x, [True, False, True])
+        assert [i.is_broadcast for i in y.logical] == [True, False, True]
+        with pytest.raises(cb.CircbufError, match=r"broadcast: T0 has 1 axes but is_broadcast_dim"):
+            fd.ops.broadcast(x, [False, False])
+
+
 def test_addcmul_casts_value_to_the_operands_type():
     with cb.FusionDefinition() as fd:
         i = fd.define_tensor([-1], dtype=D.Int32)
@@ -538,3 +606,58 @@ def test_scalar_math_values():
     for n, f in ((-7, 2.5), (12, -1.25), (0, 0.5)):
         (out,) = fd.execute([x, n, f])
         assert_close(out, _scalar_math_reference(x, n, f))
+
+
+@pytest.mark.gpu
+def test_scalar_only_fusion_runs_on_the_current_device():
+    fd = _full_scalar_only()
+    (out,) = fd.execute([1.0, 2.5])
+    assert out.device == torch.device("cuda", torch.cuda.current_device())
+    assert torch.equal(out.cpu(), torch.full((5,), 3.5))
+    (out,) = fd.execute([-1.0, 0.25])  # the cached plan, new values
+    assert torch.equal(out.cpu(), torch.full((5,), -0.75))
+    with cb.FusionDefinition() as fd2:  # no inputs at all
+        fd2.add_output(fd2.ops.full([3, 2], 1.5, D.Half))
+    (out,) = fd2.execute([])
+    assert out.dtype == torch.float16 and torch.equal(out.cpu(), torch.full((3, 2), 1.5, dtype=torch.float16))
+
+
+@pytest.mark.gpu
+def test_full_sized_by_a_scalar_values():
+    fd = _full_sized_by_scalar()
+    for n in (4, 0, 130, -1):  # -1: an empty [0, 3] tensor
+        (out,) = fd.execute([n])
+        assert out.shape == (n + 1, 3) and torch.equal(
+            out.cpu(), torch.full((n + 1, 3), 7, dtype=torch.int32)
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [D.Float, D.Half, D.BFloat16, D.Int64, D.Bool])
+def test_full_next_to_a_tensor_values(dtype):
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        s = fd.define_scalar(dtype=D.Double)
+        t = fd.ops.full([x.size(0), x.size(1)], s, dtype)
+        fd.add_output(fd.ops.add(x, t))
+        fd.add_output(t)
+    x = torch.randn(37, 129, device=DEV)
+    y, t = fd.execute([x, 1.75])
+    fill = torch.full(x.shape, 1.75, device=DEV).to(TORCH[dtype])
+    assert t.dtype == TORCH[dtype] and torch.equal(t, fill)
+    assert_close(y, x.double() + fill.double())
+
+
+@pytest.mark.gpu
+def test_broadcast_values():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.Float)
+        z = fd.define_tensor([-1, -1, -1], dtype=D.Float)
+        b = fd.ops.broadcast(x, [True, False, True])
+        fd.add_output(b)
+        fd.add_output(fd.ops.add(z, b))
+    x, z = torch.randn(65, device=DEV), torch.randn(3, 65, 7, device=DEV)
+    b, y = fd.execute([x, z])
+    assert b.shape == (1, 65, 1)
+    assert_close(b, x.double()[None, :, None])
+    assert_close(y, z.double() + x.double()[None, :, None])

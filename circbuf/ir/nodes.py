@@ -446,6 +446,19 @@ class TernaryOp(Expr):
         super().__init__([out], [cond, a, b])
 
 
+class FullOp(Expr):
+    """``out`` filled with one scalar (nvFuser's FullOp); no tensor inputs."""
+
+    op_name = "full"
+
+    def __init__(self, out, fill: Scalar):
+        super().__init__([out], [fill])
+
+    def __str__(self):
+        shape = ", ".join(str(i.extent) for i in self.out.logical)
+        return f"{self.out.name} = full({{{shape}}}, {self._operand_str(self.inputs[0])})"
+
+
 class LoadStoreOp(Expr):
     """A copy between memories (``set``)."""
 
@@ -517,6 +530,7 @@ __all__ = [
     "CastOp",
     "BinaryOp",
     "TernaryOp",
+    "FullOp",
     "LoadStoreOp",
     "BroadcastOp",
     "ReductionOp",

@@ -14,6 +14,7 @@ from ..ir import (
     CastOp,
     Const,
     DataType,
+    FullOp,
     LoadStoreOp,
     MemoryType,
     ParallelType,
@@ -314,12 +315,11 @@ class CudaCodegen:
         ops = a.operands
         if isinstance(e, ReductionOp):
             acc, x = self.ref(ops[0]), self.value(ops[1], dt)
-            rhs = (
-                f"{acc} + {x}"
-                if e.op_name == "sum"
-                else f"cb::{'maximum' if e.op_name == 'max' else 'minimum'}({acc}, {x})"
-            )
-        elif isinstance(e, (LoadStoreOp, BroadcastOp)):
+            if e.op_name in ("sum", "prod"):
+                rhs = f"{acc} {'+' if e.op_name == 'sum' else '*'} {x}"
+            else:
+                rhs = f"cb::{'maximum' if e.op_name == 'max' else 'minimum'}({acc}, {x})"
+        elif isinstance(e, (LoadStoreOp, BroadcastOp, FullOp)):
             rhs = self.value(ops[0], dt)
         elif isinstance(e, CastOp):
             rhs = f"cb::cast<{dt.value}>({self.value(ops[0], e.inputs[0].dtype)})"
@@ -354,6 +354,8 @@ class CudaCodegen:
         self.ind = 1
         for name, (pi, d) in sorted(k.extent_bindings.items(), key=lambda x: int(x[0][1:])):
             self.emit(f"const index_t {name} = {k.tensor_params[pi].tv.name}.size[{d}];")
+        for name, e in k.extent_defs.items():
+            self.emit(f"const index_t {name} = (index_t)({self.scalar(e)});")
         for n in k.body:
             self.node(n)
         body = self.lines

@@ -361,6 +361,9 @@ class Kernel:
     min_blocks: int = 0  # __launch_bounds__ second argument, 0: none
     hang_record: bool = False  # the kernel takes a host-mapped record (CIRCBUF_DEBUG_HANG)
     consumer_barrier: tuple = (0, 0)  # warp-specialized: (named barrier, consumer threads)
+    # extents no input tensor carries: name -> expression of scalar params
+    # (``full([n], ...)``), computed at the top of the kernel
+    extent_defs: dict = field(default_factory=dict)
 
     def __str__(self):
         grid = [str(self.launch.get(p, 1)) for p in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)]
