@@ -830,8 +830,8 @@ class Ops:
             raise CircbufError(f"{op}: operand must be a tensor")
         dims = self._dims(t, dims, op)
         acc = compute_type(t.dtype)
-        if op == "sum" and not acc.is_float:
-            acc = DataType.Int64
+        if op in ("sum", "prod") and not acc.is_float:
+            acc = DataType.Int64  # as nvFuser and torch: integer and Bool sums/products in Int64
         t = self._cast_to(t, acc)
         ids = []
         for k, i in enumerate(t.domain.no_reductions()):
@@ -849,6 +849,14 @@ class Ops:
 
     def sum(self, t, dims, keepdim=False, dtype=None):
         return self._reduce("sum", t, dims, keepdim, dtype)
+
+    def prod(self, t, dims, keepdim=False, dtype=None):
+        """Product over ``dims`` (init 1): floating point in its compute type
+        (Half/BFloat16 give Float), integers and Bool in Int64, as nvFuser.
+
+        >>> # ops.prod(x, [1])
+        """
+        return self._reduce("prod", t, dims, keepdim, dtype)
 
     def max(self, t, dims, keepdim=False, dtype=None):
         return self._reduce("max", t, dims, keepdim, dtype)
@@ -869,6 +877,33 @@ class Ops:
             s = self.cast(s, DataType.Float)
         out = self.div(s, self._count(t, dims))
         return out if dtype is None else self.cast(out, dtype)
+
+    def var(self, t, dims, correction=1, keepdim=False):
+        """Variance over ``dims`` with ``correction`` (torch.var; nvFuser's
+        ``var``): sum((x - mean)^2) / (N - correction), in Float (Double stays).
+
+        >>> # ops.var(x, [1], correction=0)
+        """
+        return self.var_mean(t, dims, correction, keepdim)[0]
+
+    def welford(self, t, dims):
+        """``(avg, var_sum, n)`` over ``dims``, as nvFuser's welford: the mean, the
+        sum of squared deviations (M2: ``var_sum / n`` is the biased variance)
+        and the element count as an Int64 tensor of avg's shape. Built from two
+        reductions (mean, then squared deviations), not a one-pass Welford.
+
+        >>> # avg, m2, n = ops.welford(x, [-1]); var = ops.div(m2, n)
+        """
+        self._check(t)
+        dims = self._dims(t, dims, "welford")
+        xf = self._cast_to(t, compute_type(t.dtype) if t.dtype.is_float else DataType.Float)
+        m = self.mean(xf, dims, keepdim=True)
+        d = self.sub(xf, m)
+        m2 = self.sum(self.mul(d, d), dims)
+        avg = self.mean(xf, dims)
+        shape = [s for k, s in enumerate(t.shape()) if k not in dims]
+        n = self.full(shape, self._count(t, dims), DataType.Int64)
+        return avg, m2, n
 
     def var_mean(self, t, dims, correction=1, keepdim=False):
         """(variance, mean) over ``dims``, ``correction`` as in torch."""

@@ -7,6 +7,7 @@ are poisoned with NaN by conftest, so an unwritten element fails).
 """
 
 import math
+import re
 
 import pytest
 import torch
@@ -367,6 +368,54 @@ def test_addcmul_casts_value_to_the_operands_type():
             fd.ops.addcmul(i, i, i, i)
 
 
+@pytest.mark.parametrize(
+    "dt, want", [(D.Float, D.Float), (D.BFloat16, D.Float), (D.Double, D.Double), (D.Int32, D.Int64)]
+)
+def test_prod_dtype_and_compile(dt, want):
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=dt)
+        y = fd.ops.prod(x, [1])
+        fd.add_output(y)
+    assert y.dtype == want and "prod(T" in fd.fusion.print_math()
+    ck = fd.compile([_cpu(dt, (4, 64))], arch="sm_90a")
+    assert "cb::MulOp()" in ck.cuda
+
+
+# (shape, reduced dim) -> the scheduler that takes a product over it
+PROD_SCHEDULERS = [
+    ((6, 1000), 1, "normalization"),
+    ((8, 64), 0, "outer_reduction"),
+    ((3, 7, 5), 1, "reduction"),
+]
+
+
+def _prod_fusion(rank, dim, dt=D.Float):
+    with cb.FusionDefinition() as fd:
+        t = fd.define_tensor([-1] * rank, dtype=dt)
+        fd.add_output(fd.ops.prod(t, [dim]))
+    return fd
+
+
+@pytest.mark.parametrize("shape, dim, sched", PROD_SCHEDULERS)
+def test_prod_through_each_scheduler_compiles(shape, dim, sched):
+    ck = _prod_fusion(len(shape), dim).compile([torch.zeros(shape)], arch="sm_90a")
+    assert ck.name == f"circbuf_{sched}"
+    assert re.search(r"(T\d+\[[^\]]*\]) = \1 \* ", ck.cuda)  # acc = acc * x
+    assert ("cb::MulOp()" in ck.cuda) == (sched != "reduction")  # thread partials combined
+
+
+def test_welford_and_var_compile():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        avg, m2, n = fd.ops.welford(x, [-1])
+        assert (avg.dtype, m2.dtype, n.dtype) == (D.Float, D.Float, D.Int64)
+        fd.add_output(fd.ops.div(m2, n))
+        fd.add_output(avg)
+        fd.add_output(n)
+        fd.add_output(fd.ops.var(x, [1], correction=0))
+    fd.compile([_cpu(D.BFloat16, (8, 96))], arch="sm_90a")
+
+
 # ------------------------------------------------------------------- GPU
 def _rand(shape, dt, lo=-3.0, hi=3.0):
     if dt == D.Bool:
@@ -661,3 +710,67 @@ def test_broadcast_values():
     assert b.shape == (1, 65, 1)
     assert_close(b, x.double()[None, :, None])
     assert_close(y, z.double() + x.double()[None, :, None])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [[0], [1], [2], [0, 2], [1, 2], [0, 1, 2]])
+@pytest.mark.parametrize("dt", [D.Float, D.BFloat16, D.Int64], ids=lambda d: d.name)
+def test_prod_values(dt, dims):
+    if dt.is_int:
+        x = torch.tensor([-1, 1, 1, 2, 1, 1], device=DEV)[torch.randint(0, 6, (6, 10, 3), device=DEV)]
+    else:
+        x = (1 + 0.05 * torch.randn(6, 10, 3, device=DEV)).to(TORCH[dt])
+    with cb.FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1, -1], dtype=dt)
+        fd.add_output(fd.ops.prod(t, dims))
+    (out,) = fd.execute([x])
+    ref = x.cpu() if dt.is_int else x.double()
+    for d in sorted(dims, reverse=True):
+        ref = ref.prod(d)
+    if dt.is_int:
+        assert out.dtype == torch.int64 and torch.equal(out.cpu(), ref)
+    else:
+        assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, dim, sched", PROD_SCHEDULERS)
+def test_prod_through_each_scheduler_values(shape, dim, sched):
+    x = 1 + 0.01 * torch.randn(shape, device=DEV)
+    fd = _prod_fusion(len(shape), dim)
+    (out,) = fd.execute([x])
+    assert fd._executor.last.name == f"circbuf_{sched}"
+    assert_close(out, x.double().prod(dim), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("correction", [0, 1])
+@pytest.mark.parametrize("dims, keepdim", [([1], False), ([0], True), ([0, 1], False), ([1], True)])
+def test_var_values(dims, keepdim, correction):
+    x = torch.randn(48, 300, device=DEV) * 3 + 1
+    with cb.FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1], dtype=D.Float)
+        fd.add_output(fd.ops.var(t, dims, correction=correction, keepdim=keepdim))
+    (out,) = fd.execute([x])
+    assert_close(out, torch.var(x.double(), dims, correction=correction, keepdim=keepdim), rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, cols", [(24, 257), (256, 4096)])
+@pytest.mark.parametrize("dt", [D.Float, D.BFloat16], ids=lambda d: d.name)
+def test_welford_values(dt, rows, cols):
+    # nvFuser's test_welford: var_sum / n is the biased variance
+    x = torch.randn(rows, cols, device=DEV).to(TORCH[dt])
+    with cb.FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1], dtype=dt)
+        avg, m2, n = fd.ops.welford(t, [-1])
+        fd.add_output(fd.ops.div(m2, n))
+        fd.add_output(avg)
+        fd.add_output(m2)
+        fd.add_output(n)
+    var, avg, m2, n = fd.execute([x])
+    xd = x.double()
+    assert_close(var, torch.var(xd, -1, correction=0), rtol=1e-4)
+    assert_close(avg, xd.mean(-1), rtol=1e-4, atol=1e-5)
+    assert_close(m2, torch.var(xd, -1, correction=0) * cols, rtol=1e-4)
+    assert n.dtype == torch.int64 and torch.equal(n.cpu(), torch.full((rows,), cols))

@@ -490,7 +490,7 @@ class BroadcastOp(Expr):
 class ReductionOp(Expr):
     """``out`` keeps the reduced axes as reduction IterDomains."""
 
-    OPS = {"sum": "add", "max": "maximum", "min": "minimum"}
+    OPS = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
 
     def __init__(self, op, out, in_, init: Const):
         assert op in self.OPS, op
@@ -506,6 +506,8 @@ class ReductionOp(Expr):
 def reduction_init(op: str, dtype: DataType) -> Const:
     if op == "sum":
         return Const(0.0 if dtype.is_float else 0, dtype)
+    if op == "prod":
+        return Const(1.0 if dtype.is_float else 1, dtype)
     big = {
         DataType.Int32: 2**31 - 1,
         DataType.Int64: 2**63 - 1,

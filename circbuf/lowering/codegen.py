@@ -69,7 +69,7 @@ _BIN = {
     "eq": "==",
     "ne": "!=",
 }
-_RED = {"sum": "cb::AddOp()", "max": "cb::MaxOp()", "min": "cb::MinOp()"}
+_RED = {"sum": "cb::AddOp()", "prod": "cb::MulOp()", "max": "cb::MaxOp()", "min": "cb::MinOp()"}
 _SCALAR_T = {
     DataType.Double: "double",
     DataType.Float: "float",
