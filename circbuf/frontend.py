@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .ir import (
     BinaryOp,
     BroadcastOp,
@@ -18,6 +20,7 @@ from .ir import (
     CircbufError,
     Const,
     DataType,
+    FullOp,
     Fusion,
     IterDomain,
     IterType,
@@ -82,11 +85,21 @@ class FusionDefinition:
         self.fusion.add_input(tv)
         return tv
 
-    def define_scalar(self, value=None, dtype=DataType.Double):
-        """A scalar: a constant when ``value`` is given, else a run-time input."""
+    def define_scalar(self, value=None, dtype=None):
+        """A scalar: a constant when ``value`` is given, else a run-time input.
+        ``dtype`` defaults to the value's (``3`` is Int64, ``2.0`` Double, as in
+        nvFuser), or Double for an input.
+
+        >>> fd = FusionDefinition(); n = fd.define_scalar(dtype=DataType.Int64)
+        """
+        if dtype is None:
+            dtype = _scalar_dtype(value) if value is not None else DataType.Double
+        if not isinstance(dtype, DataType):
+            raise CircbufError(f"define_scalar: dtype must be a circbuf DataType, got {dtype!r}")
         if value is not None:
             return Const(value, dtype)
-        v = Var(f"s{sum(1 for i in self.fusion.inputs if isinstance(i, Var))}", dtype)
+        # a run-time value of either sign: index simplification must not assume it >= 0
+        v = Var(f"s{sum(1 for i in self.fusion.inputs if isinstance(i, Var))}", dtype, lo=-math.inf)
         self.fusion.add_input(v)
         return v
 
@@ -153,17 +166,24 @@ def _as_scalar_operand(x, what) -> Scalar:
     raise CircbufError(f"{what}: operand {x!r} is neither a tensor nor a scalar")
 
 
-def _scalar_unary(op, x, float_only) -> Scalar:
+def _scalar_unary(op, x, float_only, predicate=False) -> Scalar:
     """``op`` on a fusion scalar (``define_scalar``) or a number: a scalar
-    expression the kernel computes (nvFuser's scalar math)."""
+    expression the kernel computes (nvFuser's scalar math). Constants fold
+    unless the value is a domain edge (``log(0.0)``), which the kernel then
+    computes as C does."""
     a = _as_scalar_operand(x, op)
     dt = a.dtype
-    if float_only and not dt.is_float:
+    if predicate:
+        dt = DataType.Bool
+    elif float_only and not dt.is_float:
         dt = DataType.Double
     if isinstance(a, Const):
         from .ir.scalar import _eval_un
 
-        v = _eval_un(op, a.value, dt)
+        try:
+            v = _eval_un(op, a.value, dt)
+        except (ArithmeticError, ValueError):
+            return Un(op, a, dt)
         return Const(v if dt != DataType.Bool else bool(v), dt)
     return Un(op, a, dt)
 
@@ -181,6 +201,24 @@ _SCALAR_BIN = {
     "ne": "!=",
     "maximum": "max",
     "minimum": "min",
+    "bitwise_and": "&",
+    "bitwise_or": "|",
+    "bitwise_xor": "^",
+    # the rest keep their names: cb::fmod(a, b), ... in the kernel
+    **{
+        op: op
+        for op in (
+            "fmod",
+            "remainder",
+            "pow",
+            "atan2",
+            "nextafter",
+            "gcd",
+            "bitwise_left_shift",
+            "bitwise_right_shift",
+            "logical_right_shift",
+        )
+    },
 }
 
 
@@ -188,10 +226,90 @@ def _scalar_binary(op, a, b) -> Scalar:
     """``op`` on two scalars; integer ``div`` truncates toward zero as in C."""
     x, y = _as_scalar_operand(a, op), _as_scalar_operand(b, op)
     if op == "truediv":
-        return _scalar_binary("div", Un("cast", x, DataType.Double) if not x.dtype.is_float else x, y)
+        if not x.dtype.is_float:
+            x = (
+                Const(float(x.value), DataType.Double)
+                if isinstance(x, Const)
+                else Un("cast", x, DataType.Double)
+            )
+        return _scalar_binary("div", x, y)
+    if op == "mod":  # C's %: fmod on floating-point operands
+        op = "fmod" if x.dtype.is_float or y.dtype.is_float else "%"
+        return as_scalar(x)._bin_op(op, y)
     if op not in _SCALAR_BIN:
         raise CircbufError(f"{op}: not supported on scalars; apply it to a tensor")
     return as_scalar(x)._bin_op(_SCALAR_BIN[op], y)
+
+
+def _dtype_of(x) -> DataType:
+    return x.dtype if _is_tv(x) else _scalar_dtype(x)
+
+
+def _describe(x) -> str:
+    name = x.name if isinstance(x, (TensorView, Var)) else repr(x) if not isinstance(x, Scalar) else str(x)
+    return f"{name} ({_dtype_of(x).name})"
+
+
+# operand rules of binary ops beyond torch's promotion (nvFuser's checks)
+_BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor")
+_INT_ONLY = ("bitwise_left_shift", "bitwise_right_shift", "logical_right_shift", "gcd")
+_NO_BOOL = ("pow", "fmod", "remainder", "mod")
+_TO_FLOAT = ("truediv", "atan2")  # integer operands give Float (nvFuser's float_op_config)
+
+
+def _check_operands(op, xs):
+    """Refuse operand types an op has no meaning for, naming operand and rule."""
+    dts = [_dtype_of(x) for x in xs]
+    bad = None
+    if op in _BITWISE:
+        bad = next((x for x, d in zip(xs, dts) if d.is_float), None)
+        rule = "takes integer or Bool operands"
+    elif op in _INT_ONLY:
+        bad = next((x for x, d in zip(xs, dts) if not d.is_int), None)
+        rule = "takes integer operands"
+    elif op == "nextafter" and not any(d.is_float for d in dts):  # the promoted type must be
+        bad, rule = xs[0], "takes floating-point operands (cast integers first)"
+    elif op in _NO_BOOL and all(d == DataType.Bool for d in dts):
+        bad, rule = xs[0], "takes numeric operands, not two Bools (cast first)"
+    if bad is not None:
+        raise CircbufError(f"{op}: {_describe(bad)}: {op} {rule}")
+
+
+def _float_unary(op, what):
+    def fn(self, x):
+        return self._unary(op, x)
+
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = (
+        f"{what}, elementwise. Integer and Bool inputs give Float; Half/BFloat16 are "
+        f"computed in and return Float (nvFuser's float ops).\n\n>>> # ops.{op}(x)\n"
+    )
+    return fn
+
+
+def _rounding_unary(op, what):
+    def fn(self, x):
+        if _dtype_of(x) == DataType.Bool:
+            raise CircbufError(
+                f"{op}: {_describe(x)}: {op} takes numeric operands (cast Bool first, as torch)"
+            )
+        return self._unary(op, x, float_only=False)
+
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = (
+        f"{what}, elementwise. Integers are returned as they are (their type kept); "
+        f"Half/BFloat16 give Float.\n\n>>> # ops.{op}(x)\n"
+    )
+    return fn
+
+
+def _predicate_unary(op, what):
+    def fn(self, x):
+        return self._predicate(op, x)
+
+    fn.__name__ = fn.__qualname__ = op
+    fn.__doc__ = f"{what}, elementwise: a Bool result for any input type.\n\n>>> # ops.{op}(x)\n"
+    return fn
 
 
 class Ops:
@@ -340,6 +458,72 @@ class Ops:
     def silu(self, x):
         return self._unary("silu", x)
 
+    sin = _float_unary("sin", "Sine (radians)")
+    cos = _float_unary("cos", "Cosine (radians)")
+    tan = _float_unary("tan", "Tangent (radians)")
+    asin = _float_unary("asin", "Inverse sine, in radians; NaN outside [-1, 1]")
+    acos = _float_unary("acos", "Inverse cosine, in radians; NaN outside [-1, 1]")
+    atan = _float_unary("atan", "Inverse tangent, in radians")
+    sinh = _float_unary("sinh", "Hyperbolic sine")
+    cosh = _float_unary("cosh", "Hyperbolic cosine")
+    asinh = _float_unary("asinh", "Inverse hyperbolic sine")
+    acosh = _float_unary("acosh", "Inverse hyperbolic cosine; NaN below 1")
+    atanh = _float_unary("atanh", "Inverse hyperbolic tangent; NaN outside [-1, 1]")
+    erf = _float_unary("erf", "Error function")
+    erfc = _float_unary("erfc", "Complementary error function 1 - erf(x)")
+    erfinv = _float_unary("erfinv", "Inverse error function; NaN outside [-1, 1]")
+    erfcinv = _float_unary("erfcinv", "Inverse complementary error function; NaN outside [0, 2]")
+    lgamma = _float_unary("lgamma", "log|gamma(x)|")
+    log1p = _float_unary("log1p", "log(1 + x), accurate near 0")
+    expm1 = _float_unary("expm1", "exp(x) - 1, accurate near 0")
+    log2 = _float_unary("log2", "Base-2 logarithm")
+    log10 = _float_unary("log10", "Base-10 logarithm")
+
+    floor = _rounding_unary("floor", "Largest whole number <= x")
+    ceil = _rounding_unary("ceil", "Smallest whole number >= x")
+    round = _rounding_unary("round", "Nearest whole number, halves to even (as torch.round)")
+    trunc = _rounding_unary("trunc", "x rounded toward zero")
+
+    def frac(self, x):
+        """``x - trunc(x)`` (sign of x), elementwise; floating-point inputs only
+        (torch refuses integers too); Half/BFloat16 give Float.
+
+        >>> # ops.frac(x)
+        """
+        if not _dtype_of(x).is_float:
+            raise CircbufError(f"frac: {_describe(x)}: frac takes floating-point operands, as torch.frac")
+        return self._unary("frac", x)
+
+    isnan = _predicate_unary("isnan", "True where x is NaN (never for integers)")
+    isinf = _predicate_unary("isinf", "True where x is +-infinity")
+    isfinite = _predicate_unary("isfinite", "True where x is neither infinite nor NaN (always for integers)")
+    isposinf = _predicate_unary("isposinf", "True where x is +infinity")
+    isneginf = _predicate_unary("isneginf", "True where x is -infinity")
+    isreal = _predicate_unary(
+        "isreal", "True where x has no imaginary part: always, circbuf has no complex types"
+    )
+    signbit = _predicate_unary(
+        "signbit", "True where the sign bit is set (-0.0 and negative NaN too; x < 0 for integers)"
+    )
+
+    def _predicate(self, op, x):
+        self._check(x)
+        if not _is_tv(x):
+            return _scalar_unary(op, x, False, predicate=True)
+        x = self._cast_to(x, compute_type(x.dtype))  # 16-bit floats are tested in fp32: same answer
+        out = self._new([IterDomain(i.extent, i.iter_type) for i in x.domain.no_reductions()], DataType.Bool)
+        UnaryOp(op, out, x)
+        return out
+
+    def bitwise_not(self, x):
+        """``~x`` on integers (type kept), ``not x`` on Bool (nvFuser maps it to logical_not).
+
+        >>> # ops.bitwise_not(mask)
+        """
+        if _dtype_of(x).is_float:
+            raise CircbufError(f"bitwise_not: {_describe(x)}: bitwise_not takes integer or Bool operands")
+        return self._unary("bitwise_not", x, float_only=False)
+
     def cast(self, x, dtype: DataType):
         self._check(x)
         if not isinstance(dtype, DataType):
@@ -359,11 +543,13 @@ class Ops:
 
     # ----------------------------------------------------------- binary
     def _binary(self, op, a, b, compare=False):
+        self._check(a, b)
+        _check_operands(op, [a, b])
         if not _is_tv(a) and not _is_tv(b):
             return _scalar_binary(op, a, b)
         (a, b), ids = self._pointwise([a, b], op)
         dt = self._result_dtype([a, b])
-        if op == "truediv" and not dt.is_float:
+        if op in _TO_FLOAT and not dt.is_float:
             dt = DataType.Float
         # integer div truncates toward zero, as C and nvFuser do (torch's
         # true division is truediv)
@@ -408,6 +594,120 @@ class Ops:
 
     def ne(self, a, b):
         return self._binary("ne", a, b, compare=True)
+
+    def truediv(self, a, b):
+        """``a / b`` in floating point: integer operands give Float (``div``
+        truncates them instead).
+
+        >>> # ops.truediv(i, 2)   # Int32 [3] -> Float [1.5]
+        """
+        return self._binary("truediv", a, b)
+
+    def pow(self, a, b):
+        """``a ** b`` with torch's promotion: integers stay integers (a negative
+        exponent gives 0, or +-1 for a base of +-1, as torch and nvFuser).
+
+        >>> # ops.pow(x, 2.0); ops.pow(2, n)
+        """
+        return self._binary("pow", a, b)
+
+    def fmod(self, a, b):
+        """C's ``fmod`` (and ``%`` on integers): the result has the sign of ``a``.
+
+        >>> # ops.fmod(x, 3.0)   # -5 -> -2
+        """
+        return self._binary("fmod", a, b)
+
+    def remainder(self, a, b):
+        """Python's modulo (``torch.remainder``): the result has the sign of ``b``.
+
+        >>> # ops.remainder(x, 3)   # -5 -> 1
+        """
+        return self._binary("remainder", a, b)
+
+    def mod(self, a, b):
+        """nvFuser's ``mod``: C's ``%`` (sign of ``a``), ``fmod`` on floating point.
+
+        >>> # ops.mod(i, 4)
+        """
+        return self._binary("mod", a, b)
+
+    def atan2(self, a, b):
+        """Angle of the point (b, a) in radians, in [-pi, pi]; integers give Float.
+
+        >>> # ops.atan2(y, x)
+        """
+        return self._binary("atan2", a, b)
+
+    def nextafter(self, a, b):
+        """The next representable value after ``a`` toward ``b``; floating-point
+        operands only. Half/BFloat16 are computed in (and return) Float: the
+        step is a Float ulp (nvFuser does the same).
+
+        >>> # ops.nextafter(x, y)
+        """
+        return self._binary("nextafter", a, b)
+
+    def bitwise_and(self, a, b):
+        """``a & b`` on integers and Bools (two Bools give Bool).
+
+        >>> # ops.bitwise_and(i, 0xFF)
+        """
+        return self._binary("bitwise_and", a, b)
+
+    def bitwise_or(self, a, b):
+        """``a | b`` on integers and Bools (two Bools give Bool)."""
+        return self._binary("bitwise_or", a, b)
+
+    def bitwise_xor(self, a, b):
+        """``a ^ b`` on integers and Bools (two Bools give Bool)."""
+        return self._binary("bitwise_xor", a, b)
+
+    def bitwise_left_shift(self, a, b):
+        """``a << b`` on integers; a shift outside [0, bits) gives 0 (as torch).
+
+        >>> # ops.bitwise_left_shift(i, 3)
+        """
+        return self._binary("bitwise_left_shift", a, b)
+
+    def bitwise_right_shift(self, a, b):
+        """Arithmetic ``a >> b`` on integers (the sign fills in); a shift outside
+        [0, bits) gives 0 or -1 by the sign of ``a`` (as torch)."""
+        return self._binary("bitwise_right_shift", a, b)
+
+    def logical_right_shift(self, a, b):
+        """``a >> b`` shifting zeros in (``a`` read as unsigned); a shift outside
+        [0, bits) gives 0 (as nvFuser and jax.lax.shift_right_logical).
+
+        >>> # ops.logical_right_shift(i, 3)   # Int32 -1 -> 536870911
+        """
+        return self._binary("logical_right_shift", a, b)
+
+    def gcd(self, a, b):
+        """Greatest common divisor of integers (non-negative; gcd(0, 0) = 0)."""
+        return self._binary("gcd", a, b)
+
+    def addcmul(self, input, tensor1, tensor2, value):
+        """``input + value * tensor1 * tensor2`` (torch.addcmul, nvFuser's
+        addcmul): the three operands promoted together, ``value`` (a scalar)
+        cast to their type.
+
+        >>> # ops.addcmul(x, a, b, 0.5)
+        """
+        self._check(input, tensor1, tensor2)
+        if _is_tv(value):
+            raise CircbufError(f"addcmul: value must be a scalar, got tensor {value.name}")
+        xs = [input, tensor1, tensor2]
+        if not any(_is_tv(x) for x in xs):
+            return self.add(input, self.mul(value, self.mul(tensor1, tensor2)))
+        dt = compute_type(self._result_dtype(xs))
+        x, t1, t2 = (self._cast_to(v, dt) for v in xs)
+        v = _as_scalar_operand(value, "addcmul")
+        if isinstance(v, Const):
+            v = self._cast_to(v.value, dt)
+        elif v.dtype != dt:
+            v = Un("cast", v, dt)
+        return self.add(x, self.mul(v, self.mul(t1, t2)))
 
     def where(self, cond, a, b):
         """``cond ? a : b`` elementwise, with broadcasting."""
@@ -457,8 +757,63 @@ class Ops:
                 i.extent = Const(1)
         return out
 
+    def broadcast(self, t, is_broadcast_dim):
+        """Insert broadcast (size-1) axes where ``is_broadcast_dim`` is True; the
+        False entries are ``t``'s axes, in order (nvFuser's ``broadcast``).
+
+        >>> # ops.broadcast(x, [True, False, True])   # [N] -> [1, N, 1]
+        """
+        self._check(t)
+        if not _is_tv(t):
+            raise CircbufError(f"broadcast: operand {t!r} is not a tensor")
+        flags = [bool(f) for f in is_broadcast_dim]
+        if len(flags) - sum(flags) != t.ndim:
+            raise CircbufError(
+                f"broadcast: {t.name} has {t.ndim} axes but is_broadcast_dim {list(is_broadcast_dim)} "
+                f"has {len(flags) - sum(flags)} False entries (one per axis of {t.name})"
+            )
+        return self._broadcast(t, flags) if any(flags) else self.set(t)
+
+    def full(self, shape, fill_value, dtype):
+        """A tensor of ``shape`` filled with ``fill_value`` (a number or a fusion
+        scalar, cast to ``dtype``). Shape entries are ints >= 0, extents of other
+        tensors (``x.size(0)``) or integer fusion scalars (run-time sizes).
+
+        >>> # n = fd.define_scalar(dtype=DataType.Int64); ops.full([n, 4], 1.0, DataType.Float)
+        """
+        if not isinstance(dtype, DataType):
+            raise CircbufError(f"full: dtype must be a circbuf DataType, got {dtype!r}")
+        ids = []
+        for k, s in enumerate(shape):
+            ext = self._full_extent(s, k)
+            ids.append(IterDomain(ext, IterType.Broadcast if is_const(ext, 1) else IterType.Iteration))
+        fill = _as_scalar_operand(fill_value, "full")
+        if isinstance(fill, Const):  # a variable one the kernel casts
+            fill = self._cast_to(fill.value, dtype)
+        out = self._new(ids, dtype)
+        FullOp(out, fill)
+        return out
+
+    def _full_extent(self, s, k) -> Scalar:
+        if isinstance(s, int) and not isinstance(s, bool):
+            if s < 0:
+                raise CircbufError(f"full: shape entry {k} is {s}; extents are >= 0")
+            return Const(s)
+        if not isinstance(s, Scalar) or not s.dtype.is_int:
+            raise CircbufError(f"full: shape entry {k} ({s!r}) must be an int or an integer scalar")
+        if isinstance(s, Const):
+            return self._full_extent(int(s.value), k)
+        if isinstance(s, Var) and s in self._f.extent_vars:
+            return s
+        # a run-time size: a new extent the runtime evaluates from the scalar inputs
+        v = self._f.new_extent()
+        self._f.extent_definitions[v.name] = s
+        return v
+
     # -------------------------------------------------------- reductions
     def _dims(self, t, dims, what):
+        if not _is_tv(t):
+            raise CircbufError(f"{what}: operand must be a tensor")
         if isinstance(dims, int):
             dims = [dims]
         n = t.ndim
@@ -477,8 +832,8 @@ class Ops:
             raise CircbufError(f"{op}: operand must be a tensor")
         dims = self._dims(t, dims, op)
         acc = compute_type(t.dtype)
-        if op == "sum" and not acc.is_float:
-            acc = DataType.Int64
+        if op in ("sum", "prod") and not acc.is_float:
+            acc = DataType.Int64  # as nvFuser and torch: integer and Bool sums/products in Int64
         t = self._cast_to(t, acc)
         ids = []
         for k, i in enumerate(t.domain.no_reductions()):
@@ -496,6 +851,14 @@ class Ops:
 
     def sum(self, t, dims, keepdim=False, dtype=None):
         return self._reduce("sum", t, dims, keepdim, dtype)
+
+    def prod(self, t, dims, keepdim=False, dtype=None):
+        """Product over ``dims`` (init 1): floating point in its compute type
+        (Half/BFloat16 give Float), integers and Bool in Int64, as nvFuser.
+
+        >>> # ops.prod(x, [1])
+        """
+        return self._reduce("prod", t, dims, keepdim, dtype)
 
     def max(self, t, dims, keepdim=False, dtype=None):
         return self._reduce("max", t, dims, keepdim, dtype)
@@ -516,6 +879,33 @@ class Ops:
             s = self.cast(s, DataType.Float)
         out = self.div(s, self._count(t, dims))
         return out if dtype is None else self.cast(out, dtype)
+
+    def var(self, t, dims, correction=1, keepdim=False):
+        """Variance over ``dims`` with ``correction`` (torch.var; nvFuser's
+        ``var``): sum((x - mean)^2) / (N - correction), in Float (Double stays).
+
+        >>> # ops.var(x, [1], correction=0)
+        """
+        return self.var_mean(t, dims, correction, keepdim)[0]
+
+    def welford(self, t, dims):
+        """``(avg, var_sum, n)`` over ``dims``, as nvFuser's welford: the mean, the
+        sum of squared deviations (M2: ``var_sum / n`` is the biased variance)
+        and the element count as an Int64 tensor of avg's shape. Built from two
+        reductions (mean, then squared deviations), not a one-pass Welford.
+
+        >>> # avg, m2, n = ops.welford(x, [-1]); var = ops.div(m2, n)
+        """
+        self._check(t)
+        dims = self._dims(t, dims, "welford")
+        xf = self._cast_to(t, compute_type(t.dtype) if t.dtype.is_float else DataType.Float)
+        m = self.mean(xf, dims, keepdim=True)
+        d = self.sub(xf, m)
+        m2 = self.sum(self.mul(d, d), dims)
+        avg = self.mean(xf, dims)
+        shape = [s for k, s in enumerate(t.shape()) if k not in dims]
+        n = self.full(shape, self._count(t, dims), DataType.Int64)
+        return avg, m2, n
 
     def var_mean(self, t, dims, correction=1, keepdim=False):
         """(variance, mean) over ``dims``, ``correction`` as in torch."""

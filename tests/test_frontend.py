@@ -49,7 +49,15 @@ def test_fixed_extent_mismatch_is_a_definition_error():
         (lambda fd, x: fd.ops.cast(x, "float"), "must be a circbuf DataType"),
         (lambda fd, x: fd.ops.softmax(x, 5), "dim 5 out of range"),
         (lambda fd, x: fd.ops.broadcast_in_dim(x, [2, 3], [0]), "has 2 axes but broadcast_dims has 1"),
-        (lambda fd, x: fd.ops.matmul(x, fd.define_tensor([-1, -1, -1])), "needs a"),
+        (
+            lambda fd, x: fd.ops.matmul(fd.define_tensor([2, 3]), fd.define_tensor([4, 5])),
+            r"K of T1 \(3\) and T2 \(4\) differ",
+        ),
+        (
+            lambda fd, x: fd.ops.matmul(x, fd.define_tensor([-1, -1], dtype=D.Half)),
+            "operands must have one dtype",
+        ),
+        (lambda fd, x: fd.ops.linear(x, fd.define_tensor([-1, -1, -1])), "must be .N, K. or .K."),
         (lambda fd, x: fd.ops.exp("3"), "neither a tensor nor a scalar"),
         (lambda fd, x: fd.add_output(fd.ops.add(fd.define_scalar(), 1.0)), "fusion outputs are tensors"),
         (lambda fd, x: fd.define_tensor([-1], dtype="bf16"), "dtype must be a circbuf DataType"),

@@ -21,6 +21,9 @@ class Fusion:
         self.extent_vars: list[Var] = []
         # (a, b): the user promised these symbolic extents are equal (checked at run time)
         self.extent_equalities: list[tuple[Scalar, Scalar]] = []
+        # extents no input tensor has: name -> a scalar expression of the
+        # scalar inputs (``full([n, 4], ...)`` with ``n`` a fusion scalar)
+        self.extent_definitions: dict[str, Scalar] = {}
         # what execute returns, in add_output order: ("output", k) is
         # outputs[k]; ("input", k) is inputs[k] itself, returned unchanged
         self.returns: list[tuple[str, int]] = []

@@ -446,9 +446,20 @@ class Expr:
 
 
 class UnaryOp(Expr):
+    """``out = op(in)``. The input is in the type the op computes in (the
+    frontend casts it); ``out`` has that type, or Bool for a predicate."""
+
     OPS = (
+        # keep the type (ints too)
         "neg",
         "abs",
+        "relu",
+        "floor",
+        "ceil",
+        "round",
+        "trunc",
+        "bitwise_not",
+        # floating point
         "exp",
         "exp2",
         "log",
@@ -457,13 +468,35 @@ class UnaryOp(Expr):
         "reciprocal",
         "tanh",
         "sigmoid",
-        "relu",
         "gelu",
         "silu",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "erf",
+        "erfc",
+        "erfinv",
+        "erfcinv",
+        "lgamma",
+        "log1p",
+        "expm1",
+        "log2",
+        "log10",
+        "frac",
     )
+    # Bool results, computed on the input's type
+    PREDICATES = ("isnan", "isinf", "isfinite", "isposinf", "isneginf", "isreal", "signbit")
 
     def __init__(self, op, out, in_):
-        assert op in self.OPS, op
+        assert op in self.OPS or op in self.PREDICATES, op
         self.op_name = op
         super().__init__([out], [in_])
 
@@ -479,7 +512,36 @@ class CastOp(Expr):
 
 
 class BinaryOp(Expr):
-    OPS = ("add", "sub", "mul", "div", "maximum", "minimum", "lt", "le", "gt", "ge", "eq", "ne")
+    """``out = op(a, b)``; both operands in one type (the frontend casts them)."""
+
+    OPS = (
+        "add",
+        "sub",
+        "mul",
+        "div",  # integers: truncation toward zero, as C
+        "truediv",
+        "maximum",
+        "minimum",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "eq",
+        "ne",
+        "pow",
+        "fmod",
+        "remainder",
+        "mod",
+        "atan2",
+        "nextafter",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "bitwise_left_shift",
+        "bitwise_right_shift",
+        "logical_right_shift",
+        "gcd",
+    )
 
     def __init__(self, op, out, a, b):
         assert op in self.OPS, op
@@ -492,6 +554,19 @@ class TernaryOp(Expr):
 
     def __init__(self, out, cond, a, b):
         super().__init__([out], [cond, a, b])
+
+
+class FullOp(Expr):
+    """``out`` filled with one scalar (nvFuser's FullOp); no tensor inputs."""
+
+    op_name = "full"
+
+    def __init__(self, out, fill: Scalar):
+        super().__init__([out], [fill])
+
+    def __str__(self):
+        shape = ", ".join(str(i.extent) for i in self.out.logical)
+        return f"{self.out.name} = full({{{shape}}}, {self._operand_str(self.inputs[0])})"
 
 
 class LoadStoreOp(Expr):
@@ -536,7 +611,7 @@ class BroadcastOp(Expr):
 class ReductionOp(Expr):
     """``out`` keeps the reduced axes as reduction IterDomains."""
 
-    OPS = {"sum": "add", "max": "maximum", "min": "minimum"}
+    OPS = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
 
     def __init__(self, op, out, in_, init: Const):
         assert op in self.OPS, op
@@ -628,6 +703,8 @@ class MmaOp(_Contraction):
 def reduction_init(op: str, dtype: DataType) -> Const:
     if op == "sum":
         return Const(0.0 if dtype.is_float else 0, dtype)
+    if op == "prod":
+        return Const(1.0 if dtype.is_float else 1, dtype)
     big = {
         DataType.Int32: 2**31 - 1,
         DataType.Int64: 2**63 - 1,
@@ -652,6 +729,7 @@ __all__ = [
     "CastOp",
     "BinaryOp",
     "TernaryOp",
+    "FullOp",
     "LoadStoreOp",
     "BroadcastOp",
     "ReductionOp",

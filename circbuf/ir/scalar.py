@@ -106,7 +106,7 @@ class Bin(Scalar):
         return (self.a, self.b)
 
     def __str__(self):
-        if self.op in ("ceilDiv", "min", "max"):
+        if self.op.isidentifier():  # ceilDiv, min, max, fmod, pow, gcd, ...
             return f"{self.op}({self.a}, {self.b})"
         return f"({self.a} {self.op} {self.b})"
 
@@ -134,6 +134,10 @@ class Un(Scalar):
 
 
 _CMP = ("<", ">=", "==", "&&", "<=", ">", "!=", "||")
+# fusion scalar math beyond index arithmetic (nvFuser's scalar binary ops)
+_BITWISE = ("&", "|", "^")  # Bool on two Bools, else Int64
+_INT_FNS = ("gcd", "bitwise_left_shift", "bitwise_right_shift", "logical_right_shift")
+_FLOAT_FNS = ("atan2", "nextafter")  # Double on any operands
 
 
 def as_scalar(x) -> Scalar:
@@ -150,8 +154,12 @@ def as_scalar(x) -> Scalar:
 
 def _bin(op, a, b) -> Scalar:
     a, b = as_scalar(a), as_scalar(b)
-    if op in _CMP:
+    if op in _CMP or (op in _BITWISE and a.dtype == b.dtype == DataType.Bool):
         dt = DataType.Bool
+    elif op in _FLOAT_FNS:
+        dt = DataType.Double
+    elif op in _BITWISE + _INT_FNS:
+        dt = DataType.Int64
     elif a.dtype.is_float or b.dtype.is_float:
         dt = DataType.Double
     else:
@@ -175,7 +183,13 @@ def _fold(e: Bin) -> Scalar:
     """Cheap local folding done at construction time."""
     a, b, op = e.a, e.b, e.op
     if isinstance(a, Const) and isinstance(b, Const):
-        v = _eval_op(op, a.value, b.value)
+        if op in _FNS:
+            try:
+                v = _eval_op(op, a.value, b.value)
+            except (ArithmeticError, ValueError):
+                return e  # a domain edge (fmod(x, 0.0), ...): the kernel computes it as C does
+        else:
+            v = _eval_op(op, a.value, b.value)
         return Const(v, e.dtype)
     if op == "+":
         if is_const(a, 0):
@@ -248,7 +262,73 @@ def _eval_op(op, x, y):
         return x > y
     if op == "!=":
         return x != y
-    raise AssertionError(op)
+    if op == "&":
+        return x & y
+    if op == "|":
+        return x | y
+    if op == "^":
+        return x ^ y
+    return _FNS[op](x, y)
+
+
+def _wrap64(v: int) -> int:
+    """``v`` as a two's-complement 64-bit integer (the device's long long)."""
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _is_float(*xs) -> bool:
+    return any(isinstance(x, float) for x in xs)
+
+
+def _fmod(x, y):
+    """C ``fmod`` / integer ``%``: the sign of the dividend."""
+    if _is_float(x, y):
+        return math.fmod(x, y)
+    if y == 0:
+        raise ZeroDivisionError("integer fmod by zero")
+    return x - y * _eval_op("/", x, y)
+
+
+def _remainder(x, y):
+    """Python's (and torch's) modulo: the sign of the divisor."""
+    m = _fmod(x, y)
+    if m != 0 and (y < 0) != (m < 0):
+        m += y
+    return m
+
+
+def _pow(x, y):
+    if _is_float(x, y):
+        return math.pow(x, y)
+    if y < 0:  # integer powers as nvFuser and torch compute them
+        return 1 if x == 1 else ((-1 if -y % 2 else 1) if x == -1 else 0)
+    return _wrap64(pow(x, y, 1 << 64))
+
+
+def _shift_left(x, y):
+    return 0 if not 0 <= y < 64 else _wrap64(x << y)
+
+
+def _shift_right(x, y):
+    return x >> (y if 0 <= y < 64 else 63)
+
+
+def _logical_shift_right(x, y):
+    return 0 if not 0 <= y < 64 else _wrap64((x & ((1 << 64) - 1)) >> y)
+
+
+_FNS = {
+    "fmod": _fmod,
+    "remainder": _remainder,
+    "pow": _pow,
+    "atan2": lambda x, y: math.atan2(float(x), float(y)),
+    "nextafter": lambda x, y: math.nextafter(float(x), float(y)),
+    "gcd": math.gcd,
+    "bitwise_left_shift": _shift_left,
+    "bitwise_right_shift": _shift_right,
+    "logical_right_shift": _logical_shift_right,
+}
 
 
 def _eval_un(op, x, dtype):
@@ -264,6 +344,12 @@ def _eval_un(op, x, dtype):
         return 1.0 / x
     if op == "relu":
         return x if x > 0 else 0 * x
+    if op == "bitwise_not":
+        return (not x) if dtype == DataType.Bool else ~x
+    if op in _ROUNDING and not isinstance(x, float):
+        return x  # integers are already whole
+    if op in _PREDICATES:
+        return _PREDICATES[op](x)
     fn = {
         "exp": math.exp,
         "exp2": lambda v: 2.0**v,
@@ -274,8 +360,59 @@ def _eval_un(op, x, dtype):
         "sigmoid": lambda v: 1 / (1 + math.exp(-v)),
         "silu": lambda v: v / (1 + math.exp(-v)),
         "gelu": lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))),
+        "sin": math.sin,
+        "cos": math.cos,
+        "tan": math.tan,
+        "asin": math.asin,
+        "acos": math.acos,
+        "atan": math.atan,
+        "sinh": math.sinh,
+        "cosh": math.cosh,
+        "asinh": math.asinh,
+        "acosh": math.acosh,
+        "atanh": math.atanh,
+        "erf": math.erf,
+        "erfc": math.erfc,
+        "erfinv": _erfinv,
+        "erfcinv": lambda v: _erfinv(1.0 - v),
+        "lgamma": math.lgamma,
+        "log1p": math.log1p,
+        "expm1": math.expm1,
+        "log2": math.log2,
+        "log10": math.log10,
+        "floor": lambda v: float(math.floor(v)),
+        "ceil": lambda v: float(math.ceil(v)),
+        "round": lambda v: float(round(v)),  # half to even, as rint and torch.round
+        "trunc": lambda v: float(math.trunc(v)),
+        "frac": lambda v: v - math.trunc(v),
     }[op]
     return fn(float(x))
+
+
+_ROUNDING = ("floor", "ceil", "round", "trunc")
+_PREDICATES = {
+    "isnan": lambda v: math.isnan(v),
+    "isinf": lambda v: math.isinf(v),
+    "isfinite": lambda v: math.isfinite(v),
+    "isposinf": lambda v: v == math.inf,
+    "isneginf": lambda v: v == -math.inf,
+    "isreal": lambda v: True,
+    "signbit": lambda v: math.copysign(1.0, v) < 0 if isinstance(v, float) else v < 0,
+}
+
+
+def _erfinv(y: float) -> float:
+    """Inverse of ``math.erf`` (Winitzki's estimate, then Newton steps)."""
+    if not -1.0 < y < 1.0:
+        if abs(y) == 1.0:
+            return math.copysign(math.inf, y)
+        raise ValueError("erfinv outside [-1, 1]")
+    ln = math.log1p(-y * y)
+    t = 2.0 / (math.pi * 0.147) + ln / 2.0
+    x = math.copysign(math.sqrt(math.sqrt(t * t - ln / 0.147) - t), y)
+    for _ in range(4):
+        x -= (math.erf(x) - y) / (2.0 / math.sqrt(math.pi) * math.exp(-x * x))
+    return x
 
 
 def evaluate(e: Scalar, env: dict):
@@ -356,7 +493,9 @@ def value_range(e: Scalar) -> tuple:
         return (max(la, lb), max(ha, hb))
     if op == "^":  # phase bits
         return (0, 1) if la >= 0 and lb >= 0 and ha <= 1 and hb <= 1 else (-INF, INF)
-    return (0, 1)
+    if op in _CMP:
+        return (0, 1)
+    return (-INF, INF)
 
 
 # ------------------------------------------------------------ simplifier

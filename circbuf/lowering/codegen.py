@@ -14,6 +14,7 @@ from ..ir import (
     CastOp,
     Const,
     DataType,
+    FullOp,
     LoadStoreOp,
     MemoryType,
     ParallelType,
@@ -66,6 +67,10 @@ _BIN = {
     "sub": "-",
     "mul": "*",
     "div": "/",
+    "truediv": "/",  # the operands are floating point already
+    "bitwise_and": "&",
+    "bitwise_or": "|",
+    "bitwise_xor": "^",
     "lt": "<",
     "le": "<=",
     "gt": ">",
@@ -73,7 +78,7 @@ _BIN = {
     "eq": "==",
     "ne": "!=",
 }
-_RED = {"sum": "cb::AddOp()", "max": "cb::MaxOp()", "min": "cb::MinOp()"}
+_RED = {"sum": "cb::AddOp()", "prod": "cb::MulOp()", "max": "cb::MaxOp()", "min": "cb::MinOp()"}
 _SCALAR_T = {
     DataType.Double: "double",
     DataType.Float: "float",
@@ -141,12 +146,24 @@ class CudaCodegen:
             return f"ceilDiv({a}, {b})"
         if e.op in ("min", "max"):
             return f"({a} {'<' if e.op == 'min' else '>'} {b} ? {a} : {b})"
+        if e.op.isidentifier():  # fusion scalar math: fmod, pow, gcd, ... in the result's type
+            return f"cb::{e.op}({self.scalar_as(e.a, e.dtype)}, {self.scalar_as(e.b, e.dtype)})"
         return f"({a} {e.op} {b})"
 
+    def scalar_as(self, e: Scalar, dt: DataType) -> str:
+        """A scalar expression as a value of C++ type ``dt``: a typed literal, or
+        a cast (extents are index_t, infix arithmetic has C's usual types)."""
+        if isinstance(e, Const):
+            return literal(e, dt)
+        if isinstance(e, Un) and e.op == "cast" and e.dtype == dt:
+            return self.scalar(e)
+        return f"cb::cast<{_SCALAR_T[dt]}>({self.scalar(e)})"
+
     def scalar_fn(self, e: Un) -> str:
-        """Fusion scalar math, computed in the scalar's C++ type; a cast to a
-        16-bit float rounds and stays in fp32, as tensor arithmetic does."""
-        ct = _SCALAR_T.get(e.dtype, "float")
+        """Fusion scalar math, computed in the scalar's C++ type (a predicate
+        such as isnan in its operand's); a cast to a 16-bit float rounds and
+        stays in fp32, as tensor arithmetic does."""
+        ct = _SCALAR_T.get(e.a.dtype if e.op in UnaryOp.PREDICATES else e.dtype, "float")
         a = f"cb::cast<{ct}>({self.scalar(e.a)})"
         if e.op != "cast":
             return f"cb::{e.op}({a})"
@@ -160,6 +177,8 @@ class CudaCodegen:
             return self.ref(x)
         if isinstance(x, Const):
             return literal(x, dt)
+        if isinstance(x, Un) and x.op == "cast" and _SCALAR_T.get(x.dtype) == dt.value:
+            return self.scalar(x)  # a cast to this type already
         return f"cb::cast<{dt.value}>({self.scalar(x)})"
 
     def ref(self, r: TensorRef) -> str:
@@ -367,12 +386,11 @@ class CudaCodegen:
         ops = a.operands
         if isinstance(e, ReductionOp):
             acc, x = self.ref(ops[0]), self.value(ops[1], dt)
-            rhs = (
-                f"{acc} + {x}"
-                if e.op_name == "sum"
-                else f"cb::{'maximum' if e.op_name == 'max' else 'minimum'}({acc}, {x})"
-            )
-        elif isinstance(e, (LoadStoreOp, BroadcastOp)):
+            if e.op_name in ("sum", "prod"):
+                rhs = f"{acc} {'+' if e.op_name == 'sum' else '*'} {x}"
+            else:
+                rhs = f"cb::{'maximum' if e.op_name == 'max' else 'minimum'}({acc}, {x})"
+        elif isinstance(e, (LoadStoreOp, BroadcastOp, FullOp)):
             rhs = self.value(ops[0], dt)
         elif isinstance(e, CastOp):
             rhs = f"cb::cast<{dt.value}>({self.value(ops[0], e.inputs[0].dtype)})"
@@ -407,6 +425,8 @@ class CudaCodegen:
         self.ind = 1
         for name, (pi, d) in sorted(k.extent_bindings.items(), key=lambda x: int(x[0][1:])):
             self.emit(f"const index_t {name} = {k.tensor_params[pi].tv.name}.size[{d}];")
+        for name, e in k.extent_defs.items():
+            self.emit(f"const index_t {name} = (index_t)({self.scalar(e)});")
         for n in k.body:
             self.node(n)
         body = self.lines

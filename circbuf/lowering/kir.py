@@ -526,6 +526,10 @@ class Kernel:
             self.named_barriers[purpose] = (1 + used, count)
         return self.named_barriers[purpose][0]
 
+    # extents no input tensor carries: name -> expression of scalar params
+    # (``full([n], ...)``), computed at the top of the kernel
+    extent_defs: dict = field(default_factory=dict)
+
     def __str__(self):
         grid = [str(self.launch.get(p, 1)) for p in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)]
         block = [

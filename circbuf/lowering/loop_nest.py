@@ -179,6 +179,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
         for d, ax in enumerate(p.tv.domain.no_reductions()):
             if isinstance(ax.extent, Var):
                 bindings.setdefault(ax.extent.name, (k, d))
+    defs = _extent_definitions(fusion, bindings)
     threads = 1
     for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
         ext = launch.get(pt)
@@ -197,6 +198,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
         extent_bindings=bindings,
         strides={},
         max_threads=threads,
+        extent_defs=defs,
     )
     for tv in fusion.used_tvs():
         if tv.circular is not None:
@@ -231,6 +233,24 @@ def _grid_stride(ax):
         cur = d.in_
         if pt.is_block:
             return ax, cur, start, step
+
+
+def _extent_definitions(fusion: Fusion, bindings: dict) -> dict:
+    """The extents the kernel computes from its scalar parameters (no input
+    tensor has them), with those they use, in order of definition."""
+    from ..ir.scalar import free_vars
+
+    need = {}
+    for tv in fusion.used_tvs():
+        for ax in tv.logical:
+            free_vars(ax.extent, need)
+            if ax.expanded_extent is not None:
+                free_vars(ax.expanded_extent, need)
+    defs = fusion.extent_definitions
+    for name in reversed(list(defs)):  # a definition may use an earlier one
+        if name in need:
+            free_vars(defs[name], need)
+    return {n: e for n, e in defs.items() if n in need and n not in bindings}
 
 
 def _check_reduction(out: TensorView):

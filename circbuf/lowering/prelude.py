@@ -95,7 +95,131 @@ template <typename T> __device__ __forceinline__ T minimum(T a, T b) {
   return (a != a) ? a : ((b != b) ? b : (a < b ? a : b));
 }
 
+
+// ---- the rest of fd.ops: CUDA's math library in float and double (16-bit floats
+// arrive as fp32), integer overloads where torch defines the op on integers ----
+#define CB_FLOAT_FN(name, f32, f64)                                   \
+  __device__ __forceinline__ float name(float x) { return ::f32(x); } \
+  __device__ __forceinline__ double name(double x) { return ::f64(x); }
+CB_FLOAT_FN(sin, sinf, sin)
+CB_FLOAT_FN(cos, cosf, cos)
+CB_FLOAT_FN(tan, tanf, tan)
+CB_FLOAT_FN(asin, asinf, asin)
+CB_FLOAT_FN(acos, acosf, acos)
+CB_FLOAT_FN(atan, atanf, atan)
+CB_FLOAT_FN(sinh, sinhf, sinh)
+CB_FLOAT_FN(cosh, coshf, cosh)
+CB_FLOAT_FN(asinh, asinhf, asinh)
+CB_FLOAT_FN(acosh, acoshf, acosh)
+CB_FLOAT_FN(atanh, atanhf, atanh)
+CB_FLOAT_FN(erf, erff, erf)
+CB_FLOAT_FN(erfc, erfcf, erfc)
+CB_FLOAT_FN(erfinv, erfinvf, erfinv)
+CB_FLOAT_FN(erfcinv, erfcinvf, erfcinv)
+CB_FLOAT_FN(lgamma, lgammaf, lgamma)
+CB_FLOAT_FN(log1p, log1pf, log1p)
+CB_FLOAT_FN(expm1, expm1f, expm1)
+CB_FLOAT_FN(log2, log2f, log2)
+CB_FLOAT_FN(log10, log10f, log10)
+CB_FLOAT_FN(floor, floorf, floor)
+CB_FLOAT_FN(ceil, ceilf, ceil)
+CB_FLOAT_FN(round, rintf, rint)  // halves to even (the default rounding mode), as torch.round
+CB_FLOAT_FN(trunc, truncf, trunc)
+#undef CB_FLOAT_FN
+// integers are whole already
+#define CB_INT_IDENTITY(name)                                  \
+  __device__ __forceinline__ int name(int x) { return x; } \
+  __device__ __forceinline__ long long name(long long x) { return x; }
+CB_INT_IDENTITY(floor)
+CB_INT_IDENTITY(ceil)
+CB_INT_IDENTITY(round)
+CB_INT_IDENTITY(trunc)
+#undef CB_INT_IDENTITY
+__device__ __forceinline__ float frac(float x) { return x - ::truncf(x); }
+__device__ __forceinline__ double frac(double x) { return x - ::trunc(x); }
+
+// predicates: integers and Bool are never NaN or infinite
+template <typename T> __device__ __forceinline__ bool isnan(T x) { return x != x; }
+template <typename T> __device__ __forceinline__ bool isinf(T) { return false; }
+__device__ __forceinline__ bool isinf(float x) { return ::isinf(x); }
+__device__ __forceinline__ bool isinf(double x) { return ::isinf(x); }
+template <typename T> __device__ __forceinline__ bool isfinite(T) { return true; }
+__device__ __forceinline__ bool isfinite(float x) { return ::isfinite(x); }
+__device__ __forceinline__ bool isfinite(double x) { return ::isfinite(x); }
+template <typename T> __device__ __forceinline__ bool isposinf(T x) { return x > T(0) && isinf(x); }
+template <typename T> __device__ __forceinline__ bool isneginf(T x) { return x < T(0) && isinf(x); }
+template <typename T> __device__ __forceinline__ bool isreal(T) { return true; }  // no complex types
+template <typename T> __device__ __forceinline__ bool signbit(T x) { return x < T(0); }
+__device__ __forceinline__ bool signbit(bool) { return false; }
+__device__ __forceinline__ bool signbit(float x) { return ::signbit(x); }  // -0.0 and -NaN too
+__device__ __forceinline__ bool signbit(double x) { return ::signbit(x); }
+
+__device__ __forceinline__ bool bitwise_not(bool x) { return !x; }
+__device__ __forceinline__ int bitwise_not(int x) { return ~x; }
+__device__ __forceinline__ long long bitwise_not(long long x) { return ~x; }
+
+__device__ __forceinline__ float pow(float a, float b) { return ::powf(a, b); }
+__device__ __forceinline__ double pow(double a, double b) { return ::pow(a, b); }
+// integer powers by squaring (wrapping, in unsigned arithmetic); a negative
+// exponent gives 0 unless the base is +-1, as torch and nvFuser
+template <typename T, typename U> __device__ __forceinline__ T ipow(T a, T b) {
+  if (b < 0) return a == 1 ? T(1) : a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0);
+  U r = 1, x = static_cast<U>(a);
+  for (; b; b >>= 1) {
+    if (b & 1) r *= x;
+    x *= x;
+  }
+  return static_cast<T>(r);
+}
+__device__ __forceinline__ int pow(int a, int b) { return ipow<int, unsigned>(a, b); }
+__device__ __forceinline__ long long pow(long long a, long long b) { return ipow<long long, unsigned long long>(a, b); }
+
+// fmod: the sign of a (C); remainder: the sign of b (Python, torch.remainder); mod: C's %
+__device__ __forceinline__ float fmod(float a, float b) { return ::fmodf(a, b); }
+__device__ __forceinline__ double fmod(double a, double b) { return ::fmod(a, b); }
+__device__ __forceinline__ int fmod(int a, int b) { return a % b; }
+__device__ __forceinline__ long long fmod(long long a, long long b) { return a % b; }
+template <typename T> __device__ __forceinline__ T remainder(T a, T b) {
+  T m = fmod(a, b);
+  return (m != T(0) && ((b < T(0)) != (m < T(0)))) ? m + b : m;
+}
+template <typename T> __device__ __forceinline__ T mod(T a, T b) { return fmod(a, b); }
+__device__ __forceinline__ float atan2(float a, float b) { return ::atan2f(a, b); }
+__device__ __forceinline__ double atan2(double a, double b) { return ::atan2(a, b); }
+__device__ __forceinline__ float nextafter(float a, float b) { return ::nextafterf(a, b); }
+__device__ __forceinline__ double nextafter(double a, double b) { return ::nextafter(a, b); }
+template <typename T> __device__ __forceinline__ T gcd(T a, T b) {
+  a = a < 0 ? -a : a;
+  b = b < 0 ? -b : b;
+  while (b != 0) {
+    T t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+// shifts as torch defines them for any amount: out of [0, bits) a left shift
+// gives 0 and an arithmetic right shift the sign; a logical one (zeros shifted
+// in) gives 0
+__device__ __forceinline__ int bitwise_left_shift(int a, int b) {
+  return (b < 0 || b >= 32) ? 0 : static_cast<int>(static_cast<unsigned>(a) << b);
+}
+__device__ __forceinline__ long long bitwise_left_shift(long long a, long long b) {
+  return (b < 0 || b >= 64) ? 0 : static_cast<long long>(static_cast<unsigned long long>(a) << b);
+}
+__device__ __forceinline__ int bitwise_right_shift(int a, int b) { return a >> ((b < 0 || b >= 32) ? 31 : b); }
+__device__ __forceinline__ long long bitwise_right_shift(long long a, long long b) {
+  return a >> ((b < 0 || b >= 64) ? 63 : b);
+}
+__device__ __forceinline__ int logical_right_shift(int a, int b) {
+  return (b < 0 || b >= 32) ? 0 : static_cast<int>(static_cast<unsigned>(a) >> b);
+}
+__device__ __forceinline__ long long logical_right_shift(long long a, long long b) {
+  return (b < 0 || b >= 64) ? 0 : static_cast<long long>(static_cast<unsigned long long>(a) >> b);
+}
+
 struct AddOp { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
+struct MulOp { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a * b; } };
 struct MaxOp { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return maximum(a, b); } };
 struct MinOp { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return minimum(a, b); } };
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .. import knobs
 from ..ir import CircbufError, DataType, Fusion, ParallelType, TensorView, Var, evaluate
+from ..ir.scalar import free_vars
 from ..lowering import codegen, lower
 from ..scheduler import InputInfo, TensorInfo
 from ..scheduler.registry import compute_params
@@ -151,6 +152,13 @@ class FusionExecutor:
         self._tpos = [k for k, x in enumerate(fusion.inputs) if isinstance(x, TensorView)]
         tp = self._tpos
         self._tensor_inputs = lambda inputs: [inputs[k] for k in tp]
+        # scalar inputs that size outputs (``full([n], ...)``): their values key the launch plans
+        sized_by = {}
+        for e in fusion.extent_definitions.values():
+            free_vars(e, sized_by)
+        self._shape_scalars = [
+            k for k, x in enumerate(fusion.inputs) if isinstance(x, Var) and x.name in sized_by
+        ]
         self._plans: dict = {}
         self._compiled: dict = {}
         self.last: CompiledKernel | None = None
@@ -173,6 +181,9 @@ class FusionExecutor:
             if isinstance(d, Var):
                 if isinstance(x, torch.Tensor) or not isinstance(x, (int, float, bool)):
                     raise CircbufError(f"input {k} ({d.name}) is a scalar; got {type(x).__name__}")
+                if d.dtype.is_int and not isinstance(x, int):
+                    raise CircbufError(f"input {k} ({d.name}) is an integer scalar; got {x!r}")
+                env[d.name] = x
                 infos.append(None)
                 continue
             label = f"input {k} ({d.name})"
@@ -213,6 +224,11 @@ class FusionExecutor:
             while align > 1 and ptr % align:
                 align //= 2
             infos.append(TensorInfo(tuple(x.shape), tuple(x.stride()), x.element_size(), align))
+        for name, e in f.extent_definitions.items():  # sizes given by scalar inputs
+            v = evaluate(e, env)
+            if v < 0:
+                raise CircbufError(f"extent {name} = {e} is {v} for these inputs; extents are >= 0")
+            env[name] = int(v)
         for a, b in f.extent_equalities:
             va, vb = evaluate(a, env), evaluate(b, env)
             if va != vb:
@@ -221,9 +237,12 @@ class FusionExecutor:
                     f"({where.get(str(b), b)}) = {vb} must be equal: the fusion combines them elementwise"
                 )
         sm, smem = 132, 232448
-        if need_cuda and device is not None:
-            props = _device_props(device)
-            sm, smem = props
+        if need_cuda and device is None:  # only scalar inputs: run on the current device
+            if not torch.cuda.is_available():
+                raise CircbufError("execute needs a CUDA device (compile() works without one)")
+            device = torch.device("cuda", torch.cuda.current_device())
+        if need_cuda:
+            sm, smem = _device_props(device)
         return InputInfo(tuple(infos), env, sm, smem), device
 
     # ---------------------------------------------------------- compile
@@ -345,6 +364,12 @@ class FusionExecutor:
                 for x in self._tensor_inputs(inputs)
             ]
             key.append(self.fusion.schedule_version)
+            if self._shape_scalars:
+                key.append(tuple(inputs[k] for k in self._shape_scalars))
+            if not self._tpos:  # no tensor names the device: the current one does
+                import torch
+
+                key.append(torch.cuda.current_device() if torch.cuda.is_available() else None)
             key = tuple(key)
             plan = self._plans.get(key)
         except (TypeError, AttributeError):
@@ -365,8 +390,6 @@ class FusionExecutor:
         import torch
 
         info, device = self._bind(inputs, need_cuda=True)
-        if device is None:
-            raise CircbufError("execute needs at least one CUDA tensor input")
         if not self.fusion.outputs:  # every output is an input, returned as is: nothing to run
             if not self.fusion.returns:
                 raise CircbufError("the fusion has no outputs: add_output() at least one tensor")

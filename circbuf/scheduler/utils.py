@@ -216,7 +216,7 @@ def reject(msg: str):
     raise CircbufError(msg)
 
 
-_POINTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp")
+_POINTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp", "FullOp")
 
 
 def hoist_broadcasts(fusion: Fusion) -> None:
@@ -349,6 +349,9 @@ def _substitute_extents(fusion: Fusion, mapping: dict) -> None:
                 i.expanded_extent = substitute(i.expanded_extent, mapping)
     for e in fusion.exprs():
         e.inputs = [substitute(x, mapping) if not isinstance(x, TensorView) else x for x in e.inputs]
+    defs = fusion.extent_definitions
+    for name in defs:
+        defs[name] = substitute(defs[name], mapping)
 
 
 def cache_output(fusion: Fusion, o: TensorView) -> TensorView:
