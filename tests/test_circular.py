@@ -41,6 +41,8 @@ def compile_norm(kind="softmax", rows=4096, cols=4096, dtype=torch.bfloat16, **o
 @pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("war", ["block_sync", "mbarrier"])
 def test_pipelined_structure(stages, war):
+    from circbuf.lowering.kir import RingAdvance, RingInit
+
     ck = compile_norm(stages=stages, war=war)
     p = ck.params
     assert type(p).__name__ == "NormalizationParams" and p.stages == stages and p.prefetch == stages - 1
@@ -49,25 +51,31 @@ def test_pipelined_structure(stages, war):
     assert [a.count for a in allocs] == [stages] * (2 if war == "mbarrier" else 1)
     inits = nodes(k, MBarrierInit)
     assert len(inits) == stages * len(allocs)
+    # two sides of one ring: the copies' position and the readers', each a
+    # stage index and a phase bit declared once, at the top of the kernel
+    rings = {r.ring.name: r.ring for r in nodes(k, RingInit)}
+    load, use = rings[f"{allocs[0].name[:-5]}_load"], rings[f"{allocs[0].name[:-5]}_use"]
+    assert load.stages == use.stages == stages
     top = [n for n in k.body if isinstance(n, ForLoop)]
     prologue, main = top
     assert prologue.extent.value == stages - 1  # prefetch distance
+    assert main.strided  # the persistent row loop: blockIdx.x .. rows, step gridDim.x
     waits = nodes(k, MBarrierWait)
     full_wait = [w for w in waits if w.bar.name.endswith("_full")]
-    assert len(full_wait) == 1
-    assert str(full_wait[0].bar.stage) == f"({main.index} % {stages})"
-    assert str(full_wait[0].parity) == f"(({main.index} / {stages}) % 2)"
-    # two issue sites: the prologue and the main loop, each announcing its bytes
-    assert len(nodes(k, MBarrierArriveExpectTx)) == 2
-    assert len(nodes(k, TmaLoad)) == 2
+    assert len(full_wait) == 1 and full_wait[0] in main.body
+    assert full_wait[0].bar.stage == use.stage and full_wait[0].parity == use.phase
+    # two issue sites (prologue, main loop), each announcing its bytes and advancing the copies' side
+    assert len(nodes(k, MBarrierArriveExpectTx)) == 2 and len(nodes(k, TmaLoad)) == 2
+    advances = nodes(k, RingAdvance)
+    assert sorted(a.ring.name for a in advances) == sorted([load.name, load.name, use.name])
+    assert main.body[-1].ring is use  # the readers move on once per iteration, last
     if war == "mbarrier":
         empty_wait = [w for w in waits if w.bar.name.endswith("_empty")]
         assert len(empty_wait) == 2 and len(nodes(k, MBarrierArrive)) == 1
-        assert str(
-            empty_wait[-1].parity
-        ) == f"((((({main.index} + {stages - 1}) / {stages}) + 1)) % 2)".replace(
-            "(((((", "((((("
-        ) or "% 2" in str(empty_wait[-1].parity)
+        for w in empty_wait:
+            # the slot the copies refill: wait for the phase before the one the
+            # readers wait for at the same position (a fresh barrier passes it)
+            assert w.bar.stage == load.stage and str(w.parity) == f"({load.phase} ^ 1)"
     else:
         syncs = [k for k, n in enumerate(main.body) if isinstance(n, BlockSync) and "WAR" in n.reason]
         assert len(syncs) == 1
@@ -192,7 +200,7 @@ def test_debug_hang_knob_bounds_every_wait(monkeypatch):
 
 
 def test_warp_specialized_structure():
-    from circbuf.lowering.kir import IfThenElse, Return
+    from circbuf.lowering.kir import ElectOne, IfThenElse, Return
 
     ck = compile_norm("layer_norm", 4096, 4096, stages=3, warp_specialized=True)
     assert ck.params.warp_specialized
@@ -205,12 +213,13 @@ def test_warp_specialized_structure():
     assert isinstance(producer[-1], Return)
     prod_loads = []
     walk(producer, lambda n, s: prod_loads.append((n, s)) if isinstance(n, TmaLoad) else None)
-    assert len(prod_loads) == 1 and all(isinstance(x, (ForLoop, IfThenElse)) for x in prod_loads[0][1])
+    assert len(prod_loads) == 1 and all(isinstance(x, (ForLoop, ElectOne)) for x in prod_loads[0][1])
     assert not [n for n in nodes(k, TmaLoad) if n not in [p for p, _ in prod_loads]]  # consumers issue none
     waits = nodes(k, MBarrierWait)
     assert {w.bar.name.rsplit("_", 1)[1] for w in waits} == {"full", "empty"}
     assert len(nodes(k, MBarrierArrive)) == 1
-    assert "bar.sync" in ck.cuda and "cb::block_reduce_x(" in ck.cuda and ", 1, " in ck.cuda
+    bar = k.named_barriers["consumers"][0]  # allocated by the compiler, not hard-coded
+    assert "bar.sync" in ck.cuda and "cb::block_reduce_x(" in ck.cuda and f", {bar}, " in ck.cuda
     sass = ck.sass()
     assert "UTMALDG" in sass and "BAR.SYNC" in sass
     assert ck.resource_usage()["LOCAL"] == 0
@@ -226,9 +235,12 @@ def test_warp_specialized_with_setmaxnreg_compiles(monkeypatch, hang):
     sass = ck.sass()
     assert "USETMAXREG" in sass and "UTMALDG" in sass
     assert "__launch_bounds__(384, 1)" in ck.cuda
-    # an outer loop and the buffered loop share one ring: stage from the linear index
+    # an outer loop and the buffered loop share one ring: the stage is a variable
+    # that runs on across the outer loop, advanced once per copy / per read
     wait = "cb::mbar_wait_bounded(" if hang else "cb::mbar_wait("
-    assert wait + "&T4_full[(((ceilDiv(i1, 128) * j0) + j1) % 4)]" in ck.cuda
+    assert wait + "&T4_full[T4_use_stage], (unsigned)(T4_use_phase)" in ck.cuda
+    assert ck.cuda.count("if (++T4_use_stage == 4) { T4_use_stage = 0; T4_use_phase ^= 1; }") == 1
+    assert ck.cuda.count("if (++T4_load_stage == 4) { T4_load_stage = 0; T4_load_phase ^= 1; }") == 1
     assert ck.resource_usage()["LOCAL"] == 0 and ck.resource_usage()["STACK"] == 0
     # setmaxnreg acts on warpgroups: a 64-thread row is refused by name
     fd2 = manual_ws_exp(64, 4)
@@ -301,7 +313,13 @@ def test_pointwise_tma_store_structure_and_sass(monkeypatch):
         if any(store in e.then for e in n.body if isinstance(e, ElectOne))
     ]
     kinds = [type(n).__name__ for n in loop.body]
-    assert kinds[-3:] == ["Fence", "BlockSync", "ElectOne"]
+    assert kinds[-5:] == [
+        "Fence",
+        "BlockSync",
+        "ElectOne",
+        "RingAdvance",
+        "RingAdvance",
+    ]  # one ring per input
     assert kinds.count("BlockSync") == 2
     sass = ck.sass()
     for op in ("UTMASTG", "UTMACMDFLUSH", "DEPBAR.LE", "FENCE.VIEW.ASYNC.S", "ELECT", "STS.128"):
