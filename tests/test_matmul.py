@@ -1,0 +1,218 @@
+"""The matmul scheduler on the CPU: the fusion IR, params, every override
+set compiled for sm_90a and read back as SASS, the errors each invalid
+override raises, and the SIMT path's structure."""
+
+import re
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import circbuf as cb
+from circbuf.lowering.kir import (
+    ElectOne,
+    MBarrierWait,
+    RingAdvance,
+    RingInit,
+    TmaStore,
+    Wgmma,
+    WgmmaWait,
+    walk,
+)
+from tests.test_gpu_matmul import OVERRIDES, mm_fusion
+from tests.util import D
+
+
+def nodes(kernel, kind):
+    out = []
+    walk(kernel.body, lambda n, s: out.append(n) if isinstance(n, kind) else None)
+    return out
+
+
+def compile_mm(m, n, k, kind="matmul", dtype=torch.bfloat16, overrides=None, **kw):
+    fd = mm_fusion(kind, D.BFloat16 if dtype == torch.bfloat16 else D.Half, **kw)
+    if overrides:
+        fd.fusion.schedule(**overrides)
+    a = torch.randn(m, k, dtype=dtype)
+    b = torch.randn((n, k) if kind == "linear" else (k, n), dtype=dtype)
+    return fd, fd.compile([a, b], arch="sm_90a")
+
+
+def test_a_matmul_is_one_expr_in_the_inputs_dtype():
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1, -1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.Half)
+        x = fd.define_tensor([-1, -1], dtype=D.Half)
+        c = fd.ops.matmul(a, b)
+        y = fd.ops.linear(x, w)
+        fd.add_output(c)
+        fd.add_output(y)
+    assert c.dtype == D.BFloat16 and y.dtype == D.Half
+    assert [str(i.extent) for i in c.logical] == ["i0", "i1", "i4"]  # [B, M, K] @ [K, N] -> [B, M, N]
+    math = fd.fusion.print_math()
+    assert "T4 = matmul(T0, T1)" in math and "T5 = linear(T3, T2)" in math
+    # torch's 1-D rules
+    with cb.FusionDefinition() as fd:
+        v = fd.define_tensor([-1], dtype=D.Float)
+        m = fd.define_tensor([-1, -1], dtype=D.Float)
+        assert (
+            fd.ops.matmul(v, m).ndim == 1 and fd.ops.matmul(m, v).ndim == 1 and fd.ops.matmul(v, v).ndim == 0
+        )
+
+
+def test_params_golden():
+    _, ck = compile_mm(4096, 4096, 4096)
+    assert str(ck.params) == (
+        "===== Matmul params =====\n"
+        "  tile: (128, 256, 64)\n  stages: 4\n  prefetch: 3\n  persistent: True\n  pingpong: False\n"
+        "  cluster: (1, 1)\n  raster: M\n  group: 8\n  registers: (40, 232)\n  epilogue_tile: (64, 64)\n"
+        "  grid: 132\n  store: tma\n  a_major: K\n  b_major: N\n  simt: None\n"
+    )
+    assert ck.params.brief() == (
+        "tile 128x256x64, 4 stages (prefetch 3), persistent, cooperative, raster M/8, grid 132"
+    )
+
+
+def check_sass(ck, n_min=128):
+    sass = ck.sass()
+    shapes = {int(x) for x in re.findall(r"HGMMA\.64x(\d+)x16\.F32\.BF16", sass)}
+    assert shapes and min(shapes) >= n_min, shapes
+    for op in ("UTMALDG", "SYNCS", "USETMAXREG", "UTMASTG"):
+        assert op in sass, op
+    assert not re.search(r"\b(LDL|STL)\b", sass), "local memory (spills) in a matmul kernel"
+    use = ck.resource_usage()
+    assert use["LOCAL"] == 0 and use["STACK"] == 0
+
+
+@pytest.mark.parametrize("kind", ["matmul", "linear"])
+def test_heuristic_kernel_sass(kind):
+    fd, ck = compile_mm(4096, 4096, 4096, kind)
+    check_sass(ck, 256)
+    k = ck.kernel
+    # one ring feeds both operand tiles; the readers release a stage after the
+    # next k step's wait_group 1, and once more after the k loop's wait_group 0
+    assert [w.pending for w in nodes(k, WgmmaWait)] == [1, 0]
+    assert {w.bar.name for w in nodes(k, MBarrierWait)} == {"T3_T4_full", "T3_T4_empty"}
+    assert {r.ring.name for r in nodes(k, RingInit)} == {"T3_T4_load", "T3_T4_use"}
+    (w,) = nodes(k, Wgmma)
+    assert w.shape == (64, 256, 16) and w.a.swizzle == w.b.swizzle == 128
+    assert w.b.transpose == (kind == "matmul")  # [K, N] is N-major
+    assert "T3_desc + (unsigned long long)" in ck.cuda  # descriptors made once, offsets added per k step
+    assert any(isinstance(e.then[0], TmaStore) for e in nodes(k, ElectOne) if e.then)
+
+
+@pytest.mark.parametrize("ov", OVERRIDES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_override_sets_compile(ov):
+    fd, ck = compile_mm(1000, 1032, 520, "matmul", overrides=ov)
+    p = ck.params
+    for key, v in ov.items():
+        assert getattr(p, key) == (tuple(v) if isinstance(v, list) else v)
+    check_sass(ck, 64 if p.tile[1] < 128 else 128)
+    if p.pingpong:
+        k = ck.kernel
+        # each warpgroup owns whole tiles: it starts a tile later and skips the other's
+        init = [r for r in nodes(k, RingInit) if r.ring.name.endswith("_use")][0]
+        assert "threadIdx.y" in str(init.position)
+        assert any(a.ring.name.endswith("_use") and str(a.count) != "1" for a in nodes(k, RingAdvance))
+        assert {"T5_mma_turn", "T5_epi_turn"} <= set(k.barrier_names)
+
+
+def test_epilogues_and_bias_compile():
+    for epi in ("gelu", "silu", "relu", "tanh_gelu", "residual"):
+        fd = mm_fusion("matmul", epilogue=epi)
+        inputs = [torch.randn(512, 256, dtype=torch.bfloat16), torch.randn(256, 384, dtype=torch.bfloat16)]
+        if epi == "residual":
+            inputs.append(torch.randn(512, 384, dtype=torch.bfloat16))
+        check_sass(fd.compile(inputs, arch="sm_90a"))
+    fd = mm_fusion("linear", bias=True, epilogue="gelu")
+    ck = fd.compile(
+        [
+            torch.randn(512, 256, dtype=torch.bfloat16),
+            torch.randn(384, 256, dtype=torch.bfloat16),
+            torch.randn(384, dtype=torch.bfloat16),
+        ],
+        arch="sm_90a",
+    )
+    check_sass(ck)
+    # the epilogue runs on the fp32 accumulator: no bf16 round trip before gelu
+    assert "gelu" in ck.cuda and ck.params.simt is None
+
+
+@pytest.mark.parametrize(
+    "ov, match",
+    [
+        (dict(stages=1), r"stages=1\): must be an int >= 2"),
+        (dict(stages=9), r"9 stages of 49152 bytes exceed"),
+        (dict(prefetch=4), r"prefetch=4\): must satisfy 0 < prefetch < stages \(4\)"),
+        (dict(tile=(100, 256, 64)), r"bm = 100 must be a multiple of 64 per warpgroup"),
+        (dict(tile=(128, 250, 64)), r"bn = 250 must be a multiple of 16"),
+        (dict(tile=(128, 256, 32)), r"bk = 32 must be 64 or 128"),
+        (dict(tile=(128, 256)), r"must be \(bm, bn, bk\), three ints"),
+        (
+            dict(pingpong=True, tile=(128, 256, 64)),
+            r"a warpgroup's 256 accumulator registers per thread do not fit",
+        ),
+        (dict(cluster=(3, 1)), r"the cluster must divide the tile grid"),
+        (dict(cluster=(2, 1)), r"clusters \(TMA multicast\) are not built yet"),
+        (dict(cluster=(0, 1)), r"two ints >= 1"),
+        (dict(raster="Z"), r"raster='Z'\): must be 'M' or 'N'"),
+        (dict(group=0), r"group=0\): must be an int >= 1"),
+        (dict(persistent="yes"), r"persistent='yes'\): must be True or False"),
+        (dict(registers=(41, 232)), r"two multiples of 8 in \[24, 256\]"),
+        (dict(registers=(200, 232)), r"exceed the 65536 registers"),
+        (dict(epilogue_tile=(32, 64)), r"a sub-tile is 64 rows"),
+        (dict(pingpong=True, persistent=False), r"ping-pong needs a persistent grid"),
+        (dict(bogus=1), r"bogus"),
+    ],
+)
+def test_invalid_overrides_are_named(ov, match):
+    with pytest.raises(cb.CircbufError, match=match):
+        compile_mm(1024, 1024, 1024, overrides=ov)
+
+
+def test_simt_path_for_what_the_tensor_cores_cannot_take():
+    # fp32, a row stride TMA cannot take (K = 4095 bf16: 8190 bytes), K = 0
+    for dtype, shape in ((torch.float32, (64, 128, 96)), (torch.bfloat16, (64, 128, 4095))):
+        fd = mm_fusion("matmul", D.Float if dtype == torch.float32 else D.BFloat16)
+        m, n, k = shape
+        ck = fd.compile([torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)], arch="sm_90a")
+        assert ck.params.simt is not None and "HGMMA" not in ck.sass()
+    fd = mm_fusion("matmul")
+    ck = fd.compile(
+        [torch.randn(64, 0, dtype=torch.bfloat16), torch.randn(0, 32, dtype=torch.bfloat16)], arch="sm_90a"
+    )
+    assert ck.params.simt is not None
+    with pytest.raises(cb.CircbufError, match="SIMT path .* takes no matmul overrides"):
+        fd = mm_fusion("matmul", D.Float)
+        fd.fusion.schedule(stages=3)
+        fd.compile([torch.randn(64, 96), torch.randn(96, 128)], arch="sm_90a")
+
+
+def test_refused_by_name_until_segmentation():
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        c = fd.ops.matmul(a, b)
+        fd.add_output(fd.ops.sum(c, [1]))
+    with pytest.raises(cb.CircbufError, match="a reduction .* next to a matmul needs a second kernel"):
+        fd.compile([torch.randn(64, 64, dtype=torch.bfloat16)] * 2, arch="sm_90a")
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.matmul(fd.ops.matmul(a, b), b))
+    with pytest.raises(cb.CircbufError, match="2 matmuls in one fusion"):
+        fd.compile([torch.randn(64, 64, dtype=torch.bfloat16)] * 2, arch="sm_90a")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 3000),
+    n8=st.integers(1, 400),
+    k8=st.integers(1, 600),
+    kind=st.sampled_from(["matmul", "linear"]),
+)
+def test_hypothesis_shapes_compile(m, n8, k8, kind):
+    _, ck = compile_mm(m, 8 * n8, 8 * k8, kind)
+    assert ck.params.simt is None and ck.kernel.smem_bytes
