@@ -216,19 +216,20 @@ def test_warp_specialized_structure():
     assert ck.resource_usage()["LOCAL"] == 0
 
 
-@pytest.mark.xfail(
-    __import__("circbuf.runtime.nvrtc", fromlist=["x"]).nvrtc_version() < (13, 5),
-    reason="NVRTC 13.0's ptxas rejects setmaxnreg.inc 232 here (C7600, seen on the H200 machine); 13.5 compiles it",
-    strict=False,
-)
-def test_warp_specialized_with_setmaxnreg_compiles():
+@pytest.mark.parametrize("hang", ["", "2000000"])
+def test_warp_specialized_with_setmaxnreg_compiles(monkeypatch, hang):
+    """With and without the bounded waits of CIRCBUF_DEBUG_HANG (scripts/gpu_check.sh sets it):
+    a bounded wait that was a function call failed ptxas under setmaxnreg (C7600)."""
+    monkeypatch.setenv("CIRCBUF_DEBUG_HANG", hang)
     fd = manual_ws_exp(128, 4)
     ck = fd.compile([torch.randn(256, 512, dtype=torch.bfloat16)], arch="sm_90a")
     sass = ck.sass()
     assert "USETMAXREG" in sass and "UTMALDG" in sass
     assert "__launch_bounds__(384, 1)" in ck.cuda
     # an outer loop and the buffered loop share one ring: stage from the linear index
-    assert "cb::mbar_wait(&T4_full[(((ceilDiv(i1, 128) * j0) + j1) % 4)]" in ck.cuda
+    wait = "cb::mbar_wait_bounded(" if hang else "cb::mbar_wait("
+    assert wait + "&T4_full[(((ceilDiv(i1, 128) * j0) + j1) % 4)]" in ck.cuda
+    assert ck.resource_usage()["LOCAL"] == 0 and ck.resource_usage()["STACK"] == 0
     # setmaxnreg acts on warpgroups: a 64-thread row is refused by name
     fd2 = manual_ws_exp(64, 4)
     with pytest.raises(cb.CircbufError, match="whole warpgroups"):

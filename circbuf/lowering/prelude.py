@@ -182,8 +182,10 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
 }
 // CIRCBUF_DEBUG_HANG: give up after `tries`, leave (1, barrier, stage, parity) in the
 // host-mapped record and trap; the runtime turns that into a CircbufError.
-__device__ __noinline__ void mbar_wait_bounded(unsigned long long* bar, unsigned parity, long long tries,
-                                               int barrier, int stage, unsigned* record) {
+// Inlined, not a call: with setmaxnreg, a call from the producer (after .dec 40) or from
+// both roles makes ptxas fail (C7600 "register allocation failed", NVRTC 13.0 and 13.5).
+__device__ __forceinline__ void mbar_wait_bounded(unsigned long long* bar, unsigned parity, long long tries,
+                                                  int barrier, int stage, unsigned* record) {
   for (long long t = 0; !mbar_try_wait(bar, parity); ++t) {
     if (t >= tries) {
       if (atomicCAS(record, 0u, 1u) == 0u) {
