@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import circbuf as cb
-from circbuf.ir import ParallelType
+from circbuf.ir import Bin, Const, ParallelType, evaluate
+from circbuf.ir.scalar import substitute
 from circbuf.lowering.kir import (
     BlockSync,
     ForLoop,
@@ -63,11 +64,23 @@ def test_pipelined_structure(stages, war):
     if war == "mbarrier":
         empty_wait = [w for w in waits if w.bar.name.endswith("_empty")]
         assert len(empty_wait) == 2 and len(nodes(k, MBarrierArrive)) == 1
-        assert str(
-            empty_wait[-1].parity
-        ) == f"((((({main.index} + {stages - 1}) / {stages}) + 1)) % 2)".replace(
-            "(((((", "((((("
-        ) or "% 2" in str(empty_wait[-1].parity)
+        # the main loop refills the stage of ring index X = j + prefetch: it waits on
+        # empty[X % S] with the flipped parity of full[X % S]'s wait for that same X
+        ew, fw = empty_wait[-1], full_wait[0]
+        x = ew.bar.stage.a
+        assert str(x) == f"({main.index} + {stages - 1})"
+        assert ew.bar.stage == Bin("%", x, Const(stages))
+        full_at_x = substitute(fw.parity, {main.index.name: x})  # ((X / S) % 2)
+        assert ew.parity == Bin("%", Bin("+", full_at_x.a, Const(1)), Const(2))
+        # and as numbers, in the main loop and the prologue (empty[] starts in phase 1)
+        pw, pro = empty_wait[0], prologue.index.name
+        for j in range(4 * stages):
+            full = evaluate(fw.parity, {main.index.name: j + stages - 1})
+            assert evaluate(ew.parity, {main.index.name: j}) == 1 - full
+            assert evaluate(ew.bar.stage, {main.index.name: j}) == (j + stages - 1) % stages
+        for j in range(stages - 1):
+            assert evaluate(pw.parity, {pro: j}) == 1 - evaluate(fw.parity, {main.index.name: j})
+            assert evaluate(pw.bar.stage, {pro: j}) == j
     else:
         syncs = [k for k, n in enumerate(main.body) if isinstance(n, BlockSync) and "WAR" in n.reason]
         assert len(syncs) == 1
