@@ -16,7 +16,7 @@ import itertools
 from enum import Enum
 
 from .errors import CircbufError
-from .scalar import Const, Scalar, as_scalar, ceil_div, is_const
+from .scalar import Const, Scalar, as_scalar, ceil_div
 
 _ids = itertools.count()
 
@@ -203,7 +203,3 @@ def _attach(self):
 
 Split.attach = _attach
 Merge.attach = _attach
-
-
-def is_trivial_extent(id_: IterDomain) -> bool:
-    return is_const(id_.loop_extent, 1)

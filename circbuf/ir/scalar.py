@@ -59,9 +59,6 @@ class Scalar:
     def eq(self, o):
         return _bin("==", self, o)
 
-    def and_(self, o):
-        return _bin("&&", self, o)
-
     def children(self) -> tuple:
         return ()
 
@@ -135,10 +132,6 @@ def _bin(op, a, b) -> Scalar:
 
 def ceil_div(a, b) -> Scalar:
     return _bin("ceilDiv", a, b)
-
-
-def smin(a, b) -> Scalar:
-    return _bin("min", a, b)
 
 
 def is_const(x, value=None) -> bool:

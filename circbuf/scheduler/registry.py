@@ -33,10 +33,6 @@ def candidates(fusion: Fusion):
     return out
 
 
-def pick(fusion: Fusion):
-    return candidates(fusion)[0]
-
-
 def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
     """Heuristics for ``fusion`` on these inputs, with user overrides applied.
     A scheduler may decline these inputs (params None): the next one is asked,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from ..ir import (
     BroadcastOp,
-    CircbufError,
     Fusion,
     IterDomain,
     MemoryType,
@@ -171,10 +170,6 @@ def _clone_tv(fusion: Fusion, tv: TensorView) -> TensorView:
     if isinstance(d, BroadcastOp):
         nd.is_broadcast_dim = list(d.is_broadcast_dim)
     return c
-
-
-def reject(msg: str):
-    raise CircbufError(msg)
 
 
 _POINTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp")
