@@ -361,8 +361,7 @@ class FusionExecutor:
             raise CircbufError(
                 f"{ck.name} needs {p.smem} bytes of shared memory; the limit per block is {info.smem_per_block}"
             )
-        numel_zero = any(0 in s for s in out_shapes)
-        p.empty = numel_zero or 0 in p.grid
+        p.empty = _any_output_empty(out_shapes) or 0 in p.grid
         if max(p.grid[1:]) > 65535 or p.grid[0] > _INT32_LIMIT:
             raise CircbufError(f"grid {p.grid} exceeds the launch limits")
         knobs.dump("launch", f"{ck.name}: grid {p.grid} block {p.block} smem {p.smem}")
@@ -393,7 +392,7 @@ class FusionExecutor:
             p.scalar_slots.append((pos, fmt, off))
             blobs.append((off, b"\0" * 8))
             off += 8
-        p.tmaps, p.hang, off = self._extra_args(ck, info, out_shapes, blobs, off)
+        p.tmaps, p.hang, off = self._pack_tensor_maps_and_hang_record(ck, info, out_shapes, blobs, off)
         p.name = ck.name
         p.argbuf = ctypes.create_string_buffer(max(off, 8) + (-max(off, 8) % 8))
         for o, blob in blobs:
@@ -406,7 +405,7 @@ class FusionExecutor:
         p.tensor_inputs = self._tensor_inputs
         return p
 
-    def _extra_args(self, ck, info, out_shapes, blobs, off):
+    def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, blobs, off):
         """Tensor maps and the hang record follow the scalars in the parameters."""
         k = ck.kernel
         maps = []
@@ -422,14 +421,14 @@ class FusionExecutor:
                 for d in range(len(shape) - 2, -1, -1):
                     strides[d] = strides[d + 1] * max(shape[d + 1], 1)
                 item = self.fusion.outputs[o].dtype.size
-                if not p_empty(out_shapes):
+                if not _any_output_empty(out_shapes):
                     dims, gstr, box = map_geometry(spec, shape, strides, item)
                     check_map(name, 256, dims, gstr, box, item)
                 maps.append(_MapSlot(spec, -1, off, name, output=o))
             else:
                 name = self.fusion.inputs[tpos[spec.param]].name
                 t = info.tensors[tpos[spec.param]]
-                if not p_empty(out_shapes):
+                if not _any_output_empty(out_shapes):
                     dims, gstr, box = map_geometry(spec, t.sizes, t.strides, t.itemsize)
                     check_map(name, t.align, dims, gstr, box, t.itemsize)
                 maps.append(_MapSlot(spec, tpos[spec.param], off, name))
@@ -445,7 +444,8 @@ class FusionExecutor:
         return maps, hang, off
 
 
-def p_empty(out_shapes) -> bool:
+def _any_output_empty(out_shapes) -> bool:
+    """Some output has no elements: nothing to launch, no tensor map to check."""
     return any(0 in s for s in out_shapes)
 
 
