@@ -6,8 +6,10 @@ loop domain back to logical coordinates.
 
 >>> from circbuf.ir.scalar import Var
 >>> i = IterDomain(Var("i0")); o, n = split(i, 128)
->>> str(o), str(n)
-('iS1{ceilDiv(i0, 128)}', 'iS2{128}')
+>>> str(o.extent), str(n.extent), o.definition is n.definition
+('ceilDiv(i0, 128)', '128', True)
+>>> print(o, n)  # printed with a process-wide id: iS<id>  # doctest: +ELLIPSIS
+iS...{ceilDiv(i0, 128)} iS...{128}
 """
 
 from __future__ import annotations
