@@ -273,7 +273,7 @@ class FusionExecutor:
         transforms = fusion.print_transforms()
         knobs.dump("transforms", transforms)
         name = f"circbuf_{sched.name if sched else 'manual'}"
-        kernel = lower(fusion, contiguity=contig, index_type=index_type, name=name)
+        kernel = lower(fusion, contiguity=contig, index_type=index_type, name=name, after_pass=_dump_pass)
         knobs.dump("kernel_ir", kernel)
         src = codegen(kernel, debug_hang=knobs.debug_hang())
         knobs.dump("cuda", src)
@@ -493,6 +493,11 @@ def _check_hang(plan, record):
                 "(a missing arrive, or bytes expected that never land). The CUDA context is unusable now."
             ) from e
         raise
+
+
+def _dump_pass(name, kernel):
+    if "passes" in knobs.dump_stages():  # the kernel IR is printed only when asked for
+        knobs.dump("passes", f"after {name}:\n{kernel}")
 
 
 def _launch_dim(ext, env) -> int:
