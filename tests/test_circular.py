@@ -111,6 +111,30 @@ def test_norm_tma_kernels_compile(kind, cols):
     assert ck.resource_usage()["LOCAL"] == 0
 
 
+def test_rows_in_registers_override_and_its_deprecated_name():
+    import warnings
+
+    assert compile_norm().params.row_length == 4096  # default: short rows are kept in registers
+    assert compile_norm(rows_in_registers=False).params.row_length == 0
+    fd = norm_fusion("softmax", D.BFloat16)
+    with pytest.warns(DeprecationWarning, match="override registers is now rows_in_registers") as w:
+        fd.fusion.schedule(registers=False)
+    assert w[0].filename == __file__  # the warning points at the caller's schedule() line
+    assert fd.fusion.schedule_overrides == {"rows_in_registers": False}
+    ck = fd.compile(norm_inputs("softmax", 4096, 4096, torch.bfloat16, "cpu"), arch="sm_90a")
+    assert ck.params.row_length == 0
+    with pytest.raises(cb.CircbufError, match="registers is the old name of rows_in_registers"):
+        fd.fusion.schedule(registers=False, rows_in_registers=True)
+    # a Fusion not built by a FusionDefinition: renamed (and warned about) at compile
+    fd = norm_fusion("softmax", D.BFloat16)
+    fd.fusion.check_overrides = None
+    fd.fusion.schedule(registers=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ck = fd.compile(norm_inputs("softmax", 4096, 4096, torch.bfloat16, "cpu"), arch="sm_90a")
+    assert ck.params.row_length == 0 and any(issubclass(x.category, DeprecationWarning) for x in w)
+
+
 def test_scheduler_falls_back_when_tma_cannot_describe_the_input():
     # a bf16 row of 1001 elements: row stride 2002 bytes is not a multiple of 16
     assert type(compile_norm(cols=1001).params).__name__ == "ReductionParams"

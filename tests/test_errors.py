@@ -76,6 +76,27 @@ def test_non_tensor_and_scalar_inputs():
 
 def test_unknown_schedule_override():
     fd = axpy_fusion(D.Float, 1)
+    # a name no scheduler of the fusion takes raises at the schedule() call, listing what they take
+    with pytest.raises(
+        cb.CircbufError,
+        match=r"schedule\(swizzle=...\): no scheduler of this fusion takes swizzle; .*"
+        r"the pointwise scheduler takes vectorize, unroll, threads$",
+    ):
+        fd.fusion.schedule(swizzle=4)
+    assert fd.fusion.schedule_overrides == {}  # nothing recorded
+    # a name another scheduler takes says whose it is
+    with pytest.raises(cb.CircbufError, match=r"takes cols \(an override of outer_reduction\);"):
+        fd.fusion.schedule(cols=64)
+    # the names come from the registry (a scheduler added there is known at once)
+    from circbuf.scheduler.registry import SCHEDULERS
+
+    for _, names in SCHEDULERS:
+        for n in names:
+            with cb.FusionDefinition() as any_fd:
+                pass  # no outputs: no scheduler takes it yet, so every scheduler's names are accepted
+            any_fd.fusion.schedule(**{n: 1})
+    # a Fusion not built by a FusionDefinition has no check at schedule(): compile raises
+    fd.fusion.check_overrides = None
     fd.fusion.schedule(swizzle=4)
     with pytest.raises(
         cb.CircbufError, match=r"the pointwise scheduler does not take swizzle; it takes vectorize"

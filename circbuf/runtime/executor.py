@@ -22,7 +22,7 @@ from .. import knobs
 from ..ir import CircbufError, DataType, Fusion, ParallelType, TensorView, Var, evaluate
 from ..lowering import codegen, lower
 from ..scheduler import InputInfo, TensorInfo
-from ..scheduler.registry import compute_params
+from ..scheduler.registry import check_overrides, compute_params
 from ..scheduler.utils import canonicalize_extents
 
 _INT32_LIMIT = 2**31 - 1
@@ -541,4 +541,4 @@ def _default_arch() -> str:
     return "sm_90a"
 
 
-__all__ = ["FusionExecutor", "CompiledKernel", "TensorView"]
+__all__ = ["FusionExecutor", "CompiledKernel", "TensorView", "check_overrides"]
