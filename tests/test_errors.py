@@ -151,3 +151,71 @@ def test_launch_plan_packs_sizes_strides_and_pointers():
     assert struct.unpack_from("<Q4i", raw, 24) == (out.data_ptr(), 6, 7, 7, 1)
     assert struct.unpack_from("<d", raw, 48) == (2.5,)
     assert plan.block[0] > 1 and plan.grid[0] >= 1 and not plan.empty
+
+
+@pytest.mark.parametrize(
+    "arch, match",
+    [
+        ("sm_91", r"arch='sm_91': unknown to NVRTC; NVRTC \d+\.\d+ builds cubins for sm_75, .*sm_90,"),
+        ("sm_80a", r"arch='sm_80a': unknown to NVRTC"),
+        ("sm90a", r"arch='sm90a': expected sm_XY or sm_XYa"),
+        ("compute_90a", r"arch='compute_90a': expected sm_XY or sm_XYa"),  # PTX only: an empty cubin
+        (90, r"arch=90: expected sm_XY or sm_XYa"),
+    ],
+)
+def test_unknown_arch_is_named(arch, match):
+    fd = axpy_fusion(D.Float, 1)
+    with pytest.raises(cb.CircbufError, match=match):
+        fd.compile([torch.randn(8)] * 2, arch=arch)
+
+
+def test_arch_without_the_features_a_kernel_uses():
+    from tests.util import manual_ws_exp, norm_fusion, norm_inputs
+
+    # TMA and mbarrier waits: sm_90 or later; the plain kernel (tma=False) builds for sm_80
+    fd = norm_fusion("softmax", D.BFloat16)
+    inputs = norm_inputs("softmax", 64, 1024, torch.bfloat16, "cpu")
+    with pytest.raises(
+        cb.CircbufError,
+        match=r"arch='sm_80': circbuf_normalization uses .*TMA loads \(cp.async.bulk.tensor\).*, "
+        r"which need sm_90 or later; compile for sm_90a",
+    ):
+        fd.compile(inputs, arch="sm_80")
+    assert fd.compile(inputs, arch="sm_90").cubin
+    fd.fusion.schedule(tma=False)
+    assert type(fd.compile(inputs, arch="sm_80").params).__name__ == "ReductionParams"
+    # setmaxnreg: an arch-specific target
+    ws = manual_ws_exp(128, 4)
+    x = torch.randn(256, 512, dtype=torch.bfloat16)
+    for arch in ("sm_90", "sm_100"):
+        with pytest.raises(
+            cb.CircbufError,
+            match=rf"arch='{arch}': circbuf_manual uses setmaxnreg from WarpSpecialized\(registers=...\), "
+            r"which needs an arch-specific target: sm_90a",
+        ):
+            ws.compile([x], arch=arch)
+    assert "USETMAXREG" in ws.compile([x], arch="sm_90a").sass()
+    # a kernel that needs nothing of Hopper builds for an older target
+    assert axpy_fusion(D.Float, 1).compile([torch.randn(8)] * 2, arch="sm_80").cubin
+
+
+def test_kernel_target_needs_come_from_its_nodes():
+    from circbuf.lowering.kir import target_needs
+    from tests.util import manual_ws_exp
+
+    plain = axpy_fusion(D.Float, 1).compile([torch.randn(8)] * 2, arch="sm_90a")
+    assert target_needs(plain.kernel) == []
+    ws = manual_ws_exp(128, 4).compile([torch.randn(256, 512, dtype=torch.bfloat16)], arch="sm_90a")
+    needs = {n.what: (n.sm, n.specific) for n in target_needs(ws.kernel)}
+    assert needs["setmaxnreg from WarpSpecialized(registers=...)"] == (90, True)
+    assert needs["TMA loads (cp.async.bulk.tensor)"] == (90, False)
+
+
+def test_instruction_the_target_lacks_is_named_with_ptxas_words():
+    # no kernel IR node says it, ptxas does: bf16 conversions need sm_80
+    fd = axpy_fusion(D.BFloat16, 1)
+    with pytest.raises(
+        cb.CircbufError,
+        match=r"arch='sm_75': circbuf_pointwise uses what sm_75 lacks: .*requires \.target sm_80 or higher",
+    ):
+        fd.compile([torch.randn(8, dtype=torch.bfloat16)] * 2, arch="sm_75")

@@ -15,7 +15,28 @@ from dataclasses import dataclass, field
 from ..ir import DataType, Expr, MemoryType, ParallelType, Scalar, TensorView, Var
 
 
+@dataclass(frozen=True)
+class TargetNeed:
+    """What a node needs of the GPU target: compute capability ``sm`` or later
+    and, when ``specific``, an arch-specific target (``sm_90a``; a family
+    target such as ``sm_100f`` also has the feature)."""
+
+    what: str
+    sm: int
+    specific: bool = False
+
+    def allows(self, sm: int, suffix: str) -> bool:
+        return sm >= self.sm and (not self.specific or suffix in ("a", "f"))
+
+    def __str__(self):
+        if self.specific:
+            return f"an arch-specific target: sm_{self.sm}a, or a later sm_XYa"
+        return f"sm_{self.sm} or later"
+
+
 class Node:
+    needs: TargetNeed | None = None  # what the node's instructions need of the target
+
     def lines(self, ind: int) -> list[str]:
         raise NotImplementedError
 
@@ -167,6 +188,7 @@ class TensorMapSpec:
 class TmaLoad(Node):
     """One bulk tensor copy global -> shared, completing on ``bar``."""
 
+    needs = TargetNeed("TMA loads (cp.async.bulk.tensor)", 90)
     dst: TensorRef
     map_index: int
     coords: list  # innermost first
@@ -182,6 +204,7 @@ class TmaLoad(Node):
 class TmaStore(Node):
     """One bulk tensor copy shared -> global, in the issuing thread's bulk group."""
 
+    needs = TargetNeed("TMA stores (cp.async.bulk.tensor)", 90)
     src: TensorRef
     map_index: int
     coords: list  # innermost first
@@ -216,6 +239,7 @@ class BulkWaitGroup(Node):
 class ElectOne(Node):
     """``then`` runs on one lane (elect.sync) of the one full warp ``warp`` selects."""
 
+    needs = TargetNeed("elect.sync", 90)
     warp: Scalar
     then: list = field(default_factory=list)
 
@@ -260,6 +284,7 @@ class MBarrierInval(Node):
 
 @dataclass(eq=False)
 class MBarrierArriveExpectTx(Node):
+    needs = TargetNeed("mbarrier.expect_tx", 90)
     bar: MBarrierRef
     bytes: object
 
@@ -277,6 +302,7 @@ class MBarrierArrive(Node):
 
 @dataclass(eq=False)
 class MBarrierWait(Node):
+    needs = TargetNeed("mbarrier.try_wait.parity", 90)
     bar: MBarrierRef
     parity: object
 
@@ -301,6 +327,7 @@ class Fence(Node):
 class SetMaxNReg(Node):
     """setmaxnreg.{inc,dec}: move registers between warp roles."""
 
+    needs = TargetNeed("setmaxnreg from WarpSpecialized(registers=...)", 90, specific=True)
     count: int
     increase: bool
 
@@ -389,6 +416,19 @@ def thread0_cond(kernel: Kernel) -> Scalar:
             t = Var(pt.value).eq(0)
             cond = t if cond is None else Bin("&&", cond, t)
     return cond if cond is not None else Const(True)
+
+
+def target_needs(kernel: Kernel) -> list[TargetNeed]:
+    """What the kernel's nodes need of the GPU target, each need once, in
+    the order first met; a compile for a target without them is refused."""
+    out = []
+
+    def visit(n, _stack):
+        if n.needs is not None and n.needs not in out:
+            out.append(n.needs)
+
+    walk(kernel.body, visit)
+    return out
 
 
 def walk(nodes, fn, stack=None):

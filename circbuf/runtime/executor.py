@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from .. import knobs
 from ..ir import CircbufError, DataType, Fusion, ParallelType, TensorView, Var, evaluate
 from ..lowering import codegen, lower
+from ..lowering.kir import target_needs
 from ..scheduler import InputInfo, TensorInfo
 from ..scheduler.registry import check_overrides, compute_params
 from ..scheduler.utils import canonicalize_extents
@@ -275,6 +276,7 @@ class FusionExecutor:
         name = f"circbuf_{sched.name if sched else 'manual'}"
         kernel = lower(fusion, contiguity=contig, index_type=index_type, name=name, after_pass=_dump_pass)
         knobs.dump("kernel_ir", kernel)
+        _check_target(kernel, arch)
         src = codegen(kernel, debug_hang=knobs.debug_hang())
         knobs.dump("cuda", src)
         from .nvrtc import compile_cuda
@@ -286,9 +288,12 @@ class FusionExecutor:
 
     def compile(self, inputs, arch: str | None = None) -> CompiledKernel:
         """Compile for ``inputs`` (CPU tensors are fine) without launching."""
-        info, _ = self._bind(inputs, need_cuda=False)
         if arch is None:
             arch = _default_arch()
+        from .nvrtc import parse_arch
+
+        parse_arch(arch)  # a string NVRTC cannot build a cubin for is named before any work
+        info, _ = self._bind(inputs, need_cuda=False)
         ck = self._compile(info, arch)
         self.last = ck
         return ck
@@ -493,6 +498,27 @@ def _check_hang(plan, record):
                 "(a missing arrive, or bytes expected that never land). The CUDA context is unusable now."
             ) from e
         raise
+
+
+def _check_target(kernel, arch: str):
+    """Refuse, by name, a target without what the kernel's instructions need
+    (TMA and mbarrier waits: sm_90; setmaxnreg: an arch-specific sm_90a)."""
+    from .nvrtc import parse_arch
+
+    sm, suffix = parse_arch(arch)
+    unmet: dict = {}  # requirement -> what needs it
+    for need in target_needs(kernel):
+        if not need.allows(sm, suffix):
+            unmet.setdefault(str(need), []).append(need.what)
+    if unmet:
+        uses = "; ".join(
+            f"uses {', '.join(whats)}, which {'needs' if len(whats) == 1 else 'need'} {req}"
+            for req, whats in unmet.items()
+        )
+        raise CircbufError(
+            f"arch={arch!r}: {kernel.name} {uses}; compile for sm_90a, or schedule the fusion "
+            "without them (e.g. fd.fusion.schedule(tma=False))"
+        )
 
 
 def _dump_pass(name, kernel):
