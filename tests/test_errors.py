@@ -123,10 +123,82 @@ def test_unknown_dump_stage(monkeypatch):
         fd.compile([torch.randn(8)] * 2, arch="sm_90a")
 
 
-def test_zero_size_compiles():
-    fd = axpy_fusion(D.Float, 2)
-    ck = fd.compile([torch.randn(0, 5)] * 2, arch="sm_90a")
-    assert ck.cubin
+def _plan(fd, inputs):
+    """The launch plan execute would build, made on the CPU."""
+    ck = fd.compile(inputs, arch="sm_90a")
+    ex = fd._executor
+    info, _ = ex._bind(inputs, need_cuda=False)
+    return ck, ex._build_plan(ck, info, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0)])
+def test_zero_size_gives_empty_outputs(shape):
+    """What a user gets for empty inputs: an empty output of the right shape and
+    dtype, no launch (the GPU side: test_gpu.py::test_zero_size)."""
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+    ck, plan = _plan(axpy_fusion(D.BFloat16, 2), [x, x])
+    assert ck.cubin and plan.empty  # compiled, but nothing is launched
+    (out,) = plan.run([x, x])  # returns before any CUDA call when the plan is empty
+    assert out.shape == shape and out.dtype == torch.bfloat16
+    # a reduction whose output is empty
+    with cb.FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.define_tensor([-1, -1], dtype=D.Float), [1]))
+    x = torch.randn(0, 64)
+    _, plan = _plan(fd, [x])
+    (out,) = plan.run([x])
+    assert plan.empty and out.shape == (0,) and out.dtype == torch.float32
+
+
+def test_fusion_without_outputs():
+    with cb.FusionDefinition() as fd:
+        fd.define_tensor([-1], dtype=D.Float)
+    for run in (lambda: fd.compile([torch.randn(4)], arch="sm_90a"), lambda: fd.execute([torch.randn(4)])):
+        with pytest.raises(cb.CircbufError, match=r"the fusion has no outputs: .*fd.add_output"):
+            run()
+
+
+def test_zero_dim_outputs_of_reductions_compile_and_others_are_refused():
+    # a reduction over every axis gives a 0-dim output: written by one thread, out[0]
+    with cb.FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.define_tensor([-1], dtype=D.Float), [0]))
+    x = torch.randn(1000)
+    ck, plan = _plan(fd, [x])
+    assert "Tensor<float, 0> T1)" in ck.cuda  # the output param: a data pointer, no sizes
+    body = ck.cuda.split("end of prelude")[1]
+    assert "if ((((index_t)threadIdx.x) == 0)) {\n    T1.data[0] = T2[0];" in body
+    assert plan.grid == (1, 1, 1) and not plan.empty
+    shape, dtype = plan.out_specs[0]
+    out = torch.empty(*shape, dtype=dtype)  # as the plan allocates it
+    assert out.shape == () and dtype == torch.float32
+    # the argument buffer: the input {T* data; size[1]; stride[1]}, then the 0-dim output {T* data}
+    import ctypes
+    import struct
+
+    plan.write_args([x], [out])
+    raw = ctypes.string_at(plan.argbuf, len(plan.argbuf))
+    assert struct.unpack_from("<Qii", raw, 0) == (x.data_ptr(), 1000, 1)
+    assert len(raw) == 16 + 8 and struct.unpack_from("<Q", raw, 16) == (out.data_ptr(),)
+    # pointwise math on a 0-dim reduction result, and var_mean of a 1-D tensor
+    with cb.FusionDefinition() as fd:
+        x1 = fd.define_tensor([-1], dtype=D.BFloat16)
+        v, m = fd.ops.var_mean(fd.ops.cast(x1, D.Float), [0])
+        fd.add_output(fd.ops.cast(fd.ops.mul(m, 2.0), D.BFloat16))
+        fd.add_output(v)
+    ck = fd.compile([torch.randn(77, dtype=torch.bfloat16)], arch="sm_90a")
+    assert "Tensor<cb_bfloat16, 0>" in ck.cuda and "Tensor<float, 0>" in ck.cuda
+    # no reduction: no scheduler takes 0-dim pointwise outputs; a reduction over no axis
+    with cb.FusionDefinition() as fd:
+        fd.add_output(fd.ops.exp(fd.define_tensor([], dtype=D.Float)))
+    with pytest.raises(
+        cb.CircbufError, match=r"no scheduler can take this fusion .*pointwise: 0-dim outputs"
+    ):
+        fd.compile([torch.randn(())], arch="sm_90a")
+    with cb.FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.define_tensor([-1], dtype=D.Float), []))
+    with pytest.raises(
+        cb.CircbufError, match=r"reduction: T1 = sum\(T0, dims=\[\], init=0.0\) reduces no axis"
+    ):
+        fd.compile([torch.randn(4)], arch="sm_90a")
 
 
 def test_launch_plan_packs_sizes_strides_and_pointers():

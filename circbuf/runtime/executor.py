@@ -286,8 +286,13 @@ class FusionExecutor:
         self._compiled[key] = ck
         return ck
 
+    def _check_outputs(self):
+        if not self.fusion.outputs:
+            raise CircbufError("the fusion has no outputs: mark its results with fd.add_output(tensor)")
+
     def compile(self, inputs, arch: str | None = None) -> CompiledKernel:
         """Compile for ``inputs`` (CPU tensors are fine) without launching."""
+        self._check_outputs()
         if arch is None:
             arch = _default_arch()
         from .nvrtc import parse_arch
@@ -328,6 +333,7 @@ class FusionExecutor:
     def _make_plan(self, inputs) -> _Plan:
         import torch
 
+        self._check_outputs()
         info, device = self._bind(inputs, need_cuda=True)
         if device is None:
             raise CircbufError("execute needs at least one CUDA tensor input")

@@ -41,6 +41,8 @@ class PointwiseScheduler:
         """None when this scheduler applies, else the reason it does not."""
         if any(isinstance(e, ReductionOp) for e in fusion.exprs()):
             return "fusion has reductions"
+        if not fusion.outputs:
+            return "fusion has no outputs"
         ranks = {o.ndim for o in fusion.outputs}
         if len(ranks) != 1:
             return f"outputs have different ranks {sorted(ranks)}"

@@ -48,6 +48,9 @@ class ReductionScheduler:
         reds = _reductions(fusion)
         if not reds:
             return "fusion has no reduction"
+        for r in reds:
+            if not any(i.is_reduction for i in r.logical):
+                return f"{r.definition} reduces no axis"
         lmap = LogicalMap(fusion)
         ref = reds[0]
         key = _red_classes(ref, lmap)
