@@ -45,3 +45,21 @@ def test_readme_first_snippet_runs():
     import torch
 
     assert ("matches torch: True" in r.stdout) == torch.cuda.is_available(), r.stdout[-500:]
+
+
+BENCHMARKS = ["pointwise.py", "normalization.py", "outer_reduction.py", "host_overhead.py"]
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_benchmark_without_a_gpu_says_so(name):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the benchmark would run")
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", name)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == f"{name}: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed"
