@@ -17,18 +17,31 @@ from ..ir import DataType, Expr, MemoryType, ParallelType, Scalar, TensorView, V
 
 @dataclass(frozen=True)
 class TargetNeed:
-    """What a node needs of the GPU target: compute capability ``sm`` or later
-    and, when ``specific``, an arch-specific target (``sm_90a``; a family
-    target such as ``sm_100f`` also has the feature)."""
+    """What a node needs of the GPU target: compute capability ``sm`` or later;
+    with ``specific``, an arch-specific target (``sm_90a``; later ``a`` and
+    family ``f`` targets such as ``sm_100f`` keep setmaxnreg); with ``exact``,
+    that one target only (wgmma exists on sm_90a alone).
+
+    >>> need = TargetNeed("setmaxnreg", 90, specific=True)
+    >>> need.allows(90, "a"), need.allows(90, ""), need.allows(100, "a"), str(need)
+    (True, False, True, 'an arch-specific target: sm_90a, or a later sm_XYa')
+    >>> TargetNeed("wgmma", 90, specific=True, exact=True).allows(100, "a")
+    False
+    """
 
     what: str
     sm: int
     specific: bool = False
+    exact: bool = False
 
     def allows(self, sm: int, suffix: str) -> bool:
+        if self.exact:
+            return sm == self.sm and (not self.specific or suffix == "a")
         return sm >= self.sm and (not self.specific or suffix in ("a", "f"))
 
     def __str__(self):
+        if self.exact:
+            return f"sm_{self.sm}{'a' if self.specific else ''} only"
         if self.specific:
             return f"an arch-specific target: sm_{self.sm}a, or a later sm_XYa"
         return f"sm_{self.sm} or later"
