@@ -132,7 +132,7 @@ def _plan(fd, inputs):
 
 
 @pytest.mark.parametrize("shape", [(0, 5), (3, 0)])
-def test_zero_size_gives_empty_outputs(shape):
+def test_zero_size_gives_empty_outputs(shape, monkeypatch):
     """What a user gets for empty inputs: an empty output of the right shape and
     dtype, no launch (the GPU side: test_gpu.py::test_zero_size)."""
     x = torch.randn(*shape, dtype=torch.bfloat16)
@@ -140,12 +140,15 @@ def test_zero_size_gives_empty_outputs(shape):
     assert ck.cubin and plan.empty  # compiled, but nothing is launched
     (out,) = plan.run([x, x])  # returns before any CUDA call when the plan is empty
     assert out.shape == shape and out.dtype == torch.bfloat16
-    # a reduction whose output is empty
+    # a reduction whose output is empty (a TMA kernel: under CIRCBUF_DEBUG_HANG it takes a
+    # host-mapped hang record, which a plan that launches nothing does not allocate)
+    monkeypatch.setenv("CIRCBUF_DEBUG_HANG", "1000")
     with cb.FusionDefinition() as fd:
         fd.add_output(fd.ops.sum(fd.define_tensor([-1, -1], dtype=D.Float), [1]))
     x = torch.randn(0, 64)
-    _, plan = _plan(fd, [x])
+    ck, plan = _plan(fd, [x])
     (out,) = plan.run([x])
+    assert ck.kernel.hang_record and plan.hang is None
     assert plan.empty and out.shape == (0,) and out.dtype == torch.float32
 
 

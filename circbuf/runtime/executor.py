@@ -447,10 +447,11 @@ class FusionExecutor:
             off += 128
         hang = None
         if k.hang_record:
-            import torch
+            if not _any_output_empty(out_shapes):  # an empty plan launches nothing: no record to read
+                import torch
 
-            hang = torch.zeros(4, dtype=torch.int32, pin_memory=True)
-            blobs.append((off, struct.pack("<Q", hang.data_ptr())))
+                hang = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+            blobs.append((off, struct.pack("<Q", 0 if hang is None else hang.data_ptr())))
             off += 8
         return maps, hang, off
 
