@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import torch
+
+
+def require_cuda() -> None:
+    """One line and exit status 1 where there is no CUDA GPU to time on (not a
+    traceback from the first CUDA tensor)."""
+    if not torch.cuda.is_available():
+        name = os.path.basename(sys.argv[0]) or "this benchmark"
+        print(
+            f"{name}: needs a CUDA GPU (torch.cuda.is_available() is False); nothing was timed",
+            file=sys.stderr,
+        )
+        sys.exit(1)
 
 
 def bench_ms(fn, warmup=25, rep=100) -> float:

@@ -11,12 +11,13 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import circbuf as cb  # noqa: E402
-from benchmarks.common import host_us_per_call  # noqa: E402
+from benchmarks.common import host_us_per_call, require_cuda  # noqa: E402
 
 D = cb.DataType
 
 
 def main():
+    require_cuda()
     with cb.FusionDefinition() as fd:
         x = fd.define_tensor([-1], dtype=D.BFloat16)
         y = fd.define_tensor([-1], dtype=D.BFloat16)

@@ -13,7 +13,7 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
-from benchmarks.common import bench_ms, copy_bandwidth_gbs, gpu_name, write_json  # noqa: E402
+from benchmarks.common import bench_ms, copy_bandwidth_gbs, gpu_name, require_cuda, write_json  # noqa: E402
 from tests.util import D, norm_fusion, norm_inputs  # noqa: E402
 
 F = torch.nn.functional
@@ -55,6 +55,7 @@ def sweep():
 
 
 def main():
+    require_cuda()
     if "--sweep" in sys.argv:
         return sweep()
     copy_gbs = copy_bandwidth_gbs(1 << 30)

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import circbuf as cb  # noqa: E402
-from benchmarks.common import bench_ms, copy_bandwidth_gbs, gpu_name, write_json  # noqa: E402
+from benchmarks.common import bench_ms, copy_bandwidth_gbs, gpu_name, require_cuda, write_json  # noqa: E402
 
 D = cb.DataType
 SHAPES = [(32768, 4096), (8192, 16384), (65536, 1024), (16384, 3000)]
@@ -37,6 +37,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="time strip widths x stage counts")
     args = ap.parse_args()
+    require_cuda()
     copy_gbs = copy_bandwidth_gbs(1 << 28)
     print(f"GPU: {gpu_name()}   sum over axis 0, bf16   copy bandwidth {copy_gbs:.0f} GB/s")
     if args.sweep:

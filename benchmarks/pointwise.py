@@ -14,7 +14,14 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import circbuf as cb  # noqa: E402
-from benchmarks.common import bench_ms, copy_bandwidth_gbs, gpu_name, host_us_per_call, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    bench_ms,
+    copy_bandwidth_gbs,
+    gpu_name,
+    host_us_per_call,
+    require_cuda,
+    write_json,
+)
 
 D = cb.DataType
 F = torch.nn.functional
@@ -59,6 +66,7 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="time unroll x threads variants")
     ap.add_argument("--tma-sweep", action="store_true", help="time TMA tile rows x stages x store variants")
     args = ap.parse_args()
+    require_cuda()
     n = 1 << args.log2n
     if args.sweep:
         return sweep(n)

@@ -48,6 +48,7 @@ class FusionDefinition:
 
     def __init__(self):
         self.fusion = Fusion()
+        self.fusion.check_overrides = _check_overrides
         self.ops = Ops(self)
         self._executor = None
 
@@ -131,6 +132,13 @@ class FusionDefinition:
         """The scheduler params of the most recent compile or execute."""
         ex = self._executor
         return None if ex is None or ex.last is None else ex.last.params
+
+
+def _check_overrides(fusion, overrides):
+    """``fd.fusion.schedule`` names, checked against the fusion's schedulers."""
+    from .runtime.executor import check_overrides  # the compile driver knows the schedulers
+
+    return check_overrides(fusion, overrides)
 
 
 # ---------------------------------------------------------------- ops

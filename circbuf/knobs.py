@@ -1,7 +1,8 @@
 """Environment knobs, read in one place.
 
-- ``CIRCBUF_DUMP=fusion_ir,kernel_ir,cuda,params,launch``: print those stages
-  as they are produced (``all`` for every one).
+- ``CIRCBUF_DUMP=fusion_ir,transforms,params,passes,kernel_ir,cuda,launch``:
+  print those stages as they are produced (``all`` for every one); ``passes``
+  prints the kernel IR after each lowering pass, headed ``after <pass>:``.
 - ``CIRCBUF_POISON_OUTPUTS=1``: fill outputs with NaN (all ones for integer
   types) before each launch, so elements a kernel fails to write show up.
 - ``CIRCBUF_DEBUG_HANG=<tries>``: every mbarrier wait gives up after that many
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-DUMP_STAGES = ("fusion_ir", "transforms", "params", "kernel_ir", "cuda", "launch")
+DUMP_STAGES = ("fusion_ir", "transforms", "params", "passes", "kernel_ir", "cuda", "launch")
 
 
 def dump_stages() -> set:

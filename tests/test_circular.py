@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import circbuf as cb
-from circbuf.ir import ParallelType
+from circbuf.ir import ParallelType, evaluate
 from circbuf.lowering.kir import (
     BlockSync,
     ForLoop,
@@ -76,6 +76,17 @@ def test_pipelined_structure(stages, war):
             # the slot the copies refill: wait for the phase before the one the
             # readers wait for at the same position (a fresh barrier passes it)
             assert w.bar.stage == load.stage and str(w.parity) == f"({load.phase} ^ 1)"
+        # as numbers: at ring position q both sides stand at stage q % S with
+        # phase (q / S) % 2 (each advances once per position); the copies wait
+        # for empty[] in the phase before the readers' full[] wait, which a
+        # fresh barrier has passed for the first S positions
+        (fw,) = full_wait
+        for q in range(4 * stages):
+            ph = (q // stages) % 2
+            for w in empty_wait:
+                assert evaluate(w.parity, {load.phase.name: ph}) == 1 - evaluate(
+                    fw.parity, {use.phase.name: ph}
+                )
     else:
         syncs = [k for k, n in enumerate(main.body) if isinstance(n, BlockSync) and "WAR" in n.reason]
         assert len(syncs) == 1
@@ -104,6 +115,30 @@ def test_norm_tma_kernels_compile(kind, cols):
     assert type(ck.params).__name__ == "NormalizationParams"
     assert "UTMALDG" in ck.sass()
     assert ck.resource_usage()["LOCAL"] == 0
+
+
+def test_rows_in_registers_override_and_its_deprecated_name():
+    import warnings
+
+    assert compile_norm().params.row_length == 4096  # default: short rows are kept in registers
+    assert compile_norm(rows_in_registers=False).params.row_length == 0
+    fd = norm_fusion("softmax", D.BFloat16)
+    with pytest.warns(DeprecationWarning, match="override registers is now rows_in_registers") as w:
+        fd.fusion.schedule(registers=False)
+    assert w[0].filename == __file__  # the warning points at the caller's schedule() line
+    assert fd.fusion.schedule_overrides == {"rows_in_registers": False}
+    ck = fd.compile(norm_inputs("softmax", 4096, 4096, torch.bfloat16, "cpu"), arch="sm_90a")
+    assert ck.params.row_length == 0
+    with pytest.raises(cb.CircbufError, match="registers is the old name of rows_in_registers"):
+        fd.fusion.schedule(registers=False, rows_in_registers=True)
+    # a Fusion not built by a FusionDefinition: renamed (and warned about) at compile
+    fd = norm_fusion("softmax", D.BFloat16)
+    fd.fusion.check_overrides = None
+    fd.fusion.schedule(registers=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ck = fd.compile(norm_inputs("softmax", 4096, 4096, torch.bfloat16, "cpu"), arch="sm_90a")
+    assert ck.params.row_length == 0 and any(issubclass(x.category, DeprecationWarning) for x in w)
 
 
 def test_scheduler_falls_back_when_tma_cannot_describe_the_input():

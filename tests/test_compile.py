@@ -112,6 +112,26 @@ def test_dump_knob_prints_stages(capsys, monkeypatch):
     assert "Pointwise params" in out and "__global__" in out
 
 
+def test_dump_passes_prints_the_kernel_after_every_pass(capsys, monkeypatch):
+    from circbuf.lowering import PASSES
+    from tests.util import norm_fusion, norm_inputs
+
+    monkeypatch.setenv("CIRCBUF_DUMP", "passes")
+    fd = norm_fusion("softmax", D.BFloat16)
+    ck = fd.compile(norm_inputs("softmax", 64, 1024, torch.bfloat16, "cpu"), arch="sm_90a")
+    out = capsys.readouterr().out
+    sections = {}
+    for block in out.split("===== CIRCBUF_DUMP passes =====\n")[1:]:
+        head, _, body = block.partition("\n")
+        sections[head] = body.strip()
+    names = ["loop_nest"] + [name for name, _ in PASSES]
+    assert list(sections) == [f"after {n}:" for n in names]  # every pass, in the order of PASSES
+    # each section is the kernel IR at that point: the pipeline appears with circular_buffer
+    assert "MBARRIER_WAIT" not in sections["after tma_store:"]
+    assert "MBARRIER_WAIT" in sections["after circular_buffer:"]
+    assert sections[f"after {names[-1]}:"] == ck.kernel_ir.strip()
+
+
 _dims = st.sampled_from([1, 2, 3, 7, 8, 16, 31, 128, 1000, 1024, 4099])
 
 

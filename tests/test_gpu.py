@@ -130,16 +130,63 @@ def test_noncontiguous_and_offset_views():
         assert_close(out, a.double() * b.double() + 1)
 
 
-def test_zero_size():
-    fd = axpy_fusion(D.Float, 2)
-    x = torch.randn(0, 5, device=DEV)
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0)])
+def test_zero_size(shape):
+    fd = axpy_fusion(D.BFloat16, 2)
+    x = torch.randn(*shape, device=DEV, dtype=torch.bfloat16)
     (out,) = fd.execute([x, x])
-    assert out.shape == (0, 5)
-    with cb.FusionDefinition() as fd2:
-        t = fd2.define_tensor([-1, -1], dtype=D.Float)
-        fd2.add_output(fd2.ops.sum(t, [1]))
-    (s,) = fd2.execute([torch.randn(4, 0, device=DEV)])
-    assert torch.equal(s.cpu(), torch.zeros(4))
+    torch.cuda.synchronize()  # no launch error, now or pending
+    assert out.shape == shape and out.dtype == torch.bfloat16 and out.is_cuda
+
+
+@pytest.mark.parametrize("shape, dims", [((4, 0), [1]), ((0, 64), [0]), ((0, 64), [1]), ((0,), [0])])
+def test_reductions_over_zero_extents(shape, dims):
+    """Empty reduced axes give the init (0 for sum), empty kept axes an empty output."""
+    with cb.FusionDefinition() as fd:
+        t = fd.define_tensor([-1] * len(shape), dtype=D.Float)
+        fd.add_output(fd.ops.sum(t, dims))
+    x = torch.randn(*shape, device=DEV)
+    (s,) = fd.execute([x])
+    torch.cuda.synchronize()
+    ref = x.double().sum(dims)
+    assert s.shape == ref.shape and s.dtype == torch.float32
+    assert torch.equal(s.cpu().double(), ref.cpu())
+
+
+@pytest.mark.parametrize("n", [1, 2, 31, 1000, 4099, 1 << 20])
+@pytest.mark.parametrize("dtype", [D.Float, D.BFloat16])
+def test_sum_to_0_dim(n, dtype):
+    """sum of a 1-D tensor: a 0-dim output, written once by thread 0 of one CTA."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=dtype)
+        fd.add_output(fd.ops.cast(fd.ops.sum(x, [0]), dtype))
+    x = torch.randn(n, device=DEV, dtype=TORCH[dtype])
+    (out,) = fd.execute([x])
+    assert out.shape == () and out.dtype == TORCH[dtype]
+    ref = x.double().sum()
+    tol = 3e-5 * n**0.5 + 1e-5 if dtype == D.Float else 1e-2 * abs(ref.item()) + 0.1
+    assert abs(out.double().item() - ref.item()) <= tol, (out.item(), ref.item())
+
+
+def test_0_dim_outputs_of_max_var_mean_and_int_sum():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.Float)
+        v, m = fd.ops.var_mean(x, [0])
+        fd.add_output(fd.ops.max(x, [0]))
+        fd.add_output(fd.ops.mul(v, 2.0))
+        fd.add_output(m)
+    x = torch.randn(3001, device=DEV)
+    mx, v2, m = fd.execute([x])
+    xd = x.double()
+    assert all(o.shape == () for o in (mx, v2, m))
+    assert_close(mx, xd.max())
+    assert_close(v2, xd.var() * 2, rtol=1e-4, atol=1e-4)
+    assert_close(m, xd.mean(), rtol=1e-4, atol=1e-5)
+    with cb.FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.define_tensor([-1], dtype=D.Int32), [0]))
+    ints = torch.randint(-100, 100, (3001,), device=DEV, dtype=torch.int32)
+    (s,) = fd.execute([ints])
+    assert s.shape == () and s.dtype == torch.int64 and s.item() == ints.long().sum().item()
 
 
 @pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])

@@ -53,6 +53,13 @@ def test_warp_specialized_manual_nested_ring_with_setmaxnreg(monkeypatch, hang):
     assert_close(out, torch.exp(a.double()))
 
 
+@pytest.mark.parametrize("kind", ["softmax", "layer_norm", "rms_norm"])
+def test_rows_not_in_registers(kind):
+    # rows short enough for registers, re-read from shared memory by every pass instead
+    fd = run_norm(kind, 301, 1024, rows_in_registers=False)
+    assert fd.last_params().row_length == 0
+
+
 @pytest.mark.parametrize("stages, prefetch", [(3, 1), (4, 2), (4, 1), (6, 3)])
 def test_prefetch_distances(stages, prefetch):
     run_norm("layer_norm", 2049, 2048, stages=stages, prefetch=prefetch)

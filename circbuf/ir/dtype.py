@@ -1,7 +1,7 @@
 """Data types and torch-like type promotion.
 
 >>> DataType.BFloat16.size, promote(DataType.Half, DataType.BFloat16)
-(2, <DataType.Float: 'float'>)
+(2, DataType.Float)
 """
 
 from __future__ import annotations

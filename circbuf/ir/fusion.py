@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from .errors import CircbufError
 from .nodes import Expr, MemoryType, TensorView
 from .scalar import Scalar, Var
@@ -28,6 +30,9 @@ class Fusion:
         # outputs[k]; ("input", k) is inputs[k] itself, returned unchanged
         self.returns: list[tuple[str, int]] = []
         self.schedule_overrides: dict = {}
+        # set by the frontend: overrides -> (overrides, deprecation notes), raising on
+        # names no scheduler of this fusion takes (the ir cannot ask the schedulers)
+        self.check_overrides = None
         self.schedule_version = 0
         self._caches_added = False
         self._tv_counter = 0
@@ -149,10 +154,20 @@ class Fusion:
     def schedule(self, **overrides):
         """Record overrides of the scheduler heuristics (``persistent``, ``stages``,
         ``vectorize``, ``unroll``, ``threads``, ...). They are applied when the
-        fusion is compiled; unknown names raise there.
+        fusion is compiled, where bad values raise. A name no scheduler of the
+        fusion takes raises here (for a fusion of a FusionDefinition; else at
+        compile); a deprecated name warns and is renamed.
 
-        >>> # fd.fusion.schedule(vectorize=4)
+        >>> import circbuf as cb
+        >>> with cb.FusionDefinition() as fd:
+        ...     fd.add_output(fd.ops.exp(fd.define_tensor([-1])))
+        >>> print(fd.fusion.schedule(vectorize=4))
+        ScheduleOverrides(vectorize=4)
         """
+        if self.check_overrides is not None:
+            overrides, notes = self.check_overrides(self, overrides)
+            for note in notes:
+                warnings.warn(note, DeprecationWarning, stacklevel=2)
         self.schedule_overrides = dict(overrides)
         self.schedule_version += 1  # launch plans made under older overrides are not reused
         return ScheduleRequest(self.schedule_overrides)

@@ -85,10 +85,6 @@ class TensorView:
         return self.loop[_norm_axis(i, len(self.loop), self, "axis")]
 
     @property
-    def has_reduction(self) -> bool:
-        return any(i.is_reduction for i in self.logical)
-
-    @property
     def is_output(self) -> bool:
         return self.fusion is not None and self in self.fusion.outputs
 

@@ -59,9 +59,6 @@ class Scalar:
     def eq(self, o):
         return _bin("==", self, o)
 
-    def and_(self, o):
-        return _bin("&&", self, o)
-
     def _bin_op(self, op: str, o):
         """``self op o`` for any binary scalar operator (``"<="``, ``"max"``, ...)."""
         return _bin(op, self, o)
@@ -169,10 +166,6 @@ def _bin(op, a, b) -> Scalar:
 
 def ceil_div(a, b) -> Scalar:
     return _bin("ceilDiv", a, b)
-
-
-def smin(a, b) -> Scalar:
-    return _bin("min", a, b)
 
 
 def is_const(x, value=None) -> bool:

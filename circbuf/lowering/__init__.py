@@ -1,7 +1,8 @@
 """Lowering: scheduled Fusion -> kernel IR -> CUDA source.
 
 The passes run in the order of :data:`PASSES`; each is ``Kernel -> Kernel``
-and lives in its own file. ``CIRCBUF_DUMP=kernel_ir`` prints the result.
+and lives in its own file. ``CIRCBUF_DUMP=kernel_ir`` prints the result,
+``CIRCBUF_DUMP=passes`` the kernel IR after each pass (``lower``'s ``after_pass``).
 """
 
 from __future__ import annotations
@@ -50,10 +51,22 @@ def stride_exprs(tv: TensorView, contiguity) -> list:
     return out
 
 
-def lower(fusion: Fusion, contiguity=None, index_type=DataType.Int32, name="kernel") -> Kernel:
+def lower(
+    fusion: Fusion, contiguity=None, index_type=DataType.Int32, name="kernel", after_pass=None
+) -> Kernel:
     """Scheduled fusion -> Kernel. ``contiguity[k]`` gives, per axis of the k-th
     tensor parameter (inputs then outputs), whether its stride is the product
-    of the inner extents."""
+    of the inner extents. ``after_pass(name, kernel)``, if given, sees the
+    kernel after the loop nest is built (``"loop_nest"``) and after each pass.
+
+    >>> import circbuf as cb
+    >>> with cb.FusionDefinition() as fd:
+    ...     fd.add_output(fd.ops.exp(fd.define_tensor([-1])))
+    >>> seen = []
+    >>> k = lower(fd.fusion, after_pass=lambda name, kernel: seen.append(name))
+    >>> seen == ["loop_nest"] + [name for name, _ in PASSES]
+    True
+    """
     kernel = generate_loop_nest(fusion, name)
     kernel.index_type = index_type
     for k, p in enumerate(kernel.tensor_params):
@@ -61,8 +74,12 @@ def lower(fusion: Fusion, contiguity=None, index_type=DataType.Int32, name="kern
         contig = contiguity[k] if contiguity is not None else [True] * nd
         for d, s in enumerate(stride_exprs(p.tv, contig)):
             kernel.strides[(p.tv.name, d)] = s
-    for _, fn in PASSES:
+    if after_pass is not None:
+        after_pass("loop_nest", kernel)
+    for pass_name, fn in PASSES:
         kernel = fn(kernel)
+        if after_pass is not None:
+            after_pass(pass_name, kernel)
     return kernel
 
 

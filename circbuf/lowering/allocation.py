@@ -1,4 +1,4 @@
-"""Pass 2: allocate local and shared buffers.
+"""Pass: allocate local and shared buffers.
 
 A buffer holds the loop axes right of its compute-at position, less the axes
 bound to blocks, broadcast and reduction axes, and (for registers) thread

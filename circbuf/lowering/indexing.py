@@ -1,4 +1,4 @@
-"""Pass 3: turn placed exprs into indexed assignments.
+"""Pass: turn placed exprs into indexed assignments.
 
 Consumer indices are walked back from the loop indices through the recorded
 splits and merges to logical coordinates; producers are indexed at the
@@ -174,7 +174,7 @@ class _Indexer:
                 )
             axes = tuple(to_g[i.id] for i in leaves)
             covered.update(axes)
-            dims.append((axes, simplify_box(ax), ids[top.id]))
+            dims.append((axes, box_extent(ax), ids[top.id]))
         mem = g.memory_position()
         in_loop_order = [mem[a[-1]] for a, _, _ in dims]
         if in_loop_order != sorted(in_loop_order):
@@ -227,7 +227,7 @@ class _Indexer:
                 raise CircbufError(
                     f"{out.name}: bulk axes must be the innermost axes of the buffer, in order"
                 )
-            expect *= simplify_box(ax)
+            expect *= box_extent(ax)
         m, coords, nbytes = self._map(g, dims, out)
         return TmaLoad(dst, m, coords, nbytes)
 
@@ -249,7 +249,7 @@ class _Indexer:
         dense, stride = Const(0), 1
         for a in reversed(bulk):
             dense = dense + offs[a.id] * stride
-            stride *= simplify_box(a)
+            stride *= box_extent(a)
         if simplify(atb - at0 - dense) != Const(0):
             raise CircbufError(
                 f"{out.name}: the TMA store box must lie densely, row-major, in {src.name} "
@@ -471,7 +471,8 @@ def lower_indexing(kernel: Kernel) -> Kernel:
     return kernel
 
 
-def simplify_box(ax) -> int:
+def box_extent(ax) -> int:
+    """Extent of a Bulk (TMA box) axis: a constant, as a tensor map's box is fixed."""
     return int(ax.loop_extent.value)
 
 

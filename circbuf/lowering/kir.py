@@ -15,7 +15,41 @@ from dataclasses import dataclass, field
 from ..ir import DataType, Expr, MemoryType, ParallelType, Scalar, TensorView, Var
 
 
+@dataclass(frozen=True)
+class TargetNeed:
+    """What a node needs of the GPU target: compute capability ``sm`` or later;
+    with ``specific``, an arch-specific target (``sm_90a``; later ``a`` and
+    family ``f`` targets such as ``sm_100f`` keep setmaxnreg); with ``exact``,
+    that one target only (wgmma exists on sm_90a alone).
+
+    >>> need = TargetNeed("setmaxnreg", 90, specific=True)
+    >>> need.allows(90, "a"), need.allows(90, ""), need.allows(100, "a"), str(need)
+    (True, False, True, 'an arch-specific target: sm_90a, or a later sm_XYa')
+    >>> TargetNeed("wgmma", 90, specific=True, exact=True).allows(100, "a")
+    False
+    """
+
+    what: str
+    sm: int
+    specific: bool = False
+    exact: bool = False
+
+    def allows(self, sm: int, suffix: str) -> bool:
+        if self.exact:
+            return sm == self.sm and (not self.specific or suffix == "a")
+        return sm >= self.sm and (not self.specific or suffix in ("a", "f"))
+
+    def __str__(self):
+        if self.exact:
+            return f"sm_{self.sm}{'a' if self.specific else ''} only"
+        if self.specific:
+            return f"an arch-specific target: sm_{self.sm}a, or a later sm_XYa"
+        return f"sm_{self.sm} or later"
+
+
 class Node:
+    needs: TargetNeed | None = None  # what the node's instructions need of the target
+
     def lines(self, ind: int) -> list[str]:
         raise NotImplementedError
 
@@ -199,6 +233,7 @@ class TensorMapSpec:
 class TmaLoad(Node):
     """One bulk tensor copy global -> shared, completing on ``bar``."""
 
+    needs = TargetNeed("TMA loads (cp.async.bulk.tensor)", 90)
     dst: TensorRef
     map_index: int
     coords: list  # innermost first
@@ -214,6 +249,7 @@ class TmaLoad(Node):
 class TmaStore(Node):
     """One bulk tensor copy shared -> global, in the issuing thread's bulk group."""
 
+    needs = TargetNeed("TMA stores (cp.async.bulk.tensor)", 90)
     src: TensorRef
     map_index: int
     coords: list  # innermost first
@@ -249,6 +285,7 @@ class BulkWaitGroup(Node):
 class ElectOne(Node):
     """``then`` runs on one lane (elect.sync) of the one full warp ``warp`` selects."""
 
+    needs = TargetNeed("elect.sync", 90)
     warp: Scalar
     then: list = field(default_factory=list)
 
@@ -293,6 +330,7 @@ class MBarrierInval(Node):
 
 @dataclass(eq=False)
 class MBarrierArriveExpectTx(Node):
+    needs = TargetNeed("mbarrier.expect_tx", 90)
     bar: MBarrierRef
     bytes: object
 
@@ -310,6 +348,7 @@ class MBarrierArrive(Node):
 
 @dataclass(eq=False)
 class MBarrierWait(Node):
+    needs = TargetNeed("mbarrier.try_wait.parity", 90)
     bar: MBarrierRef
     parity: object
 
@@ -334,6 +373,7 @@ class Fence(Node):
 class SetMaxNReg(Node):
     """setmaxnreg.{inc,dec}: move registers between warp roles."""
 
+    needs = TargetNeed("setmaxnreg from WarpSpecialized(registers=...)", 90, specific=True)
     count: int
     increase: bool
 
@@ -557,6 +597,19 @@ def thread0_cond(kernel: Kernel) -> Scalar:
             t = Var(pt.value).eq(0)
             cond = t if cond is None else Bin("&&", cond, t)
     return cond if cond is not None else Const(True)
+
+
+def target_needs(kernel: Kernel) -> list[TargetNeed]:
+    """What the kernel's nodes need of the GPU target, each need once, in
+    the order first met; a compile for a target without them is refused."""
+    out = []
+
+    def visit(n, _stack):
+        if n.needs is not None and n.needs not in out:
+            out.append(n.needs)
+
+    walk(kernel.body, visit)
+    return out
 
 
 def walk(nodes, fn, stack=None):

@@ -1,4 +1,4 @@
-"""Pass 1: build the loop nest from loop domains and inline positions.
+"""Build the loop nest from loop domains and inline positions (before ``PASSES``).
 
 Each expr is placed in the loops of its output's loop domain. Axis ``k`` of a
 producer inlined at position ``p > k`` is the same loop as axis ``k`` of its

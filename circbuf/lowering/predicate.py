@@ -1,4 +1,4 @@
-"""Pass 5: guard statements that could touch memory out of range.
+"""Pass: guard statements that could touch memory out of range.
 
 Statements that read or write global memory, and reduction updates, run
 under the bounds conditions recorded by indexing. Global writes of a value

@@ -1,4 +1,4 @@
-"""Pass 6: simplify every index and condition in the kernel.
+"""Pass: simplify every index and condition in the kernel.
 
 Before::  T2[((((j0 * 128) + threadIdx.x) * 8) / 8) % 128]
 After::   T2[threadIdx.x]

@@ -1,4 +1,4 @@
-"""Pass 7: block syncs for shared-memory hazards.
+"""Pass: block syncs for shared-memory hazards.
 
 Read-after-write: a statement reading a shared buffer that an earlier sibling
 wrote gets a sync before it. Write-after-read across iterations: a loop whose

@@ -1,4 +1,4 @@
-"""Pass 4: collapse vectorized loops into one wide access.
+"""Pass: collapse vectorized loops into one wide access.
 
 A loop over an axis parallelized ``Vectorize`` must hold exactly one copy;
 it becomes a single access of ``extent`` elements at the index of element 0.

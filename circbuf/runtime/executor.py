@@ -22,8 +22,9 @@ from .. import knobs
 from ..ir import CircbufError, DataType, Fusion, ParallelType, TensorView, Var, evaluate
 from ..ir.scalar import free_vars
 from ..lowering import codegen, lower
+from ..lowering.kir import target_needs
 from ..scheduler import InputInfo, TensorInfo
-from ..scheduler.registry import compute_params
+from ..scheduler.registry import check_overrides, compute_params
 from ..scheduler.utils import bind_axis_extents, canonicalize_extents
 
 _INT32_LIMIT = 2**31 - 1
@@ -330,8 +331,9 @@ class FusionExecutor:
         transforms = fusion.print_transforms()
         knobs.dump("transforms", transforms)
         name = f"circbuf_{sched.name if sched else 'manual'}"
-        kernel = lower(fusion, contiguity=contig, index_type=index_type, name=name)
+        kernel = lower(fusion, contiguity=contig, index_type=index_type, name=name, after_pass=_dump_pass)
         knobs.dump("kernel_ir", kernel)
+        _check_target(kernel, arch)
         src = codegen(kernel, debug_hang=knobs.debug_hang())
         knobs.dump("cuda", src)
         from .nvrtc import compile_cuda
@@ -341,14 +343,21 @@ class FusionExecutor:
         self._compiled[key] = ck
         return ck
 
+    def _check_outputs(self):
+        if not self.fusion.outputs and not self.fusion.returns:
+            raise CircbufError("the fusion has no outputs: mark its results with fd.add_output(tensor)")
+
     def compile(self, inputs, arch: str | None = None) -> CompiledKernel:
         """Compile for ``inputs`` (CPU tensors are fine) without launching."""
-        info, _ = self._bind(inputs, need_cuda=False)
+        self._check_outputs()
         if not self.fusion.outputs:
-            what = "every output is a fusion input, returned as is" if self.fusion.returns else "no outputs"
-            raise CircbufError(f"nothing to compile: the fusion has {what}")
+            raise CircbufError("nothing to compile: every output is a fusion input, returned as is")
         if arch is None:
             arch = _default_arch()
+        from .nvrtc import parse_arch
+
+        parse_arch(arch)  # a string NVRTC cannot build a cubin for is named before any work
+        info, _ = self._bind(inputs, need_cuda=False)
         ck = self._compile(info, arch)
         self.last = ck
         return ck
@@ -389,10 +398,9 @@ class FusionExecutor:
     def _make_plan(self, inputs) -> _Plan:
         import torch
 
+        self._check_outputs()
         info, device = self._bind(inputs, need_cuda=True)
         if not self.fusion.outputs:  # every output is an input, returned as is: nothing to run
-            if not self.fusion.returns:
-                raise CircbufError("the fusion has no outputs: add_output() at least one tensor")
             p = _Plan()
             p.out_specs, p.poison, p.empty, p.device = [], False, True, device
             p.finish = self._finish(info.extents)
@@ -432,8 +440,7 @@ class FusionExecutor:
             raise CircbufError(
                 f"{ck.name} needs {p.smem} bytes of shared memory; the limit per block is {info.smem_per_block}"
             )
-        numel_zero = any(0 in s for s in out_shapes)
-        p.empty = numel_zero or 0 in p.grid
+        p.empty = _any_output_empty(out_shapes) or 0 in p.grid
         if max(p.grid[1:]) > 65535 or p.grid[0] > _INT32_LIMIT:
             raise CircbufError(f"grid {p.grid} exceeds the launch limits")
         knobs.dump("launch", f"{ck.name}: grid {p.grid} block {p.block} smem {p.smem}")
@@ -464,7 +471,7 @@ class FusionExecutor:
             p.scalar_slots.append((pos, fmt, off))
             blobs.append((off, b"\0" * 8))
             off += 8
-        p.tmaps, p.hang, off = self._extra_args(ck, info, out_shapes, blobs, off)
+        p.tmaps, p.hang, off = self._pack_tensor_maps_and_hang_record(ck, info, out_shapes, blobs, off)
         p.name = ck.name
         p.argbuf = ctypes.create_string_buffer(max(off, 8) + (-max(off, 8) % 8))
         for o, blob in blobs:
@@ -478,7 +485,7 @@ class FusionExecutor:
         p.finish = self._finish(env)
         return p
 
-    def _extra_args(self, ck, info, out_shapes, blobs, off):
+    def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, blobs, off):
         """Tensor maps and the hang record follow the scalars in the parameters."""
         k = ck.kernel
         maps = []
@@ -494,14 +501,14 @@ class FusionExecutor:
                 for d in range(len(shape) - 2, -1, -1):
                     strides[d] = strides[d + 1] * max(shape[d + 1], 1)
                 item = self.fusion.outputs[o].dtype.size
-                if not p_empty(out_shapes):
+                if not _any_output_empty(out_shapes):
                     dims, gstr, box = map_geometry(spec, shape, strides, item)
                     check_map(name, 256, dims, gstr, box, item)
                 maps.append(_MapSlot(spec, -1, off, name, output=o))
             else:
                 name = self.fusion.inputs[tpos[spec.param]].name
                 t = info.tensors[tpos[spec.param]]
-                if not p_empty(out_shapes):
+                if not _any_output_empty(out_shapes):
                     dims, gstr, box = map_geometry(spec, t.sizes, t.strides, t.itemsize)
                     check_map(name, t.align, dims, gstr, box, t.itemsize)
                 maps.append(_MapSlot(spec, tpos[spec.param], off, name))
@@ -509,15 +516,17 @@ class FusionExecutor:
             off += 128
         hang = None
         if k.hang_record:
-            import torch
+            if not _any_output_empty(out_shapes):  # an empty plan launches nothing: no record to read
+                import torch
 
-            hang = torch.zeros(4, dtype=torch.int32, pin_memory=True)
-            blobs.append((off, struct.pack("<Q", hang.data_ptr())))
+                hang = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+            blobs.append((off, struct.pack("<Q", 0 if hang is None else hang.data_ptr())))
             off += 8
         return maps, hang, off
 
 
-def p_empty(out_shapes) -> bool:
+def _any_output_empty(out_shapes) -> bool:
+    """Some output has no elements: nothing to launch, no tensor map to check."""
     return any(0 in s for s in out_shapes)
 
 
@@ -567,6 +576,32 @@ def _check_hang(plan, record):
         raise
 
 
+def _check_target(kernel, arch: str):
+    """Refuse, by name, a target without what the kernel's instructions need
+    (TMA and mbarrier waits: sm_90; setmaxnreg: an arch-specific sm_90a)."""
+    from .nvrtc import parse_arch
+
+    sm, suffix = parse_arch(arch)
+    unmet: dict = {}  # requirement -> what needs it
+    for need in target_needs(kernel):
+        if not need.allows(sm, suffix):
+            unmet.setdefault(str(need), []).append(need.what)
+    if unmet:
+        uses = "; ".join(
+            f"uses {', '.join(whats)}, which {'needs' if len(whats) == 1 else 'need'} {req}"
+            for req, whats in unmet.items()
+        )
+        raise CircbufError(
+            f"arch={arch!r}: {kernel.name} {uses}; compile for sm_90a, or schedule the fusion "
+            "without them (e.g. fd.fusion.schedule(tma=False))"
+        )
+
+
+def _dump_pass(name, kernel):
+    if "passes" in knobs.dump_stages():  # the kernel IR is printed only when asked for
+        knobs.dump("passes", f"after {name}:\n{kernel}")
+
+
 def _launch_dim(ext, env) -> int:
     return 1 if ext is None else int(evaluate(ext, env))
 
@@ -608,4 +643,4 @@ def _default_arch() -> str:
     return "sm_90a"
 
 
-__all__ = ["FusionExecutor", "CompiledKernel", "TensorView"]
+__all__ = ["FusionExecutor", "CompiledKernel", "TensorView", "check_overrides"]

@@ -5,15 +5,70 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import re
 import tempfile
 
 from .. import knobs
+from ..ir import CircbufError
 
 
 class CompileError(RuntimeError):
     """NVRTC rejected generated code: a circbuf bug, reported with the log."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
+_ARCH = re.compile(r"sm_(\d+)([af]?)")
+# ptxas refusing an instruction the target lacks (the kernel, not circbuf, is at fault)
+_TARGET_LACKS = re.compile(r"requires \.target|not supported on \.target")
+
+
+def supported_archs() -> list[int]:
+    """Compute capabilities this NVRTC builds cubins for (``[75, 80, ..., 90, 100, ...]``)."""
+    err, archs = _nvrtc().nvrtcGetSupportedArchs()
+    _check(err, "get supported archs")
+    return list(archs)
+
+
+def parse_arch(arch) -> tuple[int, str]:
+    """``"sm_90a"`` -> ``(90, "a")``. A string NVRTC cannot build a cubin for
+    raises a CircbufError naming it.
+
+    >>> parse_arch("sm_90a"), parse_arch("sm_80")
+    ((90, 'a'), (80, ''))
+    >>> parse_arch("compute_90a")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    circbuf.ir.errors.CircbufError: arch='compute_90a': expected sm_XY or sm_XYa (a cubin target such as sm_90a); ...
+    """
+    m = _ARCH.fullmatch(arch) if isinstance(arch, str) else None
+    if m is None or not _accepts(arch):
+        major, minor = nvrtc_version()
+        archs = ", ".join(f"sm_{a}" for a in supported_archs())
+        why = "expected sm_XY or sm_XYa (a cubin target such as sm_90a)" if m is None else "unknown to NVRTC"
+        raise CircbufError(
+            f"arch={arch!r}: {why}; NVRTC {major}.{minor} builds cubins for {archs}, "
+            "with the suffix a for arch-specific features from sm_90 on (sm_90a)"
+        )
+    return int(m[1]), m[2]
+
+
+@functools.cache
+def _accepts(arch: str) -> bool:
+    """NVRTC takes ``--gpu-architecture=arch`` (an empty kernel, once per arch)."""
+    nv = _nvrtc()
+    err, prog = nv.nvrtcCreateProgram(b'extern "C" __global__ void k() {}', b"probe.cu", 0, [], [])
+    _check(err, "create")
+    try:
+        opt = [f"--gpu-architecture={arch}".encode()]
+        return nv.nvrtcCompileProgram(prog, 1, opt)[0] == nv.nvrtcResult.NVRTC_SUCCESS
+    finally:
+        nv.nvrtcDestroyProgram(prog)
 
 
 def _nvrtc():
@@ -41,7 +96,8 @@ def compile_options(arch: str) -> list[str]:
 
 def compile_cuda(source: str, arch: str, name: str = "kernel.cu") -> bytes:
     """CUDA source -> cubin for ``arch`` (e.g. ``sm_90a``); cached on disk by a
-    hash of source, options and NVRTC version."""
+    hash of source, options and NVRTC version. An instruction ``arch`` lacks
+    raises a CircbufError naming the arch and quoting ptxas."""
     opts = compile_options(arch)
     key = hashlib.sha256("\0".join([source, *opts, repr(nvrtc_version())]).encode()).hexdigest()[:32]
     cdir = knobs.cache_dir()
@@ -49,7 +105,14 @@ def compile_cuda(source: str, arch: str, name: str = "kernel.cu") -> bytes:
     if path and os.path.exists(path):
         with open(path, "rb") as f:
             return f.read()
-    cubin = _compile(source, opts, name)
+    try:
+        cubin = _compile(source, opts, name)
+    except CompileError as e:
+        lacks = [ln.strip() for ln in e.log.splitlines() if _TARGET_LACKS.search(ln)]
+        if not lacks:
+            raise
+        what = name.removesuffix(".cu")
+        raise CircbufError(f"arch={arch!r}: {what} uses what {arch} lacks: " + "; ".join(lacks[:4])) from e
     if path:
         os.makedirs(cdir, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cdir)
@@ -71,7 +134,8 @@ def _compile(source: str, opts: list[str], name: str) -> bytes:
         nv.nvrtcGetProgramLog(prog, log)
         if err != nv.nvrtcResult.NVRTC_SUCCESS:
             numbered = "\n".join(f"{k + 1:5d} {line}" for k, line in enumerate(source.splitlines()))
-            raise CompileError(f"NVRTC failed:\n{log.decode(errors='replace')}\n{numbered}")
+            text = log.decode(errors="replace")
+            raise CompileError(f"NVRTC failed:\n{text}\n{numbered}", text)
         _, n = nv.nvrtcGetCUBINSize(prog)
         cubin = b" " * n
         _check(nv.nvrtcGetCUBIN(prog, cubin)[0], "get cubin")

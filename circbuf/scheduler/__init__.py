@@ -2,7 +2,7 @@
 
 from .info import InputInfo, TensorInfo
 from .params import Params, PointwiseParams, ReductionParams
-from .registry import compute_params, pick, schedule
+from .registry import compute_params, schedule
 from .utils import propagate_transforms
 
 __all__ = [
@@ -12,7 +12,6 @@ __all__ = [
     "PointwiseParams",
     "ReductionParams",
     "compute_params",
-    "pick",
     "schedule",
     "propagate_transforms",
 ]

@@ -13,9 +13,6 @@ class TensorInfo:
     itemsize: int
     align: int  # largest power of two (<= 16) dividing the data pointer, in bytes
 
-    def inner_contiguous(self) -> bool:
-        return not self.sizes or self.sizes[-1] == 1 or self.strides[-1] == 1
-
 
 @dataclass(frozen=True)
 class InputInfo:

@@ -50,7 +50,7 @@ from .utils import (
     tma_ring,
 )
 
-OVERRIDES = ("stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "registers")
+OVERRIDES = ("stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "rows_in_registers")
 MAX_REGISTER_ROW = 32  # row elements a thread keeps in registers (64 spilled at 512 threads)
 SMEM_BUDGET = 200 * 1024  # leave room for reduction scratch and barriers
 MAX_BOX = 256
@@ -58,6 +58,8 @@ MAX_BOX = 256
 
 class NormalizationScheduler:
     name = "normalization"
+    # deprecated override names (one release): ``registers`` read like setmaxnreg counts
+    renamed = {"registers": "rows_in_registers"}
 
     @staticmethod
     def can_schedule(fusion: Fusion) -> str | None:
@@ -115,7 +117,7 @@ class NormalizationScheduler:
         # once a stage holds >= 16 KB when passes re-read the stage, >= 32 KB when
         # the row is copied to registers at once (the stage is freed early)
         per_thread = -(-R // (threads * vec)) * vec  # row elements each thread holds
-        in_regs = overrides.get("registers", per_thread <= MAX_REGISTER_ROW)
+        in_regs = overrides.get("rows_in_registers", per_thread <= MAX_REGISTER_ROW)
         stage_bytes = y * padded * item * len(cands)
         stages = overrides.get("stages", 3 if stage_bytes >= (32768 if in_regs else 16384) else 2)
         prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)

@@ -43,6 +43,8 @@ class PointwiseScheduler:
             return "fusion has reductions"
         if any(e.op_name in ("matmul", "linear") for e in fusion.exprs()):
             return "fusion has a matmul"
+        if not fusion.outputs:
+            return "fusion has no outputs"
         ranks = {o.ndim for o in fusion.outputs}
         if len(ranks) != 1:
             return f"outputs have different ranks {sorted(ranks)}"

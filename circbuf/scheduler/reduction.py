@@ -48,6 +48,9 @@ class ReductionScheduler:
         reds = _reductions(fusion)
         if not reds:
             return "fusion has no reduction"
+        for r in reds:
+            if not any(i.is_reduction for i in r.logical):
+                return f"{r.definition} reduces no axis"
         if any(e.op_name in ("matmul", "linear") for e in fusion.exprs()):
             return "fusion has a matmul"
         lmap = LogicalMap(fusion)

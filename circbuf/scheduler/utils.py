@@ -212,10 +212,6 @@ def _clone_tv(fusion: Fusion, tv: TensorView) -> TensorView:
     return c
 
 
-def reject(msg: str):
-    raise CircbufError(msg)
-
-
 _POINTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp", "FullOp")
 
 
