@@ -53,6 +53,21 @@ def test_warp_specialized_manual_nested_ring_with_setmaxnreg(monkeypatch, hang):
     assert_close(out, torch.exp(a.double()))
 
 
+@pytest.mark.parametrize("cols, stages", [(1000, 3), (768, 3), (1000, 2), (1024, 4), (300, 3)])
+@pytest.mark.parametrize("war", ["block_sync", "mbarrier"])
+def test_pipelined_ring_inside_an_outer_loop(monkeypatch, cols, stages, war):
+    """The hang of issue 7: columns split by 128 (8 inner iterations for 1000)
+    with 3 stages inside a row loop stopped on T4_full[0]: each row pair re-ran
+    the prologue from stage 0. The ring now runs on across the row loop."""
+    from tests.util import manual_ring_exp
+
+    monkeypatch.setenv("CIRCBUF_DEBUG_HANG", "2000000")  # a protocol bug is a named error, not a hang
+    fd = manual_ring_exp(128, stages, cb.Pipelined(war=war))
+    a = torch.randn(37, cols, device=DEV, dtype=torch.bfloat16)
+    (out,) = fd.execute([a])
+    assert_close(out, torch.exp(a.double()))
+
+
 @pytest.mark.parametrize("kind", ["softmax", "layer_norm", "rms_norm"])
 def test_rows_not_in_registers(kind):
     # rows short enough for registers, re-read from shared memory by every pass instead

@@ -3,6 +3,11 @@
 epilogues, every override set, and the SIMT path. Outputs are poisoned with
 NaN before each launch (conftest), so an unwritten element fails."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +18,7 @@ from tests.util import TORCH, D
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def check(out, ref, rel=1e-2):
@@ -260,3 +266,45 @@ def test_hypothesis_shapes(m, n, k8, kind):
     b = torch.randn((n, k) if kind == "linear" else (k, n), device=DEV, dtype=torch.bfloat16)
     (out,) = fd.execute([a, b])
     check(out, a.double() @ (b.double().T if kind == "linear" else b.double()))
+
+
+PINGPONG_BROKEN = textwrap.dedent(
+    """
+    import torch, circbuf as cb
+    import circbuf.lowering as L
+    from circbuf.lowering.kir import MBarrierArrive, rewrite
+    k = [i for i, (name, _) in enumerate(L.PASSES) if name == "turns"][0]
+    orig = L.PASSES[k][1]
+    def broken(kernel):  # the MMA turn is never handed over: the second warpgroup waits for ever
+        kernel = orig(kernel)
+        drop = lambda n: [] if isinstance(n, MBarrierArrive) and n.bar.name.endswith("_mma_turn") else None
+        kernel.body = rewrite(kernel.body, drop)
+        return kernel
+    L.PASSES[k] = ("turns", broken)
+    from tests.test_gpu_matmul import mm_fusion
+    fd = mm_fusion("matmul")
+    fd.fusion.schedule(pingpong=True)
+    a = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 2048, device="cuda", dtype=torch.bfloat16)
+    try:
+        fd.execute([a, b])
+        torch.cuda.synchronize()
+        print("NO ERROR")
+    except cb.CircbufError as e:
+        print("CIRCBUF_ERROR:", e)
+    """
+)
+
+
+def test_broken_pingpong_order_raises_instead_of_hanging():
+    env = dict(os.environ, CIRCBUF_DEBUG_HANG="20000", CIRCBUF_CACHE_DIR="")
+    r = subprocess.run(
+        [sys.executable, "-c", PINGPONG_BROKEN],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
+    assert "CIRCBUF_ERROR:" in r.stdout, r.stdout + r.stderr
+    assert "_mma_turn[" in r.stdout and "gave up" in r.stdout

@@ -453,6 +453,7 @@ class Wgmma(Node):
     warpgroup, the accumulator fragment starting at ``acc``; ``scale_d`` is
     0 for the first k step of a tile (D = A x B: no zeroing needed)."""
 
+    needs = TargetNeed("wgmma", 90, specific=True, exact=True)
     acc: TensorRef
     a: MmaOperand
     b: MmaOperand
@@ -469,6 +470,8 @@ class Wgmma(Node):
 class WgmmaFence(Node):
     """wgmma.fence: the accumulator registers are handed to the tensor cores."""
 
+    needs = TargetNeed("wgmma.fence", 90, specific=True, exact=True)
+
     def lines(self, ind):
         return ["  " * ind + "WGMMA_FENCE"]
 
@@ -477,6 +480,8 @@ class WgmmaFence(Node):
 class WgmmaCommit(Node):
     """Close this warpgroup's open group of wgmmas."""
 
+    needs = TargetNeed("wgmma.commit_group", 90, specific=True, exact=True)
+
     def lines(self, ind):
         return ["  " * ind + "WGMMA_COMMIT_GROUP"]
 
@@ -484,6 +489,8 @@ class WgmmaCommit(Node):
 @dataclass(eq=False)
 class WgmmaWait(Node):
     """Wait until at most ``pending`` wgmma groups of this warpgroup are in flight."""
+
+    needs = TargetNeed("wgmma.wait_group", 90, specific=True, exact=True)
 
     pending: int
 
