@@ -389,6 +389,7 @@ def decompose(fusion: Fusion) -> None:
     sum over K in the accumulator type, cast): the SIMT path.
 
     >>> # decompose(f)   # c = matmul(a, b)  ->  c = cast(sum(a[.., M, K, 1] * b[.., 1, K, N], K))
+    >>> # linear(x, w)   ->  cast(sum(x[.., M, 1, K] * w[1.., 1, N, K], K))  (an inner reduction)
     """
     e = _contractions(fusion)[0]
     a, b, bias = _operands(e)
@@ -398,31 +399,30 @@ def decompose(fusion: Fusion) -> None:
     af, bf = _cast(fusion, a, acc_t), _cast(fusion, b, acc_t)
     rank = c.ndim
     linear = isinstance(e, LinearOp)
-    # full product space [batch.., M?, K, N?]: out axes in order with K before N
+    # the product space: matmul [batch.., M?, K, N?] (K between, as b [K, N]
+    # lies); linear [batch.., M?, N?, K] (K last, as both x and w [N, K] lie)
     has_m = a.ndim > 1
     has_n = (b.ndim > 1) if not linear else (b.ndim == 2)
     nb = rank - int(has_m) - int(has_n)
-    kpos = nb + int(has_m)
+    space = ["B"] * nb + (["M"] if has_m else [])
+    space += ((["N"] if has_n else []) + ["K"]) if linear else (["K"] + (["N"] if has_n else []))
+    kpos = space.index("K")
     prod_rank = rank + 1
 
     def place(x, xf, roles):
-        # roles: per axis of x, "B<k>"/"M"/"N"/"K" -> position in the product space
-        pos = []
+        # roles: per axis of x, "B"/"M"/"N"/"K" -> its position in the product space
         xb = roles.count("B")
+        pos, seen_b = [], 0
         for r in roles:
             if r == "B":
-                pos.append(len([p for p in pos if p < nb]) + (nb - xb))
-            elif r == "M":
-                pos.append(nb)
-            elif r == "K":
-                pos.append(kpos)
+                pos.append(nb - xb + seen_b)
+                seen_b += 1
             else:
-                pos.append(kpos + 1)
+                pos.append(space.index(r))
+        assert pos == sorted(pos), (roles, space)
         flags = [True] * prod_rank
         for p in pos:
             flags[p] = False
-        if sorted(pos) != pos:  # linear's weight is [N, K]: K must come first
-            xf = _transpose_last2(fusion, xf)
         out = _new(fusion, [IterDomain(Const(1), IterType.Broadcast) for _ in range(prod_rank)], xf.dtype)
         src = iter(xf.domain.no_reductions())
         for k, f in enumerate(flags):
@@ -462,13 +462,6 @@ def _cast(fusion, x, dt):
     out = _new(fusion, _clone_axes(x.domain.no_reductions()), dt)
     CastOp(out, x)
     return out
-
-
-def _transpose_last2(fusion, x):
-    raise CircbufError(
-        f"{x.name}: a linear weight is contracted over its last axis; the SIMT path needs "
-        "a [K, N] weight (transpose it, or use matmul)"
-    )
 
 
 def _add_bias(fusion, val, bias, dt):
