@@ -23,6 +23,7 @@ from ..ir import (
     Un,
     UnaryOp,
     Var,
+    ViewExpr,
 )
 from .kir import (
     Allocate,
@@ -301,7 +302,7 @@ class CudaCodegen:
                 if e.op_name == "sum"
                 else f"cb::{'maximum' if e.op_name == 'max' else 'minimum'}({acc}, {x})"
             )
-        elif isinstance(e, (LoadStoreOp, BroadcastOp)):
+        elif isinstance(e, (LoadStoreOp, BroadcastOp, ViewExpr)):
             rhs = self.value(ops[0], dt)
         elif isinstance(e, CastOp):
             rhs = f"cb::cast<{dt.value}>({self.value(ops[0], e.inputs[0].dtype)})"

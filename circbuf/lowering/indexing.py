@@ -63,9 +63,13 @@ def loop_to_ids(tv: TensorView, loop_index: dict) -> dict:
 
 
 def logical_to_ids(tv: TensorView, logical_index: dict) -> dict:
-    """Forward: indices of tv's loop axes from its logical axes' indices."""
+    """Forward: indices of tv's loop axes from its logical axes' indices (a
+    reshape's root-to-logical transforms are behind the logical axes: skipped)."""
     idx = dict(logical_index)
+    view = {id(t) for t in tv.domain.view_transforms()}
     for t in transform_history(tv):
+        if id(t) in view:
+            continue
         if isinstance(t, Split):
             x = idx.get(t.in_.id, Const(0))
             f = t.inner.loop_extent
