@@ -107,7 +107,7 @@ class _Thread:
         b = self.buf(ref.tv)
         if ref.tv.memory_type == MemoryType.Global:
             assert 0 <= i < b.numel(), f"{ref.tv.name}[{i}] out of bounds ({b.numel()})"
-            b[i] = v
+            b[i] = torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v  # inf past fp32
         else:
             b[i] = v
 
@@ -158,7 +158,9 @@ class _Thread:
             return
         try:
             v = self.compute(a, dt)
-        except (ZeroDivisionError, OverflowError, ValueError):
+        except OverflowError:
+            v = float("inf")
+        except (ZeroDivisionError, ValueError):
             v = float("nan")  # garbage of a lane predicated off (a GPU gives inf/NaN too)
         self.store(a.lhs, _cast(v, dt) if not (isinstance(v, float) and math.isnan(v)) or dt.is_float else 0)
 

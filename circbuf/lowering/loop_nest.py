@@ -60,8 +60,11 @@ def _check_inline(p: TensorView, c: TensorView, k: int):
             f"{p.name} is inlined at position {p.compute_at_pos} into {c.name}, but loop axis {k} "
             f"differs: {a} vs {b} (transform both alike or lower the inline position)"
         )
-    if a.parallel_type != b.parallel_type and (
-        a.parallel_type.is_grid_or_block or b.parallel_type.is_grid_or_block
+    one = is_const(simplify(a.loop_extent), 1)  # one iteration, index 0 however it is bound
+    if (
+        not one
+        and a.parallel_type != b.parallel_type
+        and (a.parallel_type.is_grid_or_block or b.parallel_type.is_grid_or_block)
     ):
         raise CircbufError(
             f"{p.name} is inlined into {c.name} but axis {k} is parallelized differently: "
@@ -106,6 +109,8 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             members[r] = members.get(r, 0) + 1
     shared = {r for r, n in members.items() if n > 1}
 
+    # a circular buffer rotates over its loop even when fixed sizes give it one trip
+    rings = {uf.find(tv.loop[tv.circular_buffer_axis()].id) for tv in fusion.used_tvs() if tv.circular}
     launch: dict = {}
     counter = [0]
     body: list = []
@@ -142,7 +147,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             if pt == ParallelType.Bulk:  # the copy moves the whole box: index of its first element
                 index[ax.id] = Const(0)
                 continue
-            if (ax.is_broadcast and key not in shared) or is_const(ax.loop_extent, 1):
+            if (ax.is_broadcast and key not in shared) or (is_const(ax.loop_extent, 1) and key not in rings):
                 index[ax.id] = Const(0)
                 continue
             loop = None

@@ -347,6 +347,13 @@ def hoist_broadcasts(fusion: Fusion) -> None:
             continue
         src = e.inputs[0]
         d = src.definition
+        if type(d) is BroadcastOp and type(e) is BroadcastOp:  # broadcast(broadcast(x)): one broadcast
+            inner = iter(d.is_broadcast_dim)
+            flags = [f or next(inner) for f in e.is_broadcast_dim]
+            src.uses.remove(e)
+            BroadcastOp(e.out, d.inputs[0], flags)
+            hoist_broadcasts(fusion)
+            return
         view = isinstance(d, (PermuteOp, ExpandOp)) or (isinstance(d, ReshapeOp) and d.concrete)
         if view and any(e.is_broadcast_dim):
             _hoist_through_view(fusion, e, d)
