@@ -636,6 +636,19 @@ def test_vectorization_follows_the_real_strides():
     assert fd.last_params().vectorize_inputs == (False,) and fd.last_params().vectorize_outputs == (True,)
 
 
+def test_channels_last_pointwise_moves_16_byte_vectors():
+    with cb.FusionDefinition() as fd:
+        x = _t(fd, [-1, -1, -1, -1], dtype=D.BFloat16, stride_order=[3, 0, 2, 1])
+        b = _t(fd, [-1], dtype=D.BFloat16)
+        y = fd.ops.add(x, fd.ops.broadcast_in_dim(b, [-1, -1, -1, -1], [1]))
+        fd.add_output(fd.ops.cast(fd.ops.relu(y), D.BFloat16))
+    x = torch.randn(8, 64, 28, 28, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    ck = fd.compile([x, torch.randn(64, dtype=torch.bfloat16)], arch="sm_90a")
+    assert ck.params.vectorize == 8 and ck.params.vectorize_inputs == (True, False)
+    sass = ck.sass()
+    assert "LDG.E.128" in sass and "STG.E.128" in sass
+
+
 def test_outputs_are_allocated_in_their_stride_order():
     for perm in itertools.permutations(range(3)):  # nvFuser test_output_stride_order
         with cb.FusionDefinition() as fd:
