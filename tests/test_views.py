@@ -185,6 +185,12 @@ def _all_ones(fd):  # every axis size 1: broadcasts of broadcasts become one
     fd.add_output(fd.ops.mul(t, _t(fd, [-1, -1], stride_order=[0, 1])))
 
 
+def _squeeze_then_rank_broadcast(fd):
+    x, y = _t(fd, [-1, 1, -1]), _t(fd, [-1, -1, -1])
+    s = fd.ops.squeeze(fd.ops.exp(x), [1])
+    fd.add_output(fd.ops.add(fd.ops.broadcast_in_dim(s, [-1, -1, -1], [0, 2]), y))
+
+
 def _squeeze_intermediate(fd):
     x, y = _t(fd, [-1, 1, -1]), _t(fd, [-1, -1])
     fd.add_output(fd.ops.add(fd.ops.squeeze(fd.ops.exp(x), [1]), y))
@@ -309,6 +315,11 @@ CASES = {
         lambda x: [x - (x.sum(1) * 2).reshape(-1, 1)],
     ),
     "all_ones": (_all_ones, _shapes((1,), (1, 1)), lambda x, y: [x.exp().reshape(1, 1) * y]),
+    "squeeze_then_rank_broadcast": (
+        _squeeze_then_rank_broadcast,
+        _shapes((3, 1, 4), (3, 2, 4)),
+        lambda x, y: [x.exp() + y],
+    ),
     "squeeze_intermediate": (
         _squeeze_intermediate,
         _shapes((3, 1, 4), (3, 4)),

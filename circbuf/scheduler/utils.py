@@ -24,6 +24,7 @@ from ..ir import (
     ParallelType,
     PermuteOp,
     ReshapeOp,
+    SqueezeOp,
     TensorView,
     transform_history,
 )
@@ -354,7 +355,7 @@ def hoist_broadcasts(fusion: Fusion) -> None:
             BroadcastOp(e.out, d.inputs[0], flags)
             hoist_broadcasts(fusion)
             return
-        view = isinstance(d, (PermuteOp, ExpandOp)) or (isinstance(d, ReshapeOp) and d.concrete)
+        view = isinstance(d, (PermuteOp, ExpandOp, SqueezeOp)) or (isinstance(d, ReshapeOp) and d.concrete)
         if view and any(e.is_broadcast_dim):
             _hoist_through_view(fusion, e, d)
             hoist_broadcasts(fusion)
@@ -400,6 +401,18 @@ def _hoist_through_view(fusion: Fusion, e: BroadcastOp, d) -> None:
     new_pos = [k for k, f in enumerate(e.is_broadcast_dim) if f]
     if isinstance(d, ExpandOp):  # positional: broadcast x at e's positions
         flags = list(e.is_broadcast_dim)
+    elif isinstance(d, SqueezeOp):  # the new axes where e puts them, squeezed axes kept in between
+        flags, squeezed, xi = [], [], 0
+        for f in e.is_broadcast_dim + [False]:
+            while xi < len(xs) and xi in d.dims:
+                squeezed.append(len(flags))
+                flags.append(False)
+                xi += 1
+            if f:
+                flags.append(True)
+            elif xi < len(xs):
+                flags.append(False)
+                xi += 1
     else:
         flags = [False] * len(xs) + [True] * len(new_pos)
     src_ids = iter(xs)
@@ -418,6 +431,8 @@ def _hoist_through_view(fusion: Fusion, e: BroadcastOp, d) -> None:
     e.inputs[0].uses.remove(e)  # d stays, for src's other consumers
     if isinstance(d, ExpandOp):
         ExpandOp(out, bx)
+    elif isinstance(d, SqueezeOp):
+        SqueezeOp(out, bx, squeezed)
     elif isinstance(d, PermuteOp):
         dims = [0] * len(out.logical)
         for s, k in enumerate(src_pos):
