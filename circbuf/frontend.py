@@ -59,15 +59,34 @@ class FusionDefinition:
         return False
 
     # ------------------------------------------------------------ inputs
-    def define_tensor(self, shape, dtype=DataType.Float, contiguity=None) -> TensorView:
-        """A tensor input. ``-1`` marks a symbolic extent, ``1`` a broadcast axis,
-        other ints a fixed extent. ``contiguity`` (per axis, True/False/None)
-        is checked against the tensors passed at run time.
+    def define_tensor(
+        self, shape, contiguity=None, dtype=DataType.Float, is_cpu=False, stride_order=None
+    ) -> TensorView:
+        """A tensor input, with nvFuser's arguments. ``-1`` marks a symbolic
+        extent, ``1`` a broadcast axis, other ints a fixed extent.
+        ``stride_order[d]`` ranks axis ``d``'s stride (larger = larger
+        stride; default row-major ``[n-1, ..., 0]``; channels-last NCHW is
+        ``[3, 0, 2, 1]``). ``contiguity`` (True/False/None per axis, in
+        stride order, outermost first, as nvFuser gives it) is checked
+        against the tensors passed at run time. For code written against
+        circbuf's earlier ``define_tensor(shape, dtype)``, a DataType in
+        second place is taken as the dtype.
 
         >>> fd = FusionDefinition(); t = fd.define_tensor([-1, 4])
+        >>> x = fd.define_tensor([-1, -1, -1, -1], stride_order=[3, 0, 2, 1])  # channels-last
         """
+        if isinstance(contiguity, DataType):
+            contiguity, dtype = (dtype if isinstance(dtype, (list, tuple)) else None), contiguity
         if not isinstance(dtype, DataType):
             raise CircbufError(f"define_tensor: dtype must be a circbuf DataType, got {dtype!r}")
+        if is_cpu:
+            raise CircbufError("define_tensor: CPU scalar tensors (is_cpu=True) are not supported")
+        if stride_order is not None:
+            stride_order = list(stride_order)
+            if sorted(stride_order) != list(range(len(shape))):
+                raise CircbufError(
+                    f"define_tensor: stride_order {stride_order} is not a permutation of 0..{len(shape) - 1}"
+                )
         ids = []
         for k, s in enumerate(shape):
             if not isinstance(s, int) or isinstance(s, bool) or s < -1:
@@ -83,6 +102,7 @@ class FusionDefinition:
                 f"define_tensor: contiguity has {len(contiguity)} entries for {len(shape)} axes"
             )
         tv = self.fusion.register(TensorView(ids, dtype, contiguity=contiguity or [None] * len(ids)))
+        tv.domain.stride_order = stride_order
         self.fusion.add_input(tv)
         return tv
 
@@ -104,8 +124,10 @@ class FusionDefinition:
         self.fusion.add_input(v)
         return v
 
-    def add_output(self, tv: TensorView):
-        self.fusion.add_output(tv)
+    def add_output(self, tv: TensorView, alias_input: TensorView | None = None):
+        """An output; with ``alias_input``, written in place into that input and
+        not returned (nvFuser's semantics), e.g. a running-statistics update."""
+        self.fusion.add_output(tv, alias_input)
 
     # --------------------------------------------------------- execution
     def _get_executor(self):
@@ -152,6 +174,28 @@ def _concrete_extent(i: IterDomain):
     if not i.is_broadcast:
         return i.extent
     return i.expanded_extent
+
+
+def _same_axis(i: IterDomain) -> IterDomain:
+    """A new axis like ``i`` (extent, type, expanded extent) for a view's output."""
+    o = IterDomain(i.extent, i.iter_type)
+    o.expanded_extent = i.expanded_extent
+    return o
+
+
+def _shape_entry(s, what):
+    """A shape entry as an extent: ints (``-1``: None), integer scalars."""
+    if isinstance(s, bool):
+        raise CircbufError(f"{what}: {s!r} is not an extent")
+    if isinstance(s, int):
+        if s < -1:
+            raise CircbufError(f"{what}: extent {s} must be -1 or >= 0")
+        return None if s == -1 else Const(s)
+    if isinstance(s, Scalar):
+        if not s.dtype.is_int:
+            raise CircbufError(f"{what}: extent {s} must be an integer scalar, it is {s.dtype.name}")
+        return s
+    raise CircbufError(f"{what}: {s!r} is neither an int nor an integer scalar")
 
 
 def _scalar_dtype(x):
@@ -813,10 +857,201 @@ class Ops:
             return self._full_extent(int(s.value), k)
         if isinstance(s, Var) and s in self._f.extent_vars:
             return s
-        # a run-time size: a new extent the runtime evaluates from the scalar inputs
-        v = self._f.new_extent()
-        self._f.extent_definitions[v.name] = s
+        # a run-time size: a named extent the runtime (and the kernel) compute from the scalar inputs
+        return self._f.derived_extent(s)
+
+    # ------------------------------------------------------------- views
+    # Views re-index their input's elements: no arithmetic, and no copy in
+    # the math. Each is an expr whose output axes map to the input's (see
+    # circbuf.ir.nodes.ViewExpr), so they fuse with what surrounds them.
+    def _view_input(self, t, what):
+        self._check(t)
+        if not _is_tv(t):
+            raise CircbufError(f"{what}: operand must be a tensor, got {t!r}")
+        return t
+
+    def size(self, t, dim: int) -> Scalar:
+        """Extent of axis ``dim`` of ``t`` (a scalar to build shapes from)."""
+        return self._view_input(t, "size").size(dim)
+
+    def shape(self, t) -> list:
+        """Extents of ``t``'s axes."""
+        return self._view_input(t, "shape").shape()
+
+    def permute(self, t, dims):
+        """Reorder axes: output axis ``k`` is input axis ``dims[k]`` (torch.permute).
+
+        >>> # ops.permute(x, [0, 2, 1, 3])   # [B, S, H, D] -> [B, H, S, D]
+        """
+        from .ir import PermuteOp
+
+        t = self._view_input(t, "permute")
+        n = t.ndim
+        try:
+            perm = [d % n if isinstance(d, int) and -n <= d < n else None for d in dims]
+        except TypeError:
+            perm = [None]
+        if sorted(p for p in perm if p is not None) != list(range(n)) or len(perm) != n:
+            raise CircbufError(
+                f"permute: dims {list(dims)} are not a permutation of the {n} axes of {t.name}"
+            )
+        src = t.domain.no_reductions()
+        out = self._new([_same_axis(src[d]) for d in perm], t.dtype)
+        PermuteOp(out, t, perm)
+        return out
+
+    def squeeze(self, t, dims, squeeze_expanded=False):
+        """Drop axes ``dims``, each of extent 1: a broadcast axis, a fixed 1,
+        or a symbolic extent (then the inputs must give it size 1). An
+        expanded broadcast axis only with ``squeeze_expanded=True``.
+
+        >>> # ops.squeeze(x, [1])   # [N, 1, C] -> [N, C]
+        """
+        t = self._view_input(t, "squeeze")
+        dims = self._dims(t, dims, "squeeze")
+        src = t.domain.no_reductions()
+        for d in dims:
+            i = src[d]
+            if i.is_broadcast:
+                if i.expanded_extent is not None and not squeeze_expanded:
+                    raise CircbufError(
+                        f"squeeze: axis {d} of {t.name} is a broadcast expanded to {i.expanded_extent}; "
+                        "pass squeeze_expanded=True to drop it"
+                    )
+            elif isinstance(i.extent, Const):
+                if i.extent.value != 1:
+                    raise CircbufError(f"squeeze: axis {d} of {t.name} has extent {i.extent}, not 1")
+            else:
+                self._f.require_equal(i.extent, Const(1), f"squeeze of axis {d} of {t.name}")
+        return self._squeeze(t, dims)
+
+    def _squeeze(self, t, dims):
+        from .ir import SqueezeOp
+
+        if not dims:
+            return t
+        src = t.domain.no_reductions()
+        out = self._new([_same_axis(i) for k, i in enumerate(src) if k not in dims], t.dtype)
+        SqueezeOp(out, t, dims)
+        return out
+
+    def expand(self, t, shape):
+        """Give broadcast axes of ``t`` the extents in ``shape`` (``-1`` keeps
+        an axis as it is); other axes keep their extent (torch.expand).
+
+        >>> # ops.expand(b, [-1, 8])   # [N, 1] -> [N, 8]
+        """
+        from .ir import ExpandOp
+
+        t = self._view_input(t, "expand")
+        src = t.domain.no_reductions()
+        if len(shape) != len(src):
+            raise CircbufError(
+                f"expand: shape {list(shape)} has {len(shape)} entries, {t.name} has {len(src)} axes"
+            )
+        ids = []
+        for d, (i, s) in enumerate(zip(src, shape)):
+            ext = _shape_entry(s, f"expand: entry {d}")
+            o = _same_axis(i)
+            ids.append(o)
+            if ext is None:
+                continue
+            if i.is_broadcast:
+                if not is_const(ext, 1):
+                    o.expanded_extent = ext
+                continue
+            if ext == i.extent:
+                continue
+            if isinstance(ext, Const) and isinstance(i.extent, Const):
+                raise CircbufError(
+                    f"expand: axis {d} of {t.name} has extent {i.extent} and is not a broadcast; "
+                    f"cannot expand it to {ext}"
+                )
+            self._f.require_equal(i.extent, ext, f"expand of axis {d} of {t.name} (not a broadcast)")
+        out = self._new(ids, t.dtype)
+        ExpandOp(out, t)
+        return out
+
+    def reshape(self, t, new_shape):
+        """``t`` viewed with ``new_shape`` (row-major, as torch.reshape).
+        Entries: ints, one ``-1`` (inferred), or integer scalars: fusion
+        scalar inputs or extents of tensors (``ops.size(x, 0)``). A reshape
+        is a view: splits and merges of ``t``'s axes, fused with what
+        surrounds it (see :class:`circbuf.ir.nodes.ReshapeOp`).
+
+        >>> # ops.reshape(x, [-1, 64])   # [B, S, 64*k] -> [B*S*k, 64]
+        """
+        from .ir import ReshapeOp
+        from .ir.view import concretize
+
+        t = self._view_input(t, "reshape")
+        if not isinstance(new_shape, (list, tuple)):
+            raise CircbufError(f"reshape: new_shape must be a list, got {new_shape!r}")
+        exts = [
+            _shape_entry(s, f"reshape: entry {k} of new_shape {list(new_shape)}")
+            for k, s in enumerate(new_shape)
+        ]
+        if sum(e is None for e in exts) > 1:
+            raise CircbufError(f"reshape: new_shape {list(new_shape)} has more than one -1")
+        numel = Const(1)
+        for i in t.domain.no_reductions():
+            numel = numel * (_concrete_extent(i) or Const(1))
+        known = Const(1)
+        for e in exts:
+            if e is not None:
+                known = known * e
+        if None in exts:
+            if isinstance(numel, Const) and isinstance(known, Const):
+                if known.value == 0 or numel.value % known.value:
+                    raise CircbufError(
+                        f"reshape: cannot infer the -1 of {list(new_shape)} for {t.name} "
+                        f"({numel.value} elements)"
+                    )
+                inferred = Const(numel.value // known.value)
+            else:
+                inferred = numel // known
+            exts[exts.index(None)] = inferred
+        elif isinstance(numel, Const) and isinstance(known, Const) and numel.value != known.value:
+            raise CircbufError(
+                f"reshape: {t.name} has {numel.value} elements, new_shape {list(new_shape)} has {known.value}"
+            )
+        # every extent a tensor carries is a name or a constant: a computed
+        # one (the -1, x.size(0) * 2) gets a name standing for it
+        # (sizes known only at run time are checked when the reshape is concretized)
+        exts = [e if isinstance(e, (Const, Var)) else self._f.derived_extent(e) for e in exts]
+        # a 1 in the new shape is a broadcast axis (as nvFuser makes it); the
+        # reshape maps the input's broadcast axes to these, one for one, so the
+        # input gets any it lacks (a broadcast hoists to where it is cheap)
+        plain = sum(i.is_broadcast and i.expanded_extent is None for i in t.domain.no_reductions())
+        more = sum(is_const(e, 1) for e in exts) - plain
+        if more > 0:
+            t = self._broadcast(t, [True] * more + [False] * t.ndim)
+        v = self._new(
+            [IterDomain(e, IterType.Broadcast if is_const(e, 1) else IterType.Iteration) for e in exts],
+            t.dtype,
+        )
+        op = ReshapeOp(v, t)
+        sizes = [i.loop_extent for i in t.domain.no_reductions()] + [i.extent for i in v.logical]
+        if all(isinstance(x, Const) for x in sizes):  # fixed sizes: concrete now
+            n = t.ndim
+            concretize(op, [x.value for x in sizes[:n]], [x.value for x in sizes[n:]])
         return v
+
+    def stride_order(self, t, stride_order):
+        """A copy of ``t`` allocated with ``stride_order`` (nvFuser's
+        convention: ``stride_order[d]`` ranks axis ``d``'s stride, larger =
+        larger stride). Matters for outputs: they are allocated in that order.
+
+        >>> # fd.add_output(ops.stride_order(y, [3, 0, 2, 1]))   # channels-last NCHW output
+        """
+        t = self._view_input(t, "stride_order")
+        order = list(stride_order)
+        if sorted(order) != list(range(t.ndim)):
+            raise CircbufError(f"stride_order: {order} is not a permutation of 0..{t.ndim - 1} for {t.name}")
+        out = self._new([_same_axis(i) for i in t.domain.no_reductions()], t.dtype)
+        out.domain.stride_order = order
+        LoadStoreOp(out, t)
+        return out
 
     # -------------------------------------------------------- reductions
     def _dims(self, t, dims, what):

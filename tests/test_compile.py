@@ -84,12 +84,16 @@ def test_matmul_linear_broadcast_fusions_compile():
 
 def test_noncontiguous_inputs_use_runtime_strides():
     fd = axpy_fusion(D.Float, 2)
-    x = torch.randn(64, 48).t()
+    x = torch.randn(48, 80)[:, :64]  # rows 80 apart
     ck = fd.compile([x, x], arch="sm_90a")
-    assert "T0.stride[" in ck.cuda
+    assert "T0.stride[0]" in ck.cuda and "T0.stride[1]" not in ck.cuda
     ck2 = fd.compile([torch.randn(48, 64)] * 2, arch="sm_90a")
     assert "T0.stride[" not in ck2.cuda
     check_clean(ck)
+    # a dense permuted layout (a transpose) has strides the kernel computes from extents
+    t = torch.randn(64, 48).t()
+    ck3 = fd.compile([t, t], arch="sm_90a")
+    assert "T0.stride[" not in ck3.cuda and ck3.kernel.strides[("T0", 0)] == cb.ir.Const(1)
 
 
 def test_disk_cache_reuses_cubins(tmp_path, monkeypatch):

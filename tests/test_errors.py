@@ -170,7 +170,7 @@ def test_zero_dim_outputs_of_reductions_compile_and_others_are_refused():
     body = ck.cuda.split("end of prelude")[1]
     assert "if ((((index_t)threadIdx.x) == 0)) {\n    T1.data[0] = T2[0];" in body
     assert plan.grid == (1, 1, 1) and not plan.empty
-    shape, dtype = plan.out_specs[0]
+    shape, dtype = plan.out_specs[0][:2]
     out = torch.empty(*shape, dtype=dtype)  # as the plan allocates it
     assert out.shape == () and dtype == torch.float32
     # the argument buffer: the input {T* data; size[1]; stride[1]}, then the 0-dim output {T* data}

@@ -9,6 +9,7 @@ from .nodes import (
     BinaryOp,
     BroadcastOp,
     CastOp,
+    ExpandOp,
     Expr,
     FullOp,
     LinearOp,
@@ -16,14 +17,19 @@ from .nodes import (
     MatmulOp,
     MemoryType,
     MmaOp,
+    PermuteOp,
     ReductionOp,
+    ReshapeOp,
+    SqueezeOp,
     TensorDomain,
     TensorView,
     TernaryOp,
     UnaryOp,
+    ViewExpr,
     reduction_init,
 )
 from .scalar import Bin, Const, Scalar, Un, Var, as_scalar, ceil_div, evaluate, simplify
+from .view import concretize_reshapes, reshape_groups
 
 __all__ = [
     "Pipelined",
@@ -43,6 +49,7 @@ __all__ = [
     "BinaryOp",
     "BroadcastOp",
     "CastOp",
+    "ExpandOp",
     "Expr",
     "FullOp",
     "LoadStoreOp",
@@ -50,11 +57,15 @@ __all__ = [
     "MatmulOp",
     "MmaOp",
     "MemoryType",
+    "PermuteOp",
     "ReductionOp",
+    "ReshapeOp",
+    "SqueezeOp",
     "TensorDomain",
     "TensorView",
     "TernaryOp",
     "UnaryOp",
+    "ViewExpr",
     "reduction_init",
     "Bin",
     "Const",
@@ -65,4 +76,6 @@ __all__ = [
     "ceil_div",
     "evaluate",
     "simplify",
+    "concretize_reshapes",
+    "reshape_groups",
 ]

@@ -23,12 +23,14 @@ class Fusion:
         self.extent_vars: list[Var] = []
         # (a, b): the user promised these symbolic extents are equal (checked at run time)
         self.extent_equalities: list[tuple[Scalar, Scalar]] = []
-        # extents no input tensor has: name -> a scalar expression of the
-        # scalar inputs (``full([n, 4], ...)`` with ``n`` a fusion scalar)
-        self.extent_definitions: dict[str, Scalar] = {}
+        self.equality_reasons: dict[tuple[str, str], str] = {}  # (a, b) -> what requires it
         # what execute returns, in add_output order: ("output", k) is
         # outputs[k]; ("input", k) is inputs[k] itself, returned unchanged
         self.returns: list[tuple[str, int]] = []
+        # outputs[k] is written in place into inputs[aliases[k]] (add_output(alias_input=))
+        self.aliases: dict[int, int] = {}
+        # extent name -> the expression it stands for (a reshape's -1 or computed sizes)
+        self.derived_extents: dict[str, Scalar] = {}
         self.schedule_overrides: dict = {}
         # set by the frontend: overrides -> (overrides, deprecation notes), raising on
         # names no scheduler of this fusion takes (the ir cannot ask the schedulers)
@@ -64,26 +66,86 @@ class Fusion:
         self.extent_vars.append(v)
         return v
 
+    def require_equal(self, a: Scalar, b: Scalar, reason: str) -> None:
+        """Extents ``a`` and ``b`` must be equal at run time, because of ``reason``
+        (named in the error when they are not)."""
+        self.extent_equalities.append((a, b))
+        self.equality_reasons[(str(a), str(b))] = reason
+
+    def derived_extent(self, expr: Scalar) -> Var:
+        """A new extent name for ``expr`` (e.g. a reshape's ``-1``): tensors
+        carry the name, so axes of one size compare equal; the runtime
+        computes its value from ``expr``."""
+        v = self.new_extent()
+        self.derived_extents[v.name] = expr
+        return v
+
     def add_input(self, x):
         if isinstance(x, TensorView):
             x.is_input = True
         self.inputs.append(x)
 
-    def add_output(self, tv: TensorView):
+    def add_output(self, tv: TensorView, alias_input: TensorView | None = None):
         """Make ``tv`` an output. A fusion input returned as an output is
-        returned as is (the same tensor, as nvFuser does), not copied."""
+        returned as is (the same tensor, as nvFuser does), not copied; a
+        tensor added twice is returned twice.
+
+        ``alias_input``: write ``tv`` in place into that input (running
+        statistics, optimizer updates) and do not return it, as nvFuser
+        does; adding ``tv`` again without it returns the updated input.
+
+        >>> # fd.add_output(fd.ops.add(rm, d), alias_input=rm)   # rm += d
+        """
         if not isinstance(tv, TensorView):
             raise CircbufError(f"add_output: fusion outputs are tensors; {tv} is a scalar")
         if tv.fusion is not self:
             raise CircbufError(f"add_output: {tv.name} is not a tensor of this fusion")
+        if alias_input is not None:
+            self._alias(tv, alias_input)
+            return
         if tv.is_input:
             self.returns.append(("input", self.inputs.index(tv)))
             return
-        if tv in self.outputs:
-            raise CircbufError(f"add_output: {tv.name} is already an output")
-        tv.memory_type = MemoryType.Global
-        self.outputs.append(tv)
-        self.returns.append(("output", len(self.outputs) - 1))
+        if tv not in self.outputs:
+            tv.memory_type = MemoryType.Global
+            if tv.domain.stride_order is None:
+                tv.domain.stride_order = _elementwise_layout(tv)
+            self.outputs.append(tv)
+        self.returns.append(("output", self.outputs.index(tv)))
+
+    def _alias(self, tv: TensorView, x: TensorView):
+        what = f"add_output({tv.name}, alias_input={getattr(x, 'name', x)})"
+        if not isinstance(x, TensorView) or x.fusion is not self or not x.is_input:
+            raise CircbufError(f"{what}: alias_input must be a tensor input of this fusion")
+        if tv.is_input:
+            raise CircbufError(f"{what}: {tv.name} is an input; an aliased output is computed")
+        if x.dtype != tv.dtype:
+            raise CircbufError(
+                f"{what}: dtypes differ ({tv.dtype.name} vs {x.dtype.name}); cast {tv.name} to "
+                f"{x.dtype.name} first"
+            )
+        if tv.ndim != x.ndim:
+            raise CircbufError(f"{what}: ranks differ ({tv.ndim} vs {x.ndim})")
+        k_in = self.inputs.index(x)
+        if k_in in self.aliases.values():
+            raise CircbufError(f"{what}: {x.name} already receives another output")
+        for d, (a, b) in enumerate(zip(tv.domain.no_reductions(), x.logical)):
+            if a.is_broadcast and a.expanded_extent is not None and not b.is_broadcast:
+                raise CircbufError(
+                    f"{what}: axis {d} of {tv.name} is an expanded broadcast; "
+                    f"the kernel would write one element of {x.name}'s {b.extent}"
+                )
+            if a.extent == b.extent:
+                continue
+            from .scalar import Const
+
+            if isinstance(a.extent, Const) and isinstance(b.extent, Const):
+                raise CircbufError(f"{what}: axis {d} has extent {a.extent} vs {b.extent}")
+            self.require_equal(b.extent, a.extent, f"{tv.name} written in place into {x.name}")
+        if tv not in self.outputs:
+            tv.memory_type = MemoryType.Global
+            self.outputs.append(tv)
+        self.aliases[self.outputs.index(tv)] = k_in
 
     # -------------------------------------------------------- traversal
     def exprs(self) -> list[Expr]:
@@ -136,6 +198,11 @@ class Fusion:
                 if kind == "output"
                 else f"  {self.inputs[k].name} (input, returned as is)"
             )
+        for k, j in self.aliases.items():
+            lines.append(f"  {self.outputs[k].name} -> {self.inputs[j].name} (in place, not returned)")
+        if self.derived_extents:
+            lines.append("Extents:")
+            lines += [f"  {name} = {e}" for name, e in self.derived_extents.items()]
         lines.append("")
         lines.append("%kernel_math {")
         lines += [f"  {e}" for e in self.exprs()]
@@ -174,6 +241,33 @@ class Fusion:
 
     def __str__(self):
         return self.print_math()
+
+
+_ELEMENTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp")
+
+
+def _elementwise_layout(tv: TensorView):
+    """The stride order an output inherits from the inputs it is computed
+    from elementwise (as torch keeps channels-last through pointwise ops and
+    nvFuser infers allocation orders): that of every input of ``tv``'s rank
+    reached through elementwise exprs only, when they agree and are not
+    row-major; else None (row-major)."""
+    orders, todo, seen = set(), [tv], set()
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.is_input:
+            if t.ndim == tv.ndim:
+                orders.add(tuple(t.domain.stride_order) if t.domain.stride_order is not None else None)
+            continue
+        d = t.definition
+        if d is not None and type(d).__name__ in _ELEMENTWISE:
+            todo += [x for x in d.tv_inputs() if x.ndim == tv.ndim]
+    if len(orders) == 1 and None not in orders:
+        return list(orders.pop())
+    return None
 
 
 class ScheduleRequest(dict):

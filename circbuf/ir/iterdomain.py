@@ -125,11 +125,14 @@ class IterDomain:
 
 class Split:
     """``in -> outer, inner``; ``factor`` sizes the inner axis (or the outer one
-    when ``inner_split`` is False)."""
+    when ``inner_split`` is False). An ``exact`` split (a reshape's) divides
+    its input exactly: ``outer * inner`` is the input's extent, symbolic
+    factors allowed, nothing to predicate."""
 
-    def __init__(self, in_, outer, inner, factor, inner_split):
+    def __init__(self, in_, outer, inner, factor, inner_split, exact=False):
         self.in_, self.outer, self.inner = in_, outer, inner
         self.factor, self.inner_split = factor, inner_split
+        self.exact = exact
 
     @property
     def inputs(self):
@@ -141,11 +144,13 @@ class Split:
 
     def divisible(self) -> bool:
         """True when the split provably creates no out-of-range iterations."""
+        if self.exact:
+            return True
         ext = self.in_.loop_extent
         return isinstance(ext, Const) and ext.value % self.factor == 0
 
     def __str__(self):
-        kind = "inner" if self.inner_split else "outer"
+        kind = "exact" if self.exact else "inner" if self.inner_split else "outer"
         return f"Split({self.in_}, factor={self.factor}, {kind}) -> {self.outer}, {self.inner}"
 
 
@@ -198,6 +203,34 @@ def merge(outer: IterDomain, inner: IterDomain) -> IterDomain:
     if it == IterType.Broadcast:
         if outer.expanded_extent is not None or inner.expanded_extent is not None:
             out.extent, out.expanded_extent = Const(1), ext
+    Merge(outer, inner, out).attach()
+    return out
+
+
+def exact_split(id_: IterDomain, outer_extent, inner_extent, outer=None, inner=None):
+    """Split ``id_`` into axes of the given extents, whose product is its
+    extent (a reshape, checked when the sizes are known); returns (outer,
+    inner). ``outer``/``inner`` name existing axes to use as the outputs.
+
+    >>> from circbuf.ir.scalar import Var
+    >>> o, i = exact_split(IterDomain(Var("i0")), Var("i1"), 4)
+    >>> str(o.extent), str(i.extent), o.definition.divisible()
+    ('i1', '4', True)
+    """
+    outer = outer if outer is not None else IterDomain(outer_extent, id_.iter_type)
+    inner = inner if inner is not None else IterDomain(inner_extent, id_.iter_type)
+    Split(id_, outer, inner, inner.extent, True, exact=True).attach()
+    return outer, inner
+
+
+def exact_merge(outer: IterDomain, inner: IterDomain, extent=None, out=None) -> IterDomain:
+    """Merge two axes into one of ``extent`` (default: the product), or into
+    the existing axis ``out``; a reshape's merge."""
+    if out is None:
+        it = IterType.Broadcast if outer.is_broadcast and inner.is_broadcast else IterType.Iteration
+        if IterType.Reduction in (outer.iter_type, inner.iter_type):
+            it = IterType.Reduction
+        out = IterDomain(extent if extent is not None else outer.loop_extent * inner.loop_extent, it)
     Merge(outer, inner, out).attach()
     return out
 

@@ -17,7 +17,16 @@ from enum import Enum
 
 from .dtype import DataType
 from .errors import CircbufError
-from .iterdomain import IterDomain, IterType, ParallelType, merge, split
+from .iterdomain import (
+    IterDomain,
+    IterType,
+    ParallelType,
+    Split,
+    exact_merge,
+    exact_split,
+    merge,
+    split,
+)
 from .scalar import Const, Scalar
 
 
@@ -28,18 +37,110 @@ class MemoryType(Enum):
 
 
 class TensorDomain:
-    """Logical axes (the shape), loop axes (after transforms), contiguity."""
+    """The axes of a tensor, from what its producer maps to down to the loops:
 
-    def __init__(self, logical, contiguity=None):
+    - ``root``: the axes the producer's axes map to. The logical axes for
+      every tensor but a reshape's output, whose logical axes are made from
+      its root axes by exact splits and merges (:class:`ReshapeOp`);
+    - ``logical``: the shape;
+    - ``loop``: the logical axes after the scheduler's splits, merges and reorders;
+    - ``stride_order`` (nvFuser's convention): ``stride_order[d]`` ranks the
+      stride of non-reduction axis ``d``, larger = larger stride; None is
+      row-major (``[n-1, ..., 1, 0]``). Memory layout of global tensors only;
+    - ``contiguity``: per axis in allocation order (outermost first), True
+      when its stride is the next inner axis' stride times that axis' extent.
+    """
+
+    def __init__(self, logical, contiguity=None, stride_order=None):
         self.logical: list[IterDomain] = list(logical)
         self.loop: list[IterDomain] = list(logical)
         self.contiguity = list(contiguity) if contiguity is not None else [True] * len(logical)
-        # a global tensor's logical axes in memory order (outer to inner), when
-        # that is not the logical order (a transposed view); None: row-major
+        # a shared buffer's allocation domain (IterDomains of its transforms,
+        # outer to inner) when it is not its loop axes right of compute-at
         self.allocation: list[IterDomain] | None = None
+        self.stride_order = list(stride_order) if stride_order is not None else None
+        self._root: list[IterDomain] | None = None
+
+    @property
+    def root(self) -> list[IterDomain]:
+        return self._root if self._root is not None else self.logical
+
+    @root.setter
+    def root(self, axes):
+        self._root = list(axes)
+
+    @property
+    def has_root(self) -> bool:
+        """True for a reshape's output: its logical axes are derived from root axes."""
+        return self._root is not None
 
     def no_reductions(self) -> list[IterDomain]:
         return [i for i in self.logical if not i.is_reduction]
+
+    def allocation_order(self) -> list[int]:
+        """Positions of the non-reduction axes in memory order, outermost first.
+
+        >>> from circbuf.ir.scalar import Const
+        >>> TensorDomain([IterDomain(Const(2))] * 3, stride_order=[2, 0, 1]).allocation_order()
+        [0, 2, 1]
+        """
+        n = len(self.no_reductions())
+        if self.stride_order is None:
+            return list(range(n))
+        return sorted(range(n), key=lambda d: -self.stride_order[d])
+
+    def view_transforms(self) -> list:
+        """The exact splits and merges from root to logical axes, in order (empty
+        unless ``has_root``)."""
+        if not self.has_root:
+            return []
+        roots = {id(i) for i in self._root}
+        seen, out = set(), []
+
+        def visit(i):
+            d = i.definition
+            if d is None or id(i) in roots or id(d) in seen:
+                return
+            for x in d.inputs:
+                visit(x)
+            seen.add(id(d))
+            out.append(d)
+
+        for i in self.logical:
+            visit(i)
+        return out
+
+    def view_ids(self) -> list[IterDomain]:
+        """Root axes and the axes between them and the logical ones."""
+        out = {id(i): i for i in self.root}
+        for t in self.view_transforms():
+            for i in t.inputs + t.outputs:
+                out.setdefault(id(i), i)
+        return list(out.values())
+
+    def clone(self) -> TensorDomain:
+        """A copy with fresh axes: root axes cloned, the view transforms replayed
+        on them, loop = logical. Axes keep extents, types and positions."""
+        if not self.has_root:
+            d = TensorDomain([i.clone() for i in self.logical], self.contiguity, self.stride_order)
+            return d
+        new = {id(i): i.clone() for i in self._root}
+        for t in self.view_transforms():
+            if isinstance(t, Split):
+                exact_split(
+                    new[id(t.in_)],
+                    None,
+                    None,
+                    outer=new.setdefault(id(t.outer), t.outer.clone()),
+                    inner=new.setdefault(id(t.inner), t.inner.clone()),
+                )
+            else:
+                exact_merge(new[id(t.outer)], new[id(t.inner)], out=new.setdefault(id(t.out), t.out.clone()))
+        d = TensorDomain(
+            [new.get(id(i)) or i.clone() for i in self.logical], self.contiguity, self.stride_order
+        )
+        d.root = [new[id(i)] for i in self._root]
+        return d
 
 
 class TensorView:
@@ -160,31 +261,20 @@ class TensorView:
     compute_at = inline_at
 
     def set_allocation(self, order) -> TensorView:
-        """The allocation domain: how the tensor lies in memory.
+        """The allocation domain of a shared buffer: IterDomains of its
+        transforms (logical, split or merged axes), outermost first; the
+        buffer is row-major over them instead of over its loop axes right of
+        the compute-at position (a [rows][cols] staging tile whose threads own
+        the wgmma fragment layout). Global tensors lie as their strides say
+        (the kernel is specialized for their memory order).
 
-        - A global tensor: ``order`` lists logical axis positions, outermost
-          first (``[1, 0]``: a transposed view, axis 0 contiguous); tensor
-          maps follow it.
-        - A shared buffer: ``order`` lists IterDomains of its transforms
-          (logical, split or merged axes), outermost first; the buffer is
-          row-major over them instead of over its loop axes right of the
-          compute-at position (a [rows][cols] staging tile whose threads
-          own the wgmma fragment layout).
-
-        >>> # a.set_allocation([1, 0])   # A given as B.T: M is contiguous
+        >>> # cs.set_allocation([warpgroup_axis, row_axis, col_axis])
         """
-        if self.memory_type == MemoryType.Global:
-            n = len(self.logical)
-            if sorted(order) != list(range(n)):
-                raise CircbufError(
-                    f"set_allocation({self.name}): {list(order)} is not a permutation of {n} axes"
-                )
-            self.domain.allocation = (
-                None if list(order) == list(range(n)) else [self.logical[k] for k in order]
-            )
-            return self
         if self.memory_type != MemoryType.Shared:
-            raise CircbufError(f"set_allocation({self.name}): registers are laid out by their loop axes")
+            raise CircbufError(
+                f"set_allocation({self.name}): only shared buffers take an allocation domain "
+                f"(it is {self.memory_type.name})"
+            )
         from .fusion import transform_history
 
         known = {i.id for i in self.logical}
@@ -197,11 +287,6 @@ class TensorView:
                 )
         self.domain.allocation = list(order)
         return self
-
-    def memory_position(self) -> dict:
-        """{logical position: position in memory order} (row-major unless set_allocation said otherwise)."""
-        order = self.domain.allocation or self.logical
-        return {self.logical.index(ax): k for k, ax in enumerate(order)}
 
     def set_memory_type(self, mt: MemoryType) -> TensorView:
         if self.fusion is not None:
@@ -254,11 +339,15 @@ class TensorView:
             raise CircbufError(f"cache_before: {self.name} has no definition (is it an input?)")
         mem = MemoryType.Shared if op == "tma" else MemoryType.Local
         c = TensorView([i.clone() for i in self.logical], self.dtype, mem)
+        if self.domain.has_root:  # a reshape's output: the cache is the reshape now
+            c.domain = self.domain.clone()
         for i in c.logical:
             i.parallel_type = ParallelType.Serial
         fusion.register(c)
         d.replace_output(self, c)
-        self.domain = TensorDomain([i.clone() for i in c.domain.no_reductions()], self.domain.contiguity)
+        self.domain = TensorDomain(
+            [i.clone() for i in c.domain.no_reductions()], self.domain.contiguity, self.domain.stride_order
+        )
         for i in self.logical:
             i.parallel_type = ParallelType.Serial
         LoadStoreOp(self, c, kind=op)
@@ -566,11 +655,12 @@ class FullOp(Expr):
 
 
 class LoadStoreOp(Expr):
-    """A copy between memories (``set``). A TMA copy may land in a buffer
-    with broadcast axes (``is_broadcast_dim``): a matmul operand tile
-    ``[M, K]`` staged as ``[M, 1, K]``, so that its loop nest can iterate
-    over the output's N tiles as well; the same box lands once per
-    iteration of those axes."""
+    """A copy between memories (``set``); ``stride_order`` shows when the
+    copy is allocated in another layout (``ops.stride_order``). A TMA copy
+    may land in a buffer with broadcast axes (``is_broadcast_dim``): a
+    matmul operand tile ``[M, K]`` staged as ``[M, 1, K]``, so that its loop
+    nest can iterate over the output's N tiles as well; the same box lands
+    once per iteration of those axes."""
 
     op_name = "set"
 
@@ -584,6 +674,12 @@ class LoadStoreOp(Expr):
             return super().logical_map(producer)
         cons = [c for c, b in zip(self.out.logical, self.is_broadcast_dim) if not b]
         return list(zip(producer.domain.no_reductions(), cons))
+
+    def __str__(self):
+        so = self.out.domain.stride_order
+        if so is None:
+            return super().__str__()
+        return f"{self.out.name} = set({self._operand_str(self.inputs[0])}, stride_order={so})"
 
 
 class BroadcastOp(Expr):
@@ -602,6 +698,88 @@ class BroadcastOp(Expr):
     def __str__(self):
         flags = "".join("b" if b else "i" for b in self.is_broadcast_dim)
         return f"{self.out.name} = broadcast({self.inputs[0].name}, {flags})"
+
+
+class ViewExpr(Expr):
+    """A view of its input: the same elements, indexed another way (no
+    arithmetic, no copy in the math). Lowered as a copy wherever the schedule
+    materializes the output; the schedulers see through it by ``logical_map``
+    (and, for a reshape, the root-to-logical transforms of its output)."""
+
+    is_view = True
+
+
+class PermuteOp(ViewExpr):
+    """``out`` axis ``k`` is input axis ``dims[k]`` (torch.permute)."""
+
+    op_name = "permute"
+
+    def __init__(self, out, in_, dims):
+        self.dims = list(dims)
+        super().__init__([out], [in_])
+
+    def logical_map(self, producer):
+        src = producer.domain.no_reductions()
+        return [(src[d], self.out.logical[k]) for k, d in enumerate(self.dims)]
+
+    def __str__(self):
+        return f"{self.out.name} = permute({self.inputs[0].name}, dims={self.dims})"
+
+
+class SqueezeOp(ViewExpr):
+    """Drop the input axes ``dims``, each of extent 1."""
+
+    op_name = "squeeze"
+
+    def __init__(self, out, in_, dims):
+        self.dims = sorted(dims)
+        super().__init__([out], [in_])
+
+    def logical_map(self, producer):
+        kept = [a for k, a in enumerate(producer.domain.no_reductions()) if k not in self.dims]
+        return list(zip(kept, self.out.logical))
+
+    def __str__(self):
+        return f"{self.out.name} = squeeze({self.inputs[0].name}, dims={self.dims})"
+
+
+class ReshapeOp(ViewExpr):
+    """``out = reshape(in, shape)``, row-major as ``torch.reshape``.
+
+    ``out``'s logical axes have the new shape. Once the input's sizes are
+    known (when it is defined, for fixed sizes; else at each compile, from the
+    actual sizes) :func:`circbuf.ir.view.concretize` gives ``out`` a root
+    domain, one axis per input axis (``logical_map`` pairs them), and derives
+    the logical axes from the root axes by exact splits and merges: both
+    shapes are cut into groups of equal size (in [6, 4] -> out [2, 3, 4]:
+    {6} -> {2, 3} and {4} -> {4}); a group's root axes are merged and the
+    result split into its logical axes; a group of one axis each way keeps
+    the one axis. Indexing walks from the logical axes back to the root ones
+    through these transforms, as through any split or merge, so the view
+    costs index math, not a copy.
+
+    Before concretization ``logical_map`` is empty: the schedulers never see
+    a reshape that is not concrete.
+    """
+
+    op_name = "reshape"
+
+    def __init__(self, out, in_):
+        super().__init__([out], [in_])
+        self.groups = None  # ((input axes), (output axes)) per group, once concrete
+
+    @property
+    def concrete(self) -> bool:
+        return self.groups is not None
+
+    def logical_map(self, producer):
+        if not self.concrete:
+            return []
+        return list(zip(producer.domain.no_reductions(), self.out.domain.root))
+
+    def __str__(self):
+        shape = ", ".join(str(i.extent) for i in self.out.logical)
+        return f"{self.out.name} = reshape({self.inputs[0].name}, [{shape}])"
 
 
 class ReductionOp(Expr):
@@ -696,6 +874,23 @@ class MmaOp(_Contraction):
         return f"{self.out.name} = mma({self.inputs[0].name} [{ra}], {self.inputs[1].name} [{rb}])"
 
 
+class ExpandOp(BroadcastOp):
+    """Give the input's broadcast axes an extent (``expanded_extent``), as
+    ``torch.expand``; no new axes."""
+
+    op_name = "expand"
+
+    def __init__(self, out, in_):
+        super().__init__(out, in_, [False] * len(out.logical))
+
+    def __str__(self):
+        shape = ", ".join(
+            str(i.expanded_extent if i.is_broadcast and i.expanded_extent is not None else i.extent)
+            for i in self.out.logical
+        )
+        return f"{self.out.name} = expand({self.inputs[0].name}, [{shape}])"
+
+
 def reduction_init(op: str, dtype: DataType) -> Const:
     if op == "sum":
         return Const(0.0 if dtype.is_float else 0, dtype)
@@ -728,6 +923,11 @@ __all__ = [
     "FullOp",
     "LoadStoreOp",
     "BroadcastOp",
+    "ExpandOp",
+    "ViewExpr",
+    "PermuteOp",
+    "SqueezeOp",
+    "ReshapeOp",
     "ReductionOp",
     "MatmulOp",
     "LinearOp",

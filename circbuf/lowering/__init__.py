@@ -36,13 +36,19 @@ PASSES = [
 ]
 
 
-def stride_exprs(tv: TensorView, contiguity) -> list:
+def stride_exprs(tv: TensorView, contiguity, order=None) -> list:
     """Stride of each axis: symbolic products of extents where the tensor is
-    contiguous (so indexing can fold them), the run-time stride elsewhere."""
+    contiguous (so indexing can fold them), the run-time stride elsewhere.
+    ``order`` lists the axes in memory order, outermost first (default
+    row-major); ``contiguity[d]``: axis d's stride is the next inner axis'
+    stride times that axis' extent (1 for the innermost).
+
+    >>> # channels-last NCHW, contiguous: order [0, 2, 3, 1] -> strides [H*W*C, 1, W*C, C]
+    """
     ids = tv.domain.no_reductions()
     out = [None] * len(ids)
     prev = None
-    for d in range(len(ids) - 1, -1, -1):
+    for d in reversed(list(order) if order is not None else range(len(ids))):
         if contiguity[d]:
             out[d] = Const(1) if prev is None else prev[0] * prev[1]
         else:
@@ -52,12 +58,14 @@ def stride_exprs(tv: TensorView, contiguity) -> list:
 
 
 def lower(
-    fusion: Fusion, contiguity=None, index_type=DataType.Int32, name="kernel", after_pass=None
+    fusion: Fusion, contiguity=None, index_type=DataType.Int32, name="kernel", orders=None, after_pass=None
 ) -> Kernel:
     """Scheduled fusion -> Kernel. ``contiguity[k]`` gives, per axis of the k-th
     tensor parameter (inputs then outputs), whether its stride is the product
-    of the inner extents. ``after_pass(name, kernel)``, if given, sees the
-    kernel after the loop nest is built (``"loop_nest"``) and after each pass.
+    of the inner extents; ``orders[k]`` its axes in memory order (default
+    row-major; tensor maps follow it too). ``after_pass(name, kernel)``, if
+    given, sees the kernel after the loop nest is built (``"loop_nest"``) and
+    after each pass.
 
     >>> import circbuf as cb
     >>> with cb.FusionDefinition() as fd:
@@ -72,8 +80,11 @@ def lower(
     for k, p in enumerate(kernel.tensor_params):
         nd = p.tv.ndim
         contig = contiguity[k] if contiguity is not None else [True] * nd
-        for d, s in enumerate(stride_exprs(p.tv, contig)):
+        order = orders[k] if orders is not None else None
+        for d, s in enumerate(stride_exprs(p.tv, contig, order)):
             kernel.strides[(p.tv.name, d)] = s
+        if order is not None:
+            kernel.memory_orders[p.tv.name] = list(order)
     if after_pass is not None:
         after_pass("loop_nest", kernel)
     for pass_name, fn in PASSES:

@@ -24,6 +24,7 @@ from ..ir import (
     Un,
     UnaryOp,
     Var,
+    ViewExpr,
     as_scalar,
 )
 from .kir import (
@@ -390,7 +391,7 @@ class CudaCodegen:
                 rhs = f"{acc} {'+' if e.op_name == 'sum' else '*'} {x}"
             else:
                 rhs = f"cb::{'maximum' if e.op_name == 'max' else 'minimum'}({acc}, {x})"
-        elif isinstance(e, (LoadStoreOp, BroadcastOp, FullOp)):
+        elif isinstance(e, (LoadStoreOp, BroadcastOp, FullOp, ViewExpr)):
             rhs = self.value(ops[0], dt)
         elif isinstance(e, CastOp):
             rhs = f"cb::cast<{dt.value}>({self.value(ops[0], e.inputs[0].dtype)})"
@@ -425,8 +426,6 @@ class CudaCodegen:
         self.ind = 1
         for name, (pi, d) in sorted(k.extent_bindings.items(), key=lambda x: int(x[0][1:])):
             self.emit(f"const index_t {name} = {k.tensor_params[pi].tv.name}.size[{d}];")
-        for name, e in k.extent_defs.items():
-            self.emit(f"const index_t {name} = (index_t)({self.scalar(e)});")
         for n in k.body:
             self.node(n)
         body = self.lines

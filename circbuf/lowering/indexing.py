@@ -73,9 +73,13 @@ def loop_to_ids(tv: TensorView, loop_index: dict) -> dict:
 
 
 def logical_to_ids(tv: TensorView, logical_index: dict) -> dict:
-    """Forward: indices of tv's loop axes from its logical axes' indices."""
+    """Forward: indices of tv's loop axes from its logical axes' indices (a
+    reshape's root-to-logical transforms are behind the logical axes: skipped)."""
     idx = dict(logical_index)
+    view = {id(t) for t in tv.domain.view_transforms()}
     for t in transform_history(tv):
+        if id(t) in view:
+            continue
         if isinstance(t, Split):
             x = idx.get(t.in_.id, Const(0))
             f = t.inner.loop_extent
@@ -175,7 +179,9 @@ class _Indexer:
             axes = tuple(to_g[i.id] for i in leaves)
             covered.update(axes)
             dims.append((axes, box_extent(ax), ids[top.id]))
-        mem = g.memory_position()
+        # the tensor map's dims follow the memory order the kernel is specialized for
+        order = self.k.memory_orders.get(g.name, list(range(len(g.domain.no_reductions()))))
+        mem = {d: k for k, d in enumerate(order)}
         in_loop_order = [mem[a[-1]] for a, _, _ in dims]
         if in_loop_order != sorted(in_loop_order):
             raise CircbufError(

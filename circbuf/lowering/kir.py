@@ -556,6 +556,9 @@ class Kernel:
     min_blocks: int = 0  # __launch_bounds__ second argument, 0: none
     hang_record: bool = False  # the kernel takes a host-mapped record (CIRCBUF_DEBUG_HANG)
     consumer_barrier: tuple = (0, 0)  # warp-specialized: (named barrier, consumer threads)
+    memory_orders: dict = field(
+        default_factory=dict
+    )  # tensor param name -> logical axes, outer to inner in memory
     descriptors: dict = field(
         default_factory=dict
     )  # smem tv name -> (lbo, sbo, swizzle): wgmma descriptor bases
@@ -572,10 +575,6 @@ class Kernel:
                 raise CircbufError(f"{self.name}: more than 15 named barriers needed ({purpose})")
             self.named_barriers[purpose] = (1 + used, count)
         return self.named_barriers[purpose][0]
-
-    # extents no input tensor carries: name -> expression of scalar params
-    # (``full([n], ...)``), computed at the top of the kernel
-    extent_defs: dict = field(default_factory=dict)
 
     def __str__(self):
         grid = [str(self.launch.get(p, 1)) for p in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)]

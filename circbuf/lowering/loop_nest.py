@@ -60,8 +60,11 @@ def _check_inline(p: TensorView, c: TensorView, k: int):
             f"{p.name} is inlined at position {p.compute_at_pos} into {c.name}, but loop axis {k} "
             f"differs: {a} vs {b} (transform both alike or lower the inline position)"
         )
-    if a.parallel_type != b.parallel_type and (
-        a.parallel_type.is_grid_or_block or b.parallel_type.is_grid_or_block
+    one = is_const(simplify(a.loop_extent), 1)  # one iteration, index 0 however it is bound
+    if (
+        not one
+        and a.parallel_type != b.parallel_type
+        and (a.parallel_type.is_grid_or_block or b.parallel_type.is_grid_or_block)
     ):
         raise CircbufError(
             f"{p.name} is inlined into {c.name} but axis {k} is parallelized differently: "
@@ -106,6 +109,8 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             members[r] = members.get(r, 0) + 1
     shared = {r for r, n in members.items() if n > 1}
 
+    # a circular buffer rotates over its loop even when fixed sizes give it one trip
+    rings = {uf.find(tv.loop[tv.circular_buffer_axis()].id) for tv in fusion.used_tvs() if tv.circular}
     launch: dict = {}
     counter = [0]
     body: list = []
@@ -144,7 +149,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
                 # MMA tile: index of its first element
                 index[ax.id] = Const(0)
                 continue
-            if (ax.is_broadcast and key not in shared) or is_const(ax.loop_extent, 1):
+            if (ax.is_broadcast and key not in shared) or (is_const(ax.loop_extent, 1) and key not in rings):
                 index[ax.id] = Const(0)
                 continue
             loop = None
@@ -179,7 +184,6 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
         for d, ax in enumerate(p.tv.domain.no_reductions()):
             if isinstance(ax.extent, Var):
                 bindings.setdefault(ax.extent.name, (k, d))
-    defs = _extent_definitions(fusion, bindings)
     threads = 1
     for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
         ext = launch.get(pt)
@@ -198,7 +202,6 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
         extent_bindings=bindings,
         strides={},
         max_threads=threads,
-        extent_defs=defs,
     )
     for tv in fusion.used_tvs():
         if tv.circular is not None:
@@ -233,24 +236,6 @@ def _grid_stride(ax):
         cur = d.in_
         if pt.is_block:
             return ax, cur, start, step
-
-
-def _extent_definitions(fusion: Fusion, bindings: dict) -> dict:
-    """The extents the kernel computes from its scalar parameters (no input
-    tensor has them), with those they use, in order of definition."""
-    from ..ir.scalar import free_vars
-
-    need = {}
-    for tv in fusion.used_tvs():
-        for ax in tv.logical:
-            free_vars(ax.extent, need)
-            if ax.expanded_extent is not None:
-                free_vars(ax.expanded_extent, need)
-    defs = fusion.extent_definitions
-    for name in reversed(list(defs)):  # a definition may use an earlier one
-        if name in need:
-            free_vars(defs[name], need)
-    return {n: e for n, e in defs.items() if n in need and n not in bindings}
 
 
 def _check_reduction(out: TensorView):

@@ -19,13 +19,12 @@ import struct
 from dataclasses import dataclass, field
 
 from .. import knobs
-from ..ir import CircbufError, DataType, Fusion, ParallelType, TensorView, Var, evaluate
-from ..ir.scalar import free_vars
+from ..ir import CircbufError, DataType, Fusion, ParallelType, ReshapeOp, TensorView, Var, evaluate
 from ..lowering import codegen, lower
 from ..lowering.kir import target_needs
 from ..scheduler import InputInfo, TensorInfo
 from ..scheduler.registry import check_overrides, compute_params
-from ..scheduler.utils import bind_axis_extents, canonicalize_extents
+from ..scheduler.utils import canonicalize_extents, prepare
 
 _INT32_LIMIT = 2**31 - 1
 
@@ -89,18 +88,13 @@ class _Plan:
     __slots__ = (
         "ck", "grid", "block", "smem", "out_specs", "argbuf", "argptrs", "args_addr", "ptr_offsets",
         "ptr_slots", "scalar_slots", "tensor_inputs", "empty", "device", "dev_index", "poison", "launch",
-        "tmaps", "hang", "name", "finish",
+        "tmaps", "hang", "name", "finish", "plain_outs",
     )  # fmt: skip
 
     def run(self, inputs):
         import torch
 
-        dev = self.device
-        # sizes unpacked (torch.empty(4, 8)) parse faster than a tuple; () for 0-dim
-        outs = [torch.empty(*shape, dtype=dt, device=dev) for shape, dt in self.out_specs]
-        if self.poison:
-            for o in outs:
-                o.fill_(float("nan") if o.is_floating_point() else -1)
+        outs = self.new_outputs(inputs)
         if not self.empty:
             self.write_args(inputs, outs)
             self.launch(torch._C._cuda_getCurrentRawStream(self.dev_index), self.args_addr)
@@ -108,6 +102,32 @@ class _Plan:
                 _check_hang(self, self.hang)
         if self.finish is not None:
             return self.finish(inputs, outs)
+        return outs
+
+    def new_outputs(self, inputs):
+        """The tensors the kernel writes: new ones (poisoned on request), or
+        the input an output is written into in place."""
+        import torch
+
+        dev = self.device
+        if self.plain_outs:  # the common case, kept to one comprehension
+            outs = [torch.empty(*shape, dtype=dt, device=dev) for shape, dt, _, _ in self.out_specs]
+            if self.poison:
+                for o in outs:
+                    o.fill_(float("nan") if o.is_floating_point() else -1)
+            return outs
+        outs = []
+        for shape, dt, strides, alias in self.out_specs:
+            if alias is not None:
+                outs.append(inputs[alias])
+            elif strides is None:  # sizes unpacked (torch.empty(4, 8)) parse faster than a tuple
+                outs.append(torch.empty(*shape, dtype=dt, device=dev))
+            else:
+                outs.append(torch.empty_strided(shape, strides, dtype=dt, device=dev))
+        if self.poison:
+            for o, spec in zip(outs, self.out_specs):
+                if spec[3] is None:
+                    o.fill_(float("nan") if o.is_floating_point() else -1)
         return outs
 
     def write_args(self, inputs, outs):
@@ -153,13 +173,7 @@ class FusionExecutor:
         self._tpos = [k for k, x in enumerate(fusion.inputs) if isinstance(x, TensorView)]
         tp = self._tpos
         self._tensor_inputs = lambda inputs: [inputs[k] for k in tp]
-        # scalar inputs that size outputs (``full([n], ...)``): their values key the launch plans
-        sized_by = {}
-        for e in fusion.extent_definitions.values():
-            free_vars(e, sized_by)
-        self._shape_scalars = [
-            k for k, x in enumerate(fusion.inputs) if isinstance(x, Var) and x.name in sized_by
-        ]
+        self._shape_scalars = _shape_scalar_positions(fusion)
         self._plans: dict = {}
         self._compiled: dict = {}
         self.last: CompiledKernel | None = None
@@ -186,6 +200,7 @@ class FusionExecutor:
                     raise CircbufError(f"input {k} ({d.name}) is an integer scalar; got {x!r}")
                 env[d.name] = x
                 infos.append(None)
+                env[d.name] = x  # sizes may be built from scalars (reshape)
                 continue
             label = f"input {k} ({d.name})"
             if not isinstance(x, torch.Tensor):
@@ -202,6 +217,7 @@ class FusionExecutor:
                 device = x.device
             elif x.device != device:
                 raise CircbufError(f"{label} is on {x.device} but earlier inputs are on {device}")
+            _check_contiguity(label, d, x)
             for a, (ax, size) in enumerate(zip(d.logical, x.shape)):
                 if ax.is_broadcast:
                     if size != 1:
@@ -215,27 +231,25 @@ class FusionExecutor:
                     raise CircbufError(
                         f"{label}: axis {a} has size {size}, the definition fixes {ax.extent.value}"
                     )
-                c = d.domain.contiguity[a]
-                if c is True and size > 1 and x.stride(a) != _contig_stride(x, a):
-                    raise CircbufError(
-                        f"{label}: axis {a} is defined contiguous but its stride is {x.stride(a)}"
-                    )
             align = 16
             ptr = x.data_ptr()
             while align > 1 and ptr % align:
                 align //= 2
             infos.append(TensorInfo(tuple(x.shape), tuple(x.stride()), x.element_size(), align))
-        for name, e in f.extent_definitions.items():  # sizes given by scalar inputs
-            v = evaluate(e, env)
-            if v < 0:
-                raise CircbufError(f"extent {name} = {e} is {v} for these inputs; extents are >= 0")
-            env[name] = int(v)
+        for name, e in f.derived_extents.items():  # in definition order: later ones may use earlier ones
+            try:
+                env[name] = evaluate(e, env)
+            except ZeroDivisionError:
+                raise CircbufError(f"size {name} = {e} divides by zero for these inputs") from None
+            if env[name] < 0:
+                raise CircbufError(f"size {name} = {e} is {env[name]} for these inputs; sizes are >= 0")
         for a, b in f.extent_equalities:
             va, vb = evaluate(a, env), evaluate(b, env)
             if va != vb:
+                why = f.equality_reasons.get((str(a), str(b)), "the fusion combines them elementwise")
                 raise CircbufError(
                     f"extent {a} ({where.get(str(a), a)}) = {va} and extent {b} "
-                    f"({where.get(str(b), b)}) = {vb} must be equal: the fusion combines them elementwise"
+                    f"({where.get(str(b), b)}) = {vb} must be equal: {why}"
                 )
         sm, smem = 132, 232448
         if need_cuda and device is None:  # only scalar inputs: run on the current device
@@ -248,26 +262,48 @@ class FusionExecutor:
 
     # ---------------------------------------------------------- compile
     def _layout(self, info: InputInfo, out_shapes):
-        contig = []
+        """Per tensor parameter (inputs, then outputs): (memory order of its
+        axes, contiguity per axis) as the kernel is specialized for, and the
+        index type. Inputs' come from their strides; an output's from its
+        stride order, or from the input it is written into."""
+        layouts = []
         biggest = 0
         for t in info.tensors:
             if t is None:
                 continue
-            contig.append(tuple(_is_contig(t.sizes, t.strides, d) for d in range(len(t.sizes))))
+            layouts.append(_layout_of(t.sizes, t.strides))
             if all(s > 0 for s in t.sizes):
                 biggest = max(biggest, sum((s - 1) * abs(st) for s, st in zip(t.sizes, t.strides)) + 1)
-        for shape in out_shapes:
-            contig.append(tuple(True for _ in shape))
+        for k, (o, shape) in enumerate(zip(self.fusion.outputs, out_shapes)):
+            j = self.fusion.aliases.get(k)
+            if j is not None:
+                t = info.tensors[j]
+                layouts.append(_layout_of(t.sizes, t.strides))
+                continue
+            layouts.append((tuple(o.domain.allocation_order()), tuple(True for _ in shape)))
             n = 1
             for s in shape:
                 n *= s
             biggest = max(biggest, n)
         index_type = DataType.Int32 if biggest < _INT32_LIMIT // 2 else DataType.Int64
-        return tuple(contig), index_type
+        return tuple(layouts), index_type
 
     def _out_shapes(self, env):
         """Shapes the kernel writes: a broadcast axis is one element wide."""
         return [tuple(evaluate(i.extent, env) for i in o.domain.no_reductions()) for o in self.fusion.outputs]
+
+    def _out_strides(self, info: InputInfo, out_shapes) -> list:
+        """Strides of each output: dense in its stride order, or those of the
+        input it is written into."""
+        out = []
+        for k, (o, shape) in enumerate(zip(self.fusion.outputs, out_shapes)):
+            j = self.fusion.aliases.get(k)
+            out.append(
+                info.tensors[j].strides
+                if j is not None
+                else _strides_in_order(shape, o.domain.allocation_order())
+            )
+        return out
 
     def _finish(self, env):
         """What turns the kernel's outputs into what ``execute`` returns, or
@@ -294,7 +330,11 @@ class FusionExecutor:
                 )
             else:
                 views.append(None)
-        returns = list(f.returns)
+        # an output written into an input is that input (nvFuser returns it when it is also added plainly)
+        returns = [
+            ("input", f.aliases[k]) if kind == "output" and k in f.aliases else (kind, k)
+            for kind, k in f.returns
+        ]
         if all(v is None for v in views) and returns == [("output", k) for k in range(len(f.outputs))]:
             return None
 
@@ -306,20 +346,33 @@ class FusionExecutor:
 
     def _compile(self, info: InputInfo, arch: str) -> CompiledKernel:
         out_shapes = self._out_shapes(info.extents)
-        contig, index_type = self._layout(info, out_shapes)
+        layouts, index_type = self._layout(info, out_shapes)
         manual = self.fusion.manual_schedule
         fusion = self.fusion if manual else copy.deepcopy(self.fusion)
         overrides = dict(self.fusion.schedule_overrides)
         if manual:
             if overrides:
                 raise CircbufError("schedule() overrides do not apply to a manually scheduled fusion")
-            sched, params = None, None
+            for e in fusion.exprs():
+                if isinstance(e, ReshapeOp) and not e.concrete:
+                    raise CircbufError(
+                        f"{e}: a manually scheduled fusion needs reshapes of fixed sizes "
+                        "(this one depends on the inputs' sizes)"
+                    )
+            sched, params, views = None, None, ()
             canonicalize_extents(fusion)
         else:
-            canonicalize_extents(fusion)
-            bind_axis_extents(fusion, info.extents)
+            views = prepare(fusion, info.extents)
             sched, params = compute_params(fusion, info, overrides)
-        key = (params, contig, index_type, arch, id(self.fusion) if manual else None, knobs.debug_hang())
+        key = (
+            params,
+            layouts,
+            views,
+            index_type,
+            arch,
+            id(self.fusion) if manual else None,
+            knobs.debug_hang(),
+        )
         ck = self._compiled.get(key)
         if ck is not None:
             return ck
@@ -331,7 +384,14 @@ class FusionExecutor:
         transforms = fusion.print_transforms()
         knobs.dump("transforms", transforms)
         name = f"circbuf_{sched.name if sched else 'manual'}"
-        kernel = lower(fusion, contiguity=contig, index_type=index_type, name=name, after_pass=_dump_pass)
+        kernel = lower(
+            fusion,
+            contiguity=[c for _, c in layouts],
+            index_type=index_type,
+            name=name,
+            orders=[o for o, _ in layouts],
+            after_pass=_dump_pass,
+        )
         knobs.dump("kernel_ir", kernel)
         _check_target(kernel, arch)
         src = codegen(kernel, debug_hang=knobs.debug_hang())
@@ -373,8 +433,8 @@ class FusionExecutor:
                 for x in self._tensor_inputs(inputs)
             ]
             key.append(self.fusion.schedule_version)
-            if self._shape_scalars:
-                key.append(tuple(inputs[k] for k in self._shape_scalars))
+            for k in self._shape_scalars:  # scalars sizes are built from (full, reshape)
+                key.append(inputs[k])
             if not self._tpos:  # no tensor names the device: the current one does
                 import torch
 
@@ -402,7 +462,7 @@ class FusionExecutor:
         info, device = self._bind(inputs, need_cuda=True)
         if not self.fusion.outputs:  # every output is an input, returned as is: nothing to run
             p = _Plan()
-            p.out_specs, p.poison, p.empty, p.device = [], False, True, device
+            p.out_specs, p.poison, p.empty, p.device, p.plain_outs = [], False, True, device, True
             p.finish = self._finish(info.extents)
             return p
         from .driver import device_arch
@@ -425,7 +485,15 @@ class FusionExecutor:
         p = _Plan()
         p.ck, p.device, p.poison = ck, device, knobs.poison_outputs()
         out_shapes = self._out_shapes(env)
-        p.out_specs = [(s or ((),), torch_dtype(o.dtype)) for s, o in zip(out_shapes, self.fusion.outputs)]
+        out_strides = self._out_strides(info, out_shapes)
+        p.out_specs = []
+        for q, (shape, o) in enumerate(zip(out_shapes, self.fusion.outputs)):
+            dt, alias, strides = torch_dtype(o.dtype), self.fusion.aliases.get(q), tuple(out_strides[q])
+            if strides == _contig_strides(shape):
+                p.out_specs.append((shape or ((),), dt, None, alias))
+            else:
+                p.out_specs.append((shape, dt, strides, alias))
+        p.plain_outs = all(st is None and a is None for _, _, st, a in p.out_specs)
         ev = {name: env[name] for name in env}
         p.grid = tuple(
             _launch_dim(k.launch.get(pt), ev)
@@ -449,8 +517,7 @@ class FusionExecutor:
         blobs, p.ptr_offsets, p.scalar_slots = [], [], []
         tensors = [t for t in info.tensors if t is not None]
         sizes_strides = [(t.sizes, t.strides) for t in tensors]
-        for s in out_shapes:
-            sizes_strides.append((s, _contig_strides(s)))
+        sizes_strides += list(zip(out_shapes, out_strides))
         off = 0
         for sizes, strides in sizes_strides:
             blob = struct.pack(f"<Q{len(sizes)}{ifmt}{len(sizes)}{ifmt}", 0, *sizes, *strides)
@@ -497,9 +564,7 @@ class FusionExecutor:
                 o = spec.param - len(tpos)
                 name = self.fusion.outputs[o].name
                 shape = list(out_shapes[o])
-                strides = [1] * len(shape)
-                for d in range(len(shape) - 2, -1, -1):
-                    strides[d] = strides[d + 1] * max(shape[d + 1], 1)
+                strides = list(self._out_strides(info, out_shapes)[o])
                 item = self.fusion.outputs[o].dtype.size
                 if not _any_output_empty(out_shapes):
                     dims, gstr, box = map_geometry(spec, shape, strides, item)
@@ -606,13 +671,6 @@ def _launch_dim(ext, env) -> int:
     return 1 if ext is None else int(evaluate(ext, env))
 
 
-def _contig_stride(x, a):
-    s = 1
-    for d in range(a + 1, x.dim()):
-        s *= x.shape[d]
-    return s
-
-
 def _contig_strides(shape):
     out, s = [], 1
     for d in range(len(shape) - 1, -1, -1):
@@ -621,13 +679,79 @@ def _contig_strides(shape):
     return tuple(reversed(out))
 
 
-def _is_contig(sizes, strides, d) -> bool:
-    if sizes[d] == 1:
-        return True
+def _shape_scalar_positions(fusion: Fusion) -> list[int]:
+    """Positions of the scalar inputs some extent is built from: a launch
+    plan holds for their values only."""
+    from ..ir.scalar import free_vars
+
+    names: dict = {}
+    for tv in fusion.tvs:
+        for i in tv.logical + tv.domain.view_ids():
+            free_vars(i.extent, names)
+            if i.expanded_extent is not None:
+                free_vars(i.expanded_extent, names)
+    for e in fusion.derived_extents.values():
+        free_vars(e, names)
+    for a, b in fusion.extent_equalities:
+        free_vars(a, names)
+        free_vars(b, names)
+    return [k for k, x in enumerate(fusion.inputs) if isinstance(x, Var) and x.name in names]
+
+
+def _layout_of(sizes, strides) -> tuple:
+    """(memory order, contiguity) of a tensor with these sizes and strides,
+    as the kernel is specialized for: row-major when the axes of size > 1
+    are in row-major stride order, else those axes by decreasing stride and
+    size-1 axes innermost; an axis is contiguous when its stride is the next
+    inner axis' stride times that axis' size (size-1 axes always are).
+
+    >>> _layout_of((2, 3, 4, 5), (60, 1, 15, 3))   # channels-last
+    ((0, 2, 3, 1), (True, True, True, True))
+    """
+    n = len(sizes)
+    big = [d for d in range(n) if sizes[d] > 1]
+    by_stride = sorted(big, key=lambda d: -strides[d])
+    if by_stride == big:
+        order = tuple(range(n))
+    else:
+        order = tuple(by_stride + [d for d in range(n) if sizes[d] <= 1])
+    contig = [True] * n
+    expect = 1
+    for d in reversed(order):
+        if sizes[d] > 1:
+            contig[d] = strides[d] == expect
+        expect = strides[d] * sizes[d] if sizes[d] > 1 else expect * max(sizes[d], 1)
+    return order, tuple(contig)
+
+
+def _strides_in_order(shape, order) -> tuple:
+    """Dense strides of ``shape`` laid out in ``order`` (outermost first)."""
+    out = [0] * len(shape)
     s = 1
-    for k in range(d + 1, len(sizes)):
-        s *= sizes[k]
-    return strides[d] == s
+    for d in reversed(order):
+        out[d] = s
+        s *= max(shape[d], 1)
+    return tuple(out)
+
+
+def _check_contiguity(label, d: TensorView, x) -> None:
+    """The tensor's strides keep the definition's promises: each axis declared
+    contiguous (contiguity is in stride order, outermost first) has the next
+    inner axis' stride times that axis' size (1 for the innermost)."""
+    order = d.domain.allocation_order()
+    contig = d.domain.contiguity
+    expect = 1
+    for pos in range(len(order) - 1, -1, -1):
+        a = order[pos]
+        size = x.shape[a]
+        if contig[pos] is True and size > 1 and x.stride(a) != expect:
+            where = f" (contiguity[{pos}], in stride order)" if d.domain.stride_order is not None else ""
+            raise CircbufError(
+                f"{label}: axis {a} is defined contiguous but its stride is {x.stride(a)}, "
+                f"not {expect}{where}"
+            )
+        if size > 1:
+            expect = x.stride(a) * size
 
 
 def _default_arch() -> str:

@@ -708,12 +708,7 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
     acc, As, Bs, val = translate(fusion, params)
     hoist_broadcasts(fusion)
     e = acc.definition
-    a_in, b_in = As.definition.inputs[0], Bs.definition.inputs[0]
-    # transposed views: the tensor maps follow the memory order
-    if params.a_major == "M":
-        a_in.set_allocation(list(range(a_in.ndim - 2)) + [a_in.ndim - 1, a_in.ndim - 2])
-    if params.b_major == ("N" if linear else "K"):
-        b_in.set_allocation(list(range(b_in.ndim - 2)) + [b_in.ndim - 1, b_in.ndim - 2])
+    del linear  # transposed views: the tensor maps follow the memory order the kernel is specialized for
     # outputs staged in shared memory and stored by TMA a [64 x en] box at a time
     staged = {}
     if params.store == "tma":

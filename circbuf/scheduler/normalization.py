@@ -25,11 +25,13 @@ from __future__ import annotations
 from ..ir import (
     BroadcastOp,
     CircbufError,
+    Const,
     Fusion,
     LoadStoreOp,
     MemoryType,
     ParallelType,
     ReductionOp,
+    Var,
     evaluate,
 )
 from .info import InputInfo
@@ -37,12 +39,14 @@ from .params import NormalizationParams
 from .reduction import ReductionScheduler, _is_inner, _reductions
 from .utils import (
     LogicalMap,
+    aligned,
     cache_output,
     concretize_broadcasts,
     full_shape_inputs,
     hoist_broadcasts,
     inline_intermediates,
     once_per_row,
+    output_vectorizable,
     propagate,
     recompute_multi_use,
     specialize_extent,
@@ -88,6 +92,7 @@ class NormalizationScheduler:
         cands = full_shape_inputs(fusion, ref)
         if not cands:
             return None
+        lmap = LogicalMap(fusion)
         item = max(fusion.inputs[k].dtype.size for k in cands)
         for k in cands:
             if tma_describable(info.tensors[k], rows_dims):
@@ -117,7 +122,12 @@ class NormalizationScheduler:
         # once a stage holds >= 16 KB when passes re-read the stage, >= 32 KB when
         # the row is copied to registers at once (the stage is freed early)
         per_thread = -(-R // (threads * vec)) * vec  # row elements each thread holds
-        in_regs = overrides.get("rows_in_registers", per_thread <= MAX_REGISTER_ROW)
+        # a row kept in registers is compiled for its length: an extent the kernel
+        # computes (a reshape's) cannot be specialized
+        r_ext = [i for i in ref.logical if i.is_reduction][0].extent
+        in_regs = overrides.get(
+            "rows_in_registers", per_thread <= MAX_REGISTER_ROW and isinstance(r_ext, (Var, Const))
+        )
         stage_bytes = y * padded * item * len(cands)
         stages = overrides.get("stages", 3 if stage_bytes >= (32768 if in_regs else 16384) else 2)
         prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
@@ -153,7 +163,14 @@ class NormalizationScheduler:
             row_length=R if in_regs else 0,
             vectorize_inputs=tuple(vin),
             # an fp32 output of bf16 rows cannot take 8-element (32-byte) stores
-            vectorize_outputs=tuple(R % vec == 0 and vec * o.dtype.size <= 16 for o in fusion.outputs),
+            vectorize_outputs=tuple(
+                R % vec == 0
+                and vec * o.dtype.size <= 16
+                and o.ndim == len(ref.logical)  # a full row, not a reduction's result
+                and aligned(lmap, o, ref)
+                and output_vectorizable(fusion, info, k, o.ndim - 1, vec)
+                for k, o in enumerate(fusion.outputs)
+            ),
         )
 
     @staticmethod
@@ -217,7 +234,8 @@ class NormalizationScheduler:
                 tv.axis(5).parallelize(ParallelType.Vectorize)
             elif isinstance(d, BroadcastOp) and getattr(src, "is_input", False):
                 k = fusion.inputs.index(src)
-                if params.vectorize_inputs[k] and src.ndim == 1:
+                # a weight along the row (its one axis is the row's last), read 16 bytes at a time
+                if params.vectorize_inputs[k] and src.ndim == 1 and not tv.logical[-1].is_broadcast:
                     tv.inline_at(5)
                     tv.axis(5).parallelize(ParallelType.Vectorize)
         for o, c, vec in outs:

@@ -17,15 +17,18 @@ from ..ir import (
     Fusion,
     ParallelType,
     ReductionOp,
+    TensorView,
 )
 from .info import InputInfo
 from .params import PointwiseParams
 from .utils import (
     LogicalMap,
+    aligned,
     cache_output,
     concretize_broadcasts,
     hoist_broadcasts,
     inline_intermediates,
+    output_vectorizable,
     propagate,
 )
 
@@ -72,8 +75,12 @@ class PointwiseScheduler:
         numel = 1
         for s in shape:
             numel *= s
-        inner = shape[-1]
-        cands = _vector_candidates(fusion, ref)
+        # the loop walks the reference in its memory order: vectors run along
+        # its innermost axis in memory
+        axis = ref.domain.allocation_order()[-1]
+        inner = shape[axis]
+        lmap = LogicalMap(fusion)
+        cands = _vector_candidates(fusion, ref, lmap)
         sizes = [fusion.inputs[k].dtype.size for k in cands] + [o.dtype.size for o in fusion.outputs]
         vec = MAX_VECTOR_BYTES // max(sizes)
         if "vectorize" in overrides:
@@ -88,10 +95,14 @@ class PointwiseScheduler:
         vin = []
         for k, t in enumerate(info.tensors):
             ok = False
-            if k in cands and t is not None and vec > 1:
+            if k in cands and t is not None and vec > 1:  # aligned with ref: its axis ``axis`` is ref's
                 ok = (
-                    t.strides[-1] == 1
-                    and all(st % vec == 0 for st, sz in zip(t.strides[:-1], t.sizes[:-1]) if sz > 1)
+                    t.strides[axis] == 1
+                    and all(
+                        st % vec == 0
+                        for d, (st, sz) in enumerate(zip(t.strides, t.sizes))
+                        if d != axis and sz > 1
+                    )
                     and t.align % (vec * t.itemsize) == 0
                 )
             vin.append(ok)
@@ -115,7 +126,10 @@ class PointwiseScheduler:
             unroll=unroll,
             threads=threads,
             vectorize_inputs=tuple(vin),
-            vectorize_outputs=tuple(vec > 1 for _ in fusion.outputs),
+            vectorize_outputs=tuple(
+                vec > 1 and _same_axes(lmap, o, ref) and output_vectorizable(fusion, info, k, axis, vec)
+                for k, o in enumerate(fusion.outputs)
+            ),
         )
 
     @staticmethod
@@ -123,7 +137,7 @@ class PointwiseScheduler:
         hoist_broadcasts(fusion)
         ref_index = PointwiseScheduler.reference_index(fusion)
         ref_out = fusion.outputs[ref_index]
-        cands = set(_vector_candidates(fusion, ref_out))
+        cands = set(_vector_candidates(fusion, ref_out, LogicalMap(fusion)))
         in_caches = []
         for k, x in enumerate(fusion.inputs):
             if k in cands and fusion.consumers(x):
@@ -136,6 +150,7 @@ class PointwiseScheduler:
         lmap = LogicalMap(fusion)
         concretize_broadcasts(fusion, lmap)
 
+        ref.reorder(ref_out.domain.allocation_order())  # memory order: stores run contiguous
         n = len(ref.loop)
         for _ in range(n - 1):
             ref.merge(0)
@@ -168,10 +183,12 @@ def _math_cost(fusion) -> int:
     return sum(_COST.get(e.op_name, 0) for e in fusion.exprs() if isinstance(e, UnaryOp))
 
 
-def _vector_candidates(fusion, ref) -> list[int]:
-    """Inputs with no broadcast axes and the reference's rank."""
-    out = []
-    for k, x in enumerate(fusion.inputs):
-        if getattr(x, "ndim", None) == ref.ndim and not any(i.is_broadcast for i in x.logical):
-            out.append(k)
-    return out
+def _vector_candidates(fusion, ref, lmap) -> list[int]:
+    """Inputs with the reference's axes, in its order, none broadcast: a run
+    of the reference's loop is a run of theirs (not through a view or permute)."""
+    return [k for k, x in enumerate(fusion.inputs) if isinstance(x, TensorView) and aligned(lmap, x, ref)]
+
+
+def _same_axes(lmap, o, ref) -> bool:
+    """Output ``o`` has the reference's axes in its order (broadcast ones allowed)."""
+    return len(o.logical) == len(ref.logical) and all(lmap.same(a, b) for a, b in zip(o.logical, ref.logical))

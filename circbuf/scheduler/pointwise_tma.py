@@ -28,13 +28,14 @@ from ..ir import (
 )
 from .info import InputInfo
 from .params import PointwiseTmaParams
-from .pointwise import PointwiseScheduler, _vector_candidates
+from .pointwise import PointwiseScheduler, _same_axes, _vector_candidates
 from .utils import (
     LogicalMap,
     cache_output,
     concretize_broadcasts,
     hoist_broadcasts,
     inline_intermediates,
+    output_vectorizable,
     propagate,
     tma_describable,
     tma_ring,
@@ -65,12 +66,16 @@ class PointwiseTmaScheduler:
         ref = PointwiseScheduler.reference(fusion)
         if ref.ndim < 2:
             return None
+        row_major = list(range(ref.ndim))
+        if any(o.domain.allocation_order() != row_major for o in fusion.outputs):
+            return None  # tiles are row-major: outputs in another order take the plain kernel
         shape = [evaluate(i.extent, info.extents) for i in ref.logical]
         rows = 1
         for s in shape[:-1]:
             rows *= s
         C = shape[-1]
-        cands = _vector_candidates(fusion, ref)
+        lmap = LogicalMap(fusion)
+        cands = _vector_candidates(fusion, ref, lmap)
         if not cands or rows == 0 or C == 0:
             return None
         for k in cands:
@@ -95,6 +100,8 @@ class PointwiseTmaScheduler:
         store = bool(overrides.get("tma_store", False))
         if store and (C * min(o.dtype.size for o in fusion.outputs)) % 16:
             return None  # an output row stride a tensor map cannot step: plain stores
+        if store and fusion.aliases:
+            return None  # an output written into an input has that input's layout, unknown to the map
         out_bytes = sum(tr * tc * o.dtype.size for o in fusion.outputs) if store else 0
         if stages * stage_bytes + out_bytes > info.smem_per_block - 8192:
             raise CircbufError(
@@ -106,7 +113,12 @@ class PointwiseTmaScheduler:
         per_sm = max(1, min(SMEM_PER_SM // (stages * stage_bytes + out_bytes + 1024), 2048 // threads))
         tiles = -(-rows // tr) * -(-C // tc)
         grid = max(1, min(tiles, info.sm_count * per_sm))
-        vout = tuple(C % vec == 0 for _ in fusion.outputs)
+        vout = tuple(
+            C % vec == 0
+            and _same_axes(lmap, o, ref)
+            and output_vectorizable(fusion, info, k, ref.ndim - 1, vec)
+            for k, o in enumerate(fusion.outputs)
+        )
         return PointwiseTmaParams(
             tile_rows=tr,
             tile_cols=tc,
@@ -128,7 +140,7 @@ class PointwiseTmaScheduler:
         ref_index = PointwiseScheduler.reference_index(fusion)
         ref_out = fusion.outputs[ref_index]
         smem = []
-        for k in _vector_candidates(fusion, ref_out):
+        for k in _vector_candidates(fusion, ref_out, LogicalMap(fusion)):
             x = fusion.inputs[k]
             if fusion.consumers(x):
                 xs = x.cache_after(op="tma")

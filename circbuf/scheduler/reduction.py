@@ -20,6 +20,7 @@ consumer, recomputed where they have several (input re-reads hit L1/L2).
 from __future__ import annotations
 
 from ..ir import CircbufError, Fusion, ParallelType, ReductionOp, evaluate
+from ..ir.scalar import is_const
 from .info import InputInfo
 from .params import ReductionParams
 from .utils import (
@@ -59,9 +60,11 @@ class ReductionScheduler:
         for r in reds[1:]:
             if _red_classes(r, lmap) != key or len(r.logical) != len(ref.logical):
                 return f"reductions {ref.name} and {r.name} reduce different axes"
-        axes = {lmap.find(i) for i in ref.logical}
+        axes = lmap.derivable({lmap.find(i) for i in ref.logical})  # through reshapes too
         for tv in fusion.used_tvs():
             for d, i in enumerate(tv.logical):
+                if is_const(i.loop_extent, 1):
+                    continue
                 if (not i.is_broadcast or i.expanded_extent is not None) and lmap.find(i) not in axes:
                     return (
                         f"axis {d} of {tv.name} is not an axis of the reduction {ref.name} "

@@ -14,7 +14,7 @@ import warnings
 from ..ir import CircbufError, Fusion
 from . import matmul, normalization, outer_reduction, pointwise, pointwise_tma, reduction
 from .info import InputInfo
-from .utils import bind_axis_extents, canonicalize_extents
+from .utils import check_aliases, check_distinct_axes, prepare
 
 SCHEDULERS = [
     (matmul.MatmulScheduler, matmul.OVERRIDES),
@@ -100,6 +100,8 @@ def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
     A scheduler may decline these inputs (params None): the next one is asked,
     with the overrides it does not know dropped (e.g. ``stages`` when the rows
     cannot be staged by TMA)."""
+    check_distinct_axes(fusion)
+    check_aliases(fusion)
     cands = candidates(fusion)
     overrides, notes = _rename(cands, overrides)  # fusions not built by a FusionDefinition
     for note in notes:
@@ -126,8 +128,7 @@ def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
 
 def schedule(fusion: Fusion, info: InputInfo, overrides: dict | None = None):
     """Compute params and apply the schedule to ``fusion``; returns the params."""
-    canonicalize_extents(fusion)
-    bind_axis_extents(fusion, info.extents)
+    prepare(fusion, info.extents)
     sched, params = compute_params(fusion, info, overrides or {})
     sched.schedule(fusion, params)
     return params

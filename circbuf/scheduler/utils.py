@@ -15,29 +15,78 @@ from __future__ import annotations
 from ..ir import (
     BroadcastOp,
     CircbufError,
+    Const,
+    ExpandOp,
     Fusion,
     IterDomain,
+    IterType,
     MemoryType,
     ParallelType,
+    PermuteOp,
+    ReshapeOp,
+    SqueezeOp,
     TensorView,
     transform_history,
 )
-from ..ir.iterdomain import Merge, Split, merge, split
+from ..ir.iterdomain import Merge, Split, exact_merge, exact_split, merge, split
+from ..ir.scalar import is_const
 
 
 class LogicalMap:
-    """Union-find over logical IterDomains of all TensorViews of a fusion."""
+    """Union-find over logical IterDomains of all TensorViews of a fusion.
+
+    A reshape's producer axes map to its output's root axes; ``views`` holds
+    the exact splits and merges from those root axes to the output's logical
+    ones, which relate classes to each other (:meth:`derivable`).
+    """
 
     def __init__(self, fusion: Fusion):
         self.parent: dict[int, int] = {}
         self.ids: dict[int, IterDomain] = {}
+        self.views: list = []
         for tv in fusion.used_tvs():
             for i in tv.logical:
                 self._add(i)
+            self.views += tv.domain.view_transforms()
         for e in fusion.exprs():
             for p in e.tv_inputs():
                 for a, b in e.logical_map(p):
                     self.union(a, b)
+
+    def view_classes(self):
+        """(input classes, output classes) of every view split and merge."""
+        return [([self.find(x) for x in t.inputs], [self.find(x) for x in t.outputs]) for t in self.views]
+
+    def derivable(self, classes) -> set:
+        """Classes that splits and merges of views make from ``classes``
+        (a tensor with axes of these classes can be given axes of those)."""
+        have = set(classes)
+        changed = True
+        while changed:
+            changed = False
+            for ins, outs in self.view_classes():
+                for a, b in ((ins, outs), (outs, ins)):
+                    if set(a) <= have and not set(b) <= have:
+                        have |= set(b)
+                        changed = True
+        return have
+
+    def view_component(self):
+        """``class -> component``: classes a view splits or merges into one
+        another share a component."""
+        uf: dict = {}
+
+        def find(c):
+            while uf.get(c, c) != c:
+                c = uf[c]
+            return c
+
+        for ins, outs in self.view_classes():
+            cs = [find(c) for c in ins + outs]
+            for c in cs[1:]:
+                if c != cs[0]:
+                    uf[c] = cs[0]
+        return find
 
     def _add(self, i):
         self.parent.setdefault(i.id, i.id)
@@ -118,19 +167,85 @@ def concretize_broadcasts(fusion: Fusion, lmap: LogicalMap):
                     i.expanded_extent = ext
 
 
+class _Derive:
+    """Axes of one tensor for the classes of another, through views.
+
+    ``tv`` has axes of some classes; a view's exact split or merge relates
+    classes (``lmap.views``). :meth:`get` returns tv's axis of a class, making
+    it when needed by replaying a view's transform forward (split/merge tv's
+    axes like the reshape did) or backward (undo it: merge what it split,
+    split what it merged). Axes used up by a transform are no longer
+    available; :meth:`rest` lists those left.
+
+    Upstream of ``x[6, 4] -> reshape [24]``, a reference with axis {24}
+    gets ``merge(x6, x4)``; downstream of ``s[6] -> reshape [2, 3]``, a
+    reference with axis {6} gets ``merge(a2, b3)`` of the reshaped tensor.
+    """
+
+    def __init__(self, lmap: LogicalMap, axes):
+        self.lmap = lmap
+        self.have: dict = {}
+        self.extra: list = []  # axes of a class already held (x + x.T): kept, innermost
+        for i in axes:
+            c = lmap.find(i)
+            if c in self.have:
+                self.extra.append(i)
+            else:
+                self.have[c] = i
+        self.views = [(t, ins, outs) for t, (ins, outs) in zip(lmap.views, lmap.view_classes())]
+
+    def _can(self, c, seen) -> bool:
+        if c in self.have:
+            return True
+        if c in seen:
+            return False
+        seen = seen | {c}
+        for _, ins, outs in self.views:
+            for src, dst in ((ins, outs), (outs, ins)):
+                if c in dst and all(self._can(x, seen) for x in src):
+                    return True
+        return False
+
+    def get(self, c, seen=frozenset()):
+        if c in self.have:
+            return self.have.pop(c)
+        if c in seen or not self._can(c, seen):
+            return None
+        seen = seen | {c}
+        for t, ins, outs in self.views:
+            for forward, src, dst in ((True, ins, outs), (False, outs, ins)):
+                if c in dst and all(self._can(x, seen) for x in src):
+                    made = _replay_view(t, [self.get(x, seen) for x in src], forward)
+                    for k, a in zip(dst, made):
+                        self.have[k] = a
+                    return self.have.pop(c)
+        return None
+
+    def rest(self) -> list:
+        return list(self.have.values()) + self.extra
+
+
+def _replay_view(t, axes, forward: bool) -> list:
+    """Apply view transform ``t`` (forward) or its inverse to ``axes`` (t's
+    inputs, resp. outputs); returns the new axes (t's outputs, resp. inputs)."""
+    if isinstance(t, Split) == forward:  # a split, or undoing a merge: into t.outer x t.inner
+        return list(exact_split(axes[0], t.outer.extent, t.inner.extent))
+    whole = t.out if forward else t.in_  # a merge, or undoing a split
+    return [exact_merge(axes[0], axes[1], whole.extent)]
+
+
 def replay_like(ref: TensorView, tv: TensorView, lmap: LogicalMap) -> dict:
     """Apply ref's loop transforms to ``tv``; returns {ref axis id: tv axis}.
 
     Axes of ref that ``tv`` lacks are skipped (a merge with a missing side
     passes the other side through). tv's loop order follows ref's; tv axes
-    that ref lacks go last.
+    that ref lacks go last. Across a reshape, tv's axes are first split and
+    merged into ref's (see :class:`_Derive`).
     """
-    by_class = {}
-    for i in tv.logical:
-        by_class.setdefault(lmap.find(i), i)
+    derive = _Derive(lmap, tv.logical)
     m: dict[int, IterDomain] = {}
     for r in ref.logical:
-        t = by_class.pop(lmap.find(r), None)
+        t = derive.get(lmap.find(r))
         if t is not None:
             m[r.id] = t
     for t in transform_history(ref):
@@ -156,7 +271,7 @@ def replay_like(ref: TensorView, tv: TensorView, lmap: LogicalMap) -> dict:
             if r.parallel_type != ParallelType.Serial:
                 t.parallel_type = r.parallel_type
     # logical axes of tv that ref has no counterpart for stay, innermost
-    loop += list(by_class.values())
+    loop += [a for a in derive.rest() if id(a) not in used]
     tv.domain.loop = loop
     return m
 
@@ -188,7 +303,7 @@ def recompute_multi_use(fusion: Fusion, keep, lmap: LogicalMap | None = None) ->
             for e in uses[1:]:
                 clone = _clone_tv(fusion, tv)
                 if lmap is not None:
-                    for a, b in zip(tv.logical, clone.logical):
+                    for a, b in zip(tv.logical + tv.domain.root, clone.logical + clone.domain.root):
                         lmap.union(b, a)  # the original keeps its class root
                 e.replace_input(tv, clone)
             changed = True
@@ -200,6 +315,8 @@ def _clone_tv(fusion: Fusion, tv: TensorView) -> TensorView:
 
     d = tv.definition
     c = TensorView([i.clone() for i in tv.logical], tv.dtype, MemoryType.Local)
+    if tv.domain.has_root:  # a reshape's output: its root axes and transforms too
+        c.domain = tv.domain.clone()
     fusion.register(c)
     nd = copy.copy(d)
     nd.outputs = [c]
@@ -227,6 +344,18 @@ def hoist_broadcasts(fusion: Fusion) -> None:
             continue
         src = e.inputs[0]
         d = src.definition
+        if type(d) is BroadcastOp and type(e) is BroadcastOp:  # broadcast(broadcast(x)): one broadcast
+            inner = iter(d.is_broadcast_dim)
+            flags = [f or next(inner) for f in e.is_broadcast_dim]
+            src.uses.remove(e)
+            BroadcastOp(e.out, d.inputs[0], flags)
+            hoist_broadcasts(fusion)
+            return
+        view = isinstance(d, (PermuteOp, ExpandOp, SqueezeOp)) or (isinstance(d, ReshapeOp) and d.concrete)
+        if view and any(e.is_broadcast_dim):
+            _hoist_through_view(fusion, e, d)
+            hoist_broadcasts(fusion)
+            return
         if d is None or type(d).__name__ not in _POINTWISE:
             continue
         new_inputs = []
@@ -257,6 +386,61 @@ def hoist_broadcasts(fusion: Fusion) -> None:
         return
 
 
+def _hoist_through_view(fusion: Fusion, e: BroadcastOp, d) -> None:
+    """``broadcast(view(x))`` -> ``view'(broadcast(x))``: the new axes are
+    appended to x and pass through the view as themselves, so the view's
+    output is computed at the full rank of its consumers."""
+    from ..ir.view import build
+
+    x, out = d.inputs[0], e.out
+    xs = x.domain.no_reductions()
+    new_pos = [k for k, f in enumerate(e.is_broadcast_dim) if f]
+    if isinstance(d, ExpandOp):  # positional: broadcast x at e's positions
+        flags = list(e.is_broadcast_dim)
+    elif isinstance(d, SqueezeOp):  # the new axes where e puts them, squeezed axes kept in between
+        flags, squeezed, xi = [], [], 0
+        for f in e.is_broadcast_dim + [False]:
+            while xi < len(xs) and xi in d.dims:
+                squeezed.append(len(flags))
+                flags.append(False)
+                xi += 1
+            if f:
+                flags.append(True)
+            elif xi < len(xs):
+                flags.append(False)
+                xi += 1
+    else:
+        flags = [False] * len(xs) + [True] * len(new_pos)
+    src_ids = iter(xs)
+    ids = []
+    for f in flags:
+        if f:
+            ids.append(IterDomain(Const(1), IterType.Broadcast))
+        else:
+            i = next(src_ids)
+            o = IterDomain(i.extent, i.iter_type)
+            o.expanded_extent = i.expanded_extent
+            ids.append(o)
+    bx = fusion.register(TensorView(ids, x.dtype, MemoryType.Local))
+    BroadcastOp(bx, x, flags)
+    src_pos = [k for k, f in enumerate(e.is_broadcast_dim) if not f]  # e.out position of src axis s
+    e.inputs[0].uses.remove(e)  # d stays, for src's other consumers
+    if isinstance(d, ExpandOp):
+        ExpandOp(out, bx)
+    elif isinstance(d, SqueezeOp):
+        SqueezeOp(out, bx, squeezed)
+    elif isinstance(d, PermuteOp):
+        dims = [0] * len(out.logical)
+        for s, k in enumerate(src_pos):
+            dims[k] = d.dims[s]
+        for j, k in enumerate(new_pos):
+            dims[k] = len(xs) + j
+        PermuteOp(out, bx, dims)
+    else:
+        op = ReshapeOp(out, bx)
+        build(op, [(gi, tuple(src_pos[b] for b in go)) for gi, go in d.groups])
+
+
 def _src_pos(e: BroadcastOp, consumer_pos: int) -> int:
     return sum(1 for k in range(consumer_pos) if not e.is_broadcast_dim[k])
 
@@ -278,7 +462,9 @@ def canonicalize_extents(fusion: Fusion) -> dict:
         return n
 
     def key(n):
-        return int(n[1:]) if n[1:].isdigit() else 1 << 30
+        # an input's extent names the class, before a computed size or a scalar input
+        rank = 0 if n.startswith("i") and n not in fusion.derived_extents else 1
+        return (rank, int(n[1:]) if n[1:].isdigit() else 1 << 30)
 
     for a, b in fusion.extent_equalities:
         if isinstance(a, Var) and isinstance(b, Var):
@@ -303,6 +489,43 @@ def canonicalize_extents(fusion: Fusion) -> dict:
     mapping = {n: m for n, m in mapping.items() if m is not None and not (isinstance(m, Var) and m.name == n)}
     _substitute_extents(fusion, mapping)
     return {n: str(m) for n, m in mapping.items()}
+
+
+def resolve_derived_extents(fusion: Fusion) -> None:
+    """Replace the names of computed sizes (a reshape's ``-1``) that were not
+    unified with an input's extent by their expressions, which the kernel
+    computes from its arguments."""
+    from ..ir.scalar import substitute
+
+    names = set(fusion.derived_extents)
+    mapping = {}
+    for n, e in fusion.derived_extents.items():
+        for _ in range(len(names) + 1):  # a size computed from another computed size
+            e2 = substitute(e, {k: fusion.derived_extents[k] for k in names})
+            if e2 == e:
+                break
+            e = e2
+        mapping[n] = e
+    if mapping:
+        _substitute_extents(fusion, mapping)
+
+
+def prepare(fusion: Fusion, env: dict) -> tuple:
+    """Make ``fusion`` (a copy being compiled) concrete for the sizes in
+    ``env``: unify equal extents, concretize reshapes, bind each axis class to
+    one extent. Returns what a kernel compiled from it is specialized for
+    beyond its params: the groups of every reshape.
+
+    >>> # sig = prepare(copy, info.extents); params = compute_params(copy, info, overrides)
+    """
+    from ..ir import concretize_reshapes
+
+    canonicalize_extents(fusion)
+    sig = concretize_reshapes(fusion, env)
+    canonicalize_extents(fusion)
+    resolve_derived_extents(fusion)
+    bind_axis_extents(fusion, env)
+    return sig
 
 
 def _bind_const(value: dict, root: str, c, a, b):
@@ -339,15 +562,14 @@ def _substitute_extents(fusion: Fusion, mapping: dict) -> None:
     from ..ir.scalar import substitute
 
     for tv in fusion.tvs:
-        for i in tv.logical:
+        for i in {id(a): a for a in tv.logical + tv.domain.view_ids()}.values():
             i.extent = substitute(i.extent, mapping)
             if i.expanded_extent is not None:
                 i.expanded_extent = substitute(i.expanded_extent, mapping)
     for e in fusion.exprs():
         e.inputs = [substitute(x, mapping) if not isinstance(x, TensorView) else x for x in e.inputs]
-    defs = fusion.extent_definitions
-    for name in defs:
-        defs[name] = substitute(defs[name], mapping)
+    for name, e in fusion.derived_extents.items():
+        fusion.derived_extents[name] = substitute(e, mapping)
 
 
 def cache_output(fusion: Fusion, o: TensorView) -> TensorView:
@@ -371,25 +593,121 @@ def inline_intermediates(fusion: Fusion, row_pos: int | None = None, row_scalar=
             continue
         tv.memory_type = MemoryType.Local
         per_row = row_pos is not None and (isinstance(tv.definition, ReductionOp) or row_scalar(tv))
-        tv.inline_at(min(row_pos, len(tv.loop)) if per_row else len(tv.loop))
+        pos = min(row_pos, len(tv.loop)) if per_row else len(tv.loop)
+        # axes a consumer lacks (a broadcast a reshape drops) are one element wide
+        # and innermost: inline down to the consumers' loops, not past them
+        limit = min((len(c.loop) for c in fusion.consumers(tv)), default=pos)
+        while pos > limit and (tv.loop[pos - 1].is_broadcast or is_const(tv.loop[pos - 1].loop_extent, 1)):
+            pos -= 1
+        tv.inline_at(pos)
+
+
+def aligned(lmap: LogicalMap, x: TensorView, ref: TensorView) -> bool:
+    """True when ``x``'s axes are ``ref``'s logical axes, in order, none
+    broadcast: no view, permute or broadcast between them, so a tile of ref
+    is a tile of x (what TMA boxes and vector loads of x assume)."""
+    if len(x.logical) != len(ref.logical) or any(i.is_broadcast for i in x.logical):
+        return False
+    cls = [lmap.find(i) for i in x.logical]
+    return len(set(cls)) == len(cls) and all(c == lmap.find(r) for c, r in zip(cls, ref.logical))
 
 
 def full_shape_inputs(fusion: Fusion, ref: TensorView) -> list[int]:
-    """Positions of the inputs with the reduced input's full shape (no
-    broadcast axes) that something reads: these are staged by TMA."""
+    """Positions of the inputs with the reduced input's full shape, in its
+    axis order (see :func:`aligned`), that something reads: these are staged by TMA."""
+    lmap = LogicalMap(fusion)
     out = []
     for k, x in enumerate(fusion.inputs):
-        if getattr(x, "ndim", None) == len(ref.logical) and not any(i.is_broadcast for i in x.logical):
-            if fusion.consumers(x):
-                out.append(k)
+        if isinstance(x, TensorView) and aligned(lmap, x, ref) and fusion.consumers(x):
+            out.append(k)
     return out
 
 
 def once_per_row(lmap: LogicalMap, reduction: TensorView):
     """``tv -> bool``: True for tensors without a reduced axis (computed once
-    per row/column of the reduction, not per element)."""
-    rclasses = frozenset(lmap.find(i) for i in reduction.logical if i.is_reduction)
-    return lambda tv: not any(lmap.find(i) in rclasses and not i.is_broadcast for i in tv.logical)
+    per row/column of the reduction, not per element). Through a reshape,
+    an axis split from or merged with a reduced one counts as reduced."""
+    comp = lmap.view_component()
+    rclasses = frozenset(comp(lmap.find(i)) for i in reduction.logical if i.is_reduction)
+    return lambda tv: not any(comp(lmap.find(i)) in rclasses and not i.is_broadcast for i in tv.logical)
+
+
+def check_distinct_axes(fusion: Fusion) -> None:
+    """Refuse, by name, a tensor two of whose axes are one axis of the fusion
+    (``x + permute(x, [1, 0])``): one loop nest cannot walk both in step."""
+    lmap = LogicalMap(fusion)
+    for tv in fusion.used_tvs():
+        seen: dict = {}
+        for d, i in enumerate(tv.logical):
+            if i.is_broadcast or is_const(i.extent, 1):
+                continue
+            c = lmap.find(i)
+            if c in seen:
+                raise CircbufError(
+                    f"axes {seen[c]} and {d} of {tv.name} are one axis of the fusion: a tensor is "
+                    "combined with a permutation of itself (x + x.T); one kernel cannot walk both "
+                    "(a transpose scheduler would); compute the permuted copy in another fusion"
+                )
+            seen[c] = d
+
+
+_ELEMENTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp")
+
+
+def check_aliases(fusion: Fusion) -> None:
+    """Refuse, by name, in-place outputs (``add_output(alias_input=x)``) a
+    kernel could get wrong: one reads x[e] only while computing element e
+    of the output when x's axes are the output's (same classes, in order)
+    and everything computed from x is elementwise (no reduction, broadcast
+    or view of it: those read x[e] for other elements, maybe after another
+    thread wrote it). Then each element of x is read before it is written,
+    by the thread that writes it, in every scheduler."""
+    if not fusion.aliases:
+        return
+    lmap = LogicalMap(fusion)
+    for k, j in fusion.aliases.items():
+        out, x = fusion.outputs[k], fusion.inputs[j]
+        what = f"{out.name} written in place into {x.name}"
+        cls = [lmap.find(i) for i in x.logical]
+        if len(set(cls)) != len(cls) or any(
+            c != lmap.find(o) for c, o in zip(cls, out.domain.no_reductions())
+        ):
+            raise CircbufError(f"{what}: the axes of {out.name} are not those of {x.name}, in order")
+        todo, seen = [x], set()
+        while todo:
+            t = todo.pop()
+            for e in fusion.exprs():
+                if t not in e.inputs or id(e) in seen:
+                    continue
+                seen.add(id(e))
+                if type(e).__name__ not in _ELEMENTWISE:
+                    raise CircbufError(
+                        f"{what}: {x.name} is also read through {e.op_name} ({e}), which reads "
+                        f"elements of {x.name} other than the one being written; compute it from a "
+                        "copy (define another input)"
+                    )
+                todo.append(e.out)
+
+
+def output_vectorizable(fusion: Fusion, info, k: int, axis: int, vec: int) -> bool:
+    """True when output ``k`` can be stored ``vec`` elements at a time along
+    its logical axis ``axis`` (whose extent ``vec`` divides): that axis is
+    innermost in memory and the other strides are multiples of ``vec``. An
+    output written in place into an input has that input's strides and
+    address; others are allocated in their stride order."""
+    o = fusion.outputs[k]
+    if o.domain.no_reductions()[axis].is_broadcast:  # written one element wide
+        return False
+    if k in fusion.aliases:
+        t = info.tensors[fusion.aliases[k]]
+        return (
+            t.strides[axis] == 1
+            and all(
+                st % vec == 0 for d, (st, sz) in enumerate(zip(t.strides, t.sizes)) if d != axis and sz > 1
+            )
+            and t.align % (vec * t.itemsize) == 0
+        )
+    return o.domain.allocation_order()[-1] == axis
 
 
 def tma_describable(t, split: int) -> str | None:

@@ -1,0 +1,269 @@
+"""Test-only: run a lowered kernel on the CPU, thread by thread, for tiny shapes.
+
+It executes the kernel IR that codegen prints (loops, predicates, indexed
+assignments, block reductions and syncs) with every thread of a block as a
+Python generator that pauses at each barrier, so indexing, predication and
+views can be checked numerically on a machine without a GPU. Values are
+Python numbers (no 16-bit rounding); TMA and mbarrier kernels are not
+covered (force ``tma=False``).
+
+>>> # outs = interpret(fd, [torch.randn(2, 3, 4)])   # like fd.execute, on the CPU
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from circbuf.ir import (
+    BinaryOp,
+    BroadcastOp,
+    CastOp,
+    DataType,
+    LoadStoreOp,
+    MemoryType,
+    ParallelType,
+    ReductionOp,
+    TernaryOp,
+    UnaryOp,
+    evaluate,
+)
+from circbuf.lowering.kir import Allocate, Assign, BlockReduce, BlockSync, Comment, ForLoop, IfThenElse
+
+_UN = {
+    "neg": lambda x: -x,
+    "abs": abs,
+    "exp": math.exp,
+    "exp2": lambda x: 2.0**x,
+    "log": math.log,
+    "sqrt": math.sqrt,
+    "rsqrt": lambda x: 1 / math.sqrt(x),
+    "reciprocal": lambda x: 1 / x,
+    "tanh": math.tanh,
+    "sigmoid": lambda x: 1 / (1 + math.exp(-x)),
+    "relu": lambda x: max(x, 0),
+    "gelu": lambda x: 0.5 * x * (1 + math.erf(x / math.sqrt(2))),
+    "silu": lambda x: x / (1 + math.exp(-x)),
+}
+
+
+def _div(a, b, dt):
+    if dt.is_float:
+        return a / b
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+_BIN = {
+    "add": lambda a, b, dt: a + b,
+    "sub": lambda a, b, dt: a - b,
+    "mul": lambda a, b, dt: a * b,
+    "div": _div,
+    "maximum": lambda a, b, dt: max(a, b),
+    "minimum": lambda a, b, dt: min(a, b),
+    "lt": lambda a, b, dt: a < b,
+    "le": lambda a, b, dt: a <= b,
+    "gt": lambda a, b, dt: a > b,
+    "ge": lambda a, b, dt: a >= b,
+    "eq": lambda a, b, dt: a == b,
+    "ne": lambda a, b, dt: a != b,
+}
+_RED = {"sum": lambda a, b: a + b, "max": max, "min": min}
+
+
+def _cast(v, dt: DataType):
+    if dt == DataType.Bool:
+        return bool(v)
+    if dt.is_int:
+        return int(v)  # C truncation
+    return float(v)
+
+
+class _Thread:
+    def __init__(self, run, env):
+        self.run, self.env, self.local = run, env, {}
+
+    def buf(self, tv):
+        if tv.memory_type == MemoryType.Global:
+            return self.run.glob[tv.name]
+        if tv.memory_type == MemoryType.Shared:
+            return self.run.shared[tv.name]
+        return self.local[tv.name]
+
+    def load(self, ref, k=0):
+        i = evaluate(ref.index, self.env) + k
+        b = self.buf(ref.tv)
+        if ref.tv.memory_type == MemoryType.Global:
+            assert 0 <= i < b.numel(), f"{ref.tv.name}[{i}] out of bounds ({b.numel()})"
+            return b[i].item()
+        v = b[i]
+        # registers of lanes predicated off hold garbage on the GPU; their
+        # results are never stored, so any value does
+        return 0 if v is None else v
+
+    def store(self, ref, v, k=0):
+        i = evaluate(ref.index, self.env) + k
+        b = self.buf(ref.tv)
+        if ref.tv.memory_type == MemoryType.Global:
+            assert 0 <= i < b.numel(), f"{ref.tv.name}[{i}] out of bounds ({b.numel()})"
+            b[i] = torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v  # inf past fp32
+        else:
+            b[i] = v
+
+    def value(self, x, dt):
+        from circbuf.lowering.kir import TensorRef
+
+        if isinstance(x, TensorRef):
+            return self.load(x)
+        return _cast(evaluate(x, self.env), dt)
+
+    def exec(self, nodes):
+        for n in nodes:
+            if isinstance(n, ForLoop):
+                ext = evaluate(n.extent, self.env)
+                for j in range(ext):
+                    self.env[n.index.name] = j
+                    yield from self.exec(n.body)
+            elif isinstance(n, IfThenElse):
+                yield from self.exec(n.then if evaluate(n.cond, self.env) else n.else_)
+            elif isinstance(n, Allocate):
+                size = evaluate(n.size, self.env) if not isinstance(n.size, int) else n.size
+                if n.memory == MemoryType.Local:
+                    self.local[n.tv.name] = [None] * (size * n.stages)
+                else:
+                    self.run.shared.setdefault(n.tv.name, [None] * (size * n.stages))
+            elif isinstance(n, Assign):
+                self.assign(n)
+            elif isinstance(n, BlockSync):
+                yield ("sync", None)
+            elif isinstance(n, BlockReduce):
+                v = self.load(n.ref)
+                r = yield ("reduce", (n, v))
+                self.store(n.ref, r)
+            elif isinstance(n, Comment):
+                pass
+            else:
+                raise NotImplementedError(f"interpreter: {type(n).__name__}")
+
+    def assign(self, a: Assign):
+        out = a.lhs.tv
+        dt = out.dtype
+        if a.lhs.vector > 1:
+            for k in range(a.lhs.vector):
+                self.store(a.lhs, self.load(a.operands[0], k), k)
+            return
+        if a.init is not None:
+            self.store(a.lhs, _cast(a.init.value, dt))
+            return
+        try:
+            v = self.compute(a, dt)
+        except OverflowError:
+            v = float("inf")
+        except (ZeroDivisionError, ValueError):
+            v = float("nan")  # garbage of a lane predicated off (a GPU gives inf/NaN too)
+        self.store(a.lhs, _cast(v, dt) if not (isinstance(v, float) and math.isnan(v)) or dt.is_float else 0)
+
+    def compute(self, a: Assign, dt):
+        e, ops = a.expr, a.operands
+        if isinstance(e, ReductionOp):
+            v = _RED[e.op_name](self.load(ops[0]), self.value(ops[1], dt))
+        elif isinstance(e, CastOp):
+            v = self.value(ops[0], e.inputs[0].dtype)
+        elif isinstance(e, UnaryOp):
+            v = _UN[e.op_name](self.value(ops[0], dt))
+        elif isinstance(e, BinaryOp):
+            cdt = next((x.dtype for x in e.inputs if hasattr(x, "dtype") and hasattr(x, "domain")), dt)
+            v = _BIN[e.op_name](self.value(ops[0], cdt), self.value(ops[1], cdt), cdt)
+        elif isinstance(e, TernaryOp):
+            c = self.value(ops[0], DataType.Bool)
+            v = self.value(ops[1], dt) if c else self.value(ops[2], dt)
+        elif isinstance(e, (LoadStoreOp, BroadcastOp)) or getattr(e, "is_view", False):
+            v = self.value(ops[0], dt)
+        else:
+            raise NotImplementedError(f"interpreter: {type(e).__name__}")
+        return v
+
+
+class _Run:
+    def __init__(self, kernel, glob):
+        self.k, self.glob, self.shared = kernel, glob, {}
+
+
+def _block(run, env, block):
+    """Run one CTA: all threads advance to their next barrier together."""
+    threads = []
+    for tz in range(block[2]):
+        for ty in range(block[1]):
+            for tx in range(block[0]):
+                e = dict(env, **{"threadIdx.x": tx, "threadIdx.y": ty, "threadIdx.z": tz})
+                t = _Thread(run, e)
+                threads.append((t, t.exec(run.k.body)))
+    pending = {i: None for i in range(len(threads))}
+    while pending:
+        events = {}
+        for i, send in list(pending.items()):
+            try:
+                events[i] = threads[i][1].send(send)
+            except StopIteration:
+                del pending[i]
+        if not events:
+            break
+        assert len(events) == len(pending), "some threads exited while others wait at a barrier"
+        kinds = {ev[0] for ev in events.values()}
+        assert len(kinds) == 1, f"threads disagree on the next barrier: {kinds}"
+        if kinds == {"sync"}:
+            pending = {i: None for i in events}
+            continue
+        groups: dict = {}
+        for i, (_, (node, v)) in events.items():
+            e = threads[i][0].env
+            pt = node.ptypes[0]
+            key = e["threadIdx.y"] if pt == ParallelType.TIDx else e["threadIdx.x"]
+            groups.setdefault(key, []).append((i, v))
+        node = next(iter(events.values()))[1][0]
+        op = _RED[node.expr.op_name]
+        for members in groups.values():
+            acc = members[0][1]
+            for _, v in members[1:]:
+                acc = op(acc, v)
+            for i, _ in members:
+                pending[i] = acc
+
+
+def interpret(fd, inputs):
+    """Compile ``fd`` for sm_90a on these CPU inputs and run the kernel here.
+    Returns what ``fd.execute`` would (outputs poisoned with NaN first)."""
+    ex = fd._get_executor()
+    ck = ex.compile(inputs, arch="sm_90a")
+    k = ck.kernel
+    info, _ = ex._bind(inputs, need_cuda=False)
+    plan = ex._build_plan(ck, info, torch.device("cpu"))
+    outs = plan.new_outputs(inputs)
+    for o, spec in zip(outs, plan.out_specs):
+        if o.is_floating_point() and spec[3] is None:  # not an input written in place
+            o.fill_(float("nan"))
+    if plan.empty:
+        return plan.finish(inputs, outs) if plan.finish else outs
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + list(outs)
+    env = {}
+    glob = {}
+    for p, t in zip(k.tensor_params, tensors):
+        name = p.tv.name
+        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
+        glob[name] = torch.as_strided(t, (span,), (1,), t.storage_offset())
+        for d in range(t.dim()):
+            env[f"{name}.stride[{d}]"] = t.stride(d)
+    for name, (pi, d) in k.extent_bindings.items():
+        env[name] = tensors[pi].shape[d]
+    scal = [x for d, x in zip(ex.fusion.inputs, inputs) if not isinstance(x, torch.Tensor)]
+    for v, x in zip(k.scalar_params, scal):
+        env[v.name] = x
+    run = _Run(k, glob)
+    for bz in range(plan.grid[2]):
+        for by in range(plan.grid[1]):
+            for bx in range(plan.grid[0]):
+                run.shared = {}
+                e = dict(env, **{"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz})
+                _block(run, e, plan.block)
+    return plan.finish(inputs, outs) if plan.finish else outs
