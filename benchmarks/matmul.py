@@ -90,9 +90,12 @@ def table():
     write_json("bench_matmul.json", rows)
 
 
+SWEEP_SHAPES = [SHAPES[k] for k in (0, 1, 3, 4, 5)]
+
+
 def sweep():
     print(f"GPU: {gpu_name()}  matmul sweep, TFLOP/s (heuristic first)")
-    for m, n, k, kind in SHAPES:
+    for m, n, k, kind in SWEEP_SHAPES:
         a, b = inputs(m, n, k, kind)
         line = []
         fd = mm_fusion(kind)
