@@ -91,6 +91,10 @@ def check_sass(ck, n_min=128):
     assert not re.search(r"\b(LDL|STL)\b", sass), "local memory (spills) in a matmul kernel"
     use = ck.resource_usage()
     assert use["LOCAL"] == 0 and use["STACK"] == 0
+    log = ck.compile_log()
+    assert "Used" in log and "registers" in log  # the -v lines are there: the log is the real one
+    # ptxas serializes wgmmas it cannot pipeline (C7510, C7511, C7515...): none here
+    assert not re.search(r"C75(09|1\d)|serializ", log), log
 
 
 @pytest.mark.parametrize("kind", ["matmul", "linear"])

@@ -75,6 +75,13 @@ class CompiledKernel:
 
         return cuobjdump(self.cubin, "-sass")
 
+    def compile_log(self) -> str:
+        """NVRTC's log for this kernel, compiled afresh with ``ptxas -v``
+        (warnings such as C7511, wgmma serialized; registers, spills)."""
+        from .nvrtc import compile_log
+
+        return compile_log(self.cuda, self.arch, self.name + ".cu")
+
     def resource_usage(self) -> dict:
         """REG, STACK, SHARED, LOCAL of the kernel from ``cuobjdump -res-usage``."""
         from .tools import resource_usage

