@@ -75,7 +75,7 @@ def test_params_golden():
         "===== Matmul params =====\n"
         "  tile: (128, 256, 64)\n  stages: 4\n  prefetch: 3\n  persistent: True\n  pingpong: False\n"
         "  cluster: (1, 1)\n  raster: M\n  group: 8\n  registers: (40, 232)\n  epilogue_tile: (64, 64)\n"
-        "  grid: 132\n  store: tma\n  a_major: K\n  b_major: N\n  simt: None\n"
+        "  grid: 132\n  store: tma\n  store_buffers: 2\n  a_major: K\n  b_major: N\n  simt: None\n"
     )
     assert ck.params.brief() == (
         "tile 128x256x64, 4 stages (prefetch 3), persistent, cooperative, raster M/8, grid 132"

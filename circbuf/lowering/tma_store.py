@@ -113,6 +113,22 @@ def _group(kernel, store):
     return (gid + base, threads), lin.lt(32)
 
 
+def _buffers(src, store, barrier) -> int:
+    """Boxes the source buffer holds per storing group of threads."""
+    from .allocation import allocation_size
+
+    size = allocation_size(src)
+    groups = 1
+    if not (isinstance(barrier[0], int) and barrier[0] == 0):
+        for ax in store.out.loop:
+            if ax.parallel_type.is_thread:
+                groups *= int(ax.loop_extent.value)
+    box = store.box_bytes // src.dtype.size
+    if not isinstance(size, Const) or size.value % (box * groups):
+        return 1
+    return max(size.value // (box * groups), 1)
+
+
 def _rewrite(nodes, kernel, loop, found) -> list:
     out = []
     for n in nodes:
@@ -148,9 +164,12 @@ def tma_stores(kernel: Kernel) -> Kernel:
         k = next((k for k, n in enumerate(loop.body) if _writes(n, src)), None)
         if k is None:
             raise CircbufError(f"{src.name}: the TMA store's source is not written in its loop")
+        # a source holding B boxes per group of threads is rewritten while up
+        # to B - 1 later stores still read their boxes
+        pending = _buffers(src, store, barrier) - 1
         loop.body[k:k] = [
-            _elected(kernel, [BulkWaitGroup(0, read=True)], warp),
-            BlockSync(f"WAR: the last TMA store has read {src.name}", barrier),
+            _elected(kernel, [BulkWaitGroup(pending, read=True)], warp),
+            BlockSync(f"WAR: the TMA store of this buffer of {src.name} has read it", barrier),
         ]
     # the stores' global writes are done before the kernel ends (one wait
     # per issuing warp: the lane that committed them waits)

@@ -282,7 +282,12 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         for o in fusion.outputs
     )
     store = "tma" if tma_ok else "direct"
-    staging = 2 * 64 * epi[1] * 2 * len(fusion.outputs) if tma_ok else 0  # [2 warpgroups][64][en] each
+    # two staging buffers per warpgroup when a tile has an even number of
+    # sub-tiles: a sub-tile is written while the last one's TMA store still reads
+    buffers = 2 if tma_ok and (bn // epi[1]) % 2 == 0 else 1
+    staging = (
+        buffers * 2 * 64 * epi[1] * 2 * len(fusion.outputs) if tma_ok else 0
+    )  # [B][2 warpgroups][64][en]
     stage_bytes = (bm + bn) * bk * a.dtype.size
     budget = SMEM_LIMIT - staging
     fit = budget // stage_bytes
@@ -355,6 +360,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         registers=tuple(registers),
         epilogue_tile=tuple(epi),
         store=store,
+        store_buffers=buffers,
         grid=max(grid, 1),
         a_major=a_major,
         b_major=b_major,
@@ -642,6 +648,10 @@ def _fragment(tv, pos, params, kind):
         tv.split(p + 2, en)  # [Mb, M64, Nc, Nn]
         tv.reorder(list(range(p)) + [p, p + 2, p + 1, p + 3] + list(range(p + 4, len(tv.loop))))
         lead = 2  # [Mb, Nc, M64, Nn]
+        if params.store_buffers > 1:  # [Mb, Nc/B, B, M64, Nn]: sub-tiles alternate between B staging buffers
+            tv.split(p + 1, params.store_buffers)
+            out["buffer"] = tv.axis(p + 2)
+            lead = 3
     m64, n = p + lead, p + lead + 1
     out["m64"], out["n"], out["inline"] = tv.axis(m64), tv.axis(n), m64
     if kind == "store":
@@ -744,7 +754,8 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         axes = _fragment(tv, pos, params, kind)
         if id(tv) in staged:  # [W][64][en], swizzled like the store's box
             tidy = axes["tidy"] or next(a for a in tv.loop if a.parallel_type == ParallelType.TIDy)
-            tv.set_allocation([tidy, axes["m64"], axes["n"]])
+            buf = [axes["buffer"]] if "buffer" in axes else []
+            tv.set_allocation(buf + [tidy, axes["m64"], axes["n"]])
             tv.swizzle(128)
             tv.inline_at(axes["inline"])
             tv.axis(-1).parallelize(ParallelType.Vectorize)  # e: a bf16 pair per store

@@ -132,6 +132,7 @@ class MatmulParams(Params):
     epilogue_tile: tuple = (64, 64)
     grid: int = 132
     store: str = "tma"  # outputs: "tma" (staged in shared memory, TMA stores) or "direct" (from registers)
+    store_buffers: int = 2  # staging buffers per warpgroup that sub-tiles alternate between
     a_major: str = "K"  # which axis of A is contiguous in memory: "K" or "M"
     b_major: str = "K"  # of B: "K" (linear's [N, K] weight) or "N" (matmul's [K, N])
     simt: object = None  # ReductionParams: the sum-of-products path
