@@ -80,7 +80,11 @@ class CompiledKernel:
         (warnings such as C7511, wgmma serialized; registers, spills)."""
         from .nvrtc import compile_log
 
-        return compile_log(self.cuda, self.arch, self.name + ".cu")
+        for _ in range(3):  # NVRTC 13.0 has been seen to hand back an empty log once in a while
+            log = compile_log(self.cuda, self.arch, self.name + ".cu")
+            if log.strip("\x00 \n"):
+                return log
+        return log
 
     def resource_usage(self) -> dict:
         """REG, STACK, SHARED, LOCAL of the kernel from ``cuobjdump -res-usage``."""
