@@ -90,6 +90,13 @@ def table():
     write_json("bench_matmul.json", rows)
 
 
+EPILOGUE_VARIANTS = {
+    "coop 128x256": dict(tile=(128, 256, 64)),
+    "pp 64x256": dict(pingpong=True, tile=(64, 256, 64)),
+    "pp 128x128": dict(pingpong=True, tile=(128, 128, 64)),
+    "pp 128x192": dict(pingpong=True, tile=(128, 192, 64)),
+    "pp 64x256 s5": dict(pingpong=True, tile=(64, 256, 64), stages=5),
+}
 SWEEP_SHAPES = [SHAPES[k] for k in (0, 1, 3, 4, 5)]
 
 
@@ -130,6 +137,14 @@ def epilogue():
         torch._dynamo.reset()
         compiled = torch.compile(eager, dynamic=False)
         compiled(x, w, bias)
+        if "--variants" in sys.argv:  # the fused kernel under each schedule, same run
+            line = []
+            for tag, ov in EPILOGUE_VARIANTS.items():
+                f2 = mm_fusion("linear", bias=True, epilogue="gelu")
+                f2.fusion.schedule(**ov)
+                f2.execute([x, w, bias])
+                line.append(f"{tag} {bench_ms(lambda f2=f2, a=(x, w, bias): f2.execute(list(a))) * 1e3:.0f}")
+            print(f"  {m}x{n}x{k} variants (us): " + " | ".join(line))
         fd = mm_fusion("linear", bias=True, epilogue="gelu")
         (out,) = fd.execute([x, w, bias])
         ref = eager(x, w, bias)
