@@ -39,7 +39,7 @@ SWEEP = {
     "coop 256x128 s4": dict(tile=(256, 128, 64), stages=4),
     "pp 128x128 s6": dict(pingpong=True, tile=(128, 128, 64), stages=6),
     "pp 128x192 s5": dict(pingpong=True, tile=(128, 192, 64), stages=5),
-    "pp 64x256 s5": dict(pingpong=True, tile=(64, 256, 64), stages=5),
+    "pp 64x256 s3": dict(pingpong=True, tile=(64, 256, 64), stages=3),
     "coop 128x256 s3": dict(tile=(128, 256, 64), stages=3),
     "coop g4": dict(group=4),
     "coop g16": dict(group=16),
@@ -95,7 +95,7 @@ EPILOGUE_VARIANTS = {
     "pp 64x256": dict(pingpong=True, tile=(64, 256, 64)),
     "pp 128x128": dict(pingpong=True, tile=(128, 128, 64)),
     "pp 128x192": dict(pingpong=True, tile=(128, 192, 64)),
-    "pp 64x256 s5": dict(pingpong=True, tile=(64, 256, 64), stages=5),
+    "pp 64x256 s3": dict(pingpong=True, tile=(64, 256, 64), stages=3),
 }
 SWEEP_SHAPES = [SHAPES[k] for k in (0, 1, 3, 4, 5)]
 
