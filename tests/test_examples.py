@@ -10,7 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = ["quickstart.py", "circular_buffer.py"]
+EXAMPLES = ["quickstart.py", "circular_buffer.py", "matmul.py"]
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
