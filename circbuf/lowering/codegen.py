@@ -30,7 +30,6 @@ from ..ir import (
 from .kir import (
     Allocate,
     Assign,
-    BarrierArrive,
     BlockReduce,
     BlockSync,
     BulkCommitGroup,
@@ -334,9 +333,6 @@ class CudaCodegen:
 
     def visit_WgmmaWait(self, n: WgmmaWait):
         self.emit(f"cb::wgmma_wait<{n.pending}>();")
-
-    def visit_BarrierArrive(self, n: BarrierArrive):
-        self.emit(f"cb::bar_arrive({self.scalar(n.barrier[0])}, {n.barrier[1]});  // {n.reason}")
 
     def visit_Return(self, n: Return):
         self.emit("return;")

@@ -499,17 +499,6 @@ class WgmmaWait(Node):
 
 
 @dataclass(eq=False)
-class BarrierArrive(Node):
-    """``bar.arrive id, threads``: count toward a named barrier without waiting."""
-
-    barrier: tuple  # (id Scalar, threads)
-    reason: str = ""
-
-    def lines(self, ind):
-        return ["  " * ind + f"BAR_ARRIVE bar{self.barrier[0]}/{self.barrier[1]}  // {self.reason}"]
-
-
-@dataclass(eq=False)
 class Comment(Node):
     text: str
 

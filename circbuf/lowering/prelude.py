@@ -398,10 +398,6 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 }
-// count toward named barrier `id` without waiting (the other side syncs on it)
-__device__ __forceinline__ void bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
-}
 
 }  // namespace cb
 // ---- end of prelude ----
