@@ -115,31 +115,9 @@ def manual_ring_exp(tidx: int, stages: int, kind=None):
 
 
 def manual_ws_exp(tidx: int, stages: int, registers=(40, 232)):
-    """exp over a [rows, cols] bf16 tensor, scheduled by hand: rows in pairs
-    (threadIdx.y), columns in tiles of ``tidx`` (threadIdx.x), each [2 x tidx]
-    tile staged by TMA in a warp-specialized ring over the row-pair loop and
-    the column-tile loop together."""
-    from circbuf.ir import ParallelType
-    from circbuf.scheduler import propagate_transforms
-
-    with cb.FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
-        y = fd.ops.cast(fd.ops.exp(x), D.BFloat16)
-        fd.add_output(y)
-    xs = x.cache_after(op="tma")
-    y.split(1, tidx).split(0, 2)
-    y.reorder([0, 2, 1, 3])  # [I/2 (outer loop), J/tidx (buffered loop), TIDy 2, TIDx tidx]
-    y.axis(2).parallelize(ParallelType.TIDy)
-    y.axis(3).parallelize(ParallelType.TIDx)
-    propagate_transforms(fd.fusion, y)
-    xs.axis(2).parallelize(ParallelType.Bulk)
-    xs.axis(3).parallelize(ParallelType.Bulk)
-    xs.inline_at(2)
-    for tv in fd.fusion.used_tvs():
-        if tv is not xs and not tv.is_input and not tv.is_output:
-            tv.inline_at(4)
-    xs.circular_buffer(stages, type=cb.WarpSpecialized(registers=registers))
-    return fd
+    """:func:`manual_ring_exp` with a warp-specialized ring: one ring over the
+    row-pair loop and the column-tile loop together."""
+    return manual_ring_exp(tidx, stages, cb.WarpSpecialized(registers=registers))
 
 
 def manual_tma_store(transposed=False):

@@ -98,6 +98,8 @@ from .kir import (
     TmaLoad,
     Wgmma,
     WgmmaWait,
+    insert_before,
+    parent_list,
     thread0_cond,
     walk,
 )
@@ -192,42 +194,6 @@ def _stack_to(nodes, target, stack=()):
             if r is not None:
                 return r
     return None
-
-
-def _insert_before(nodes, target, new) -> bool:
-    for k, n in enumerate(nodes):
-        if n is target:
-            nodes[k:k] = new
-            return True
-        if isinstance(n, ForLoop) and _insert_before(n.body, target, new):
-            return True
-        if isinstance(n, IfThenElse) and (
-            _insert_before(n.then, target, new) or _insert_before(n.else_, target, new)
-        ):
-            return True
-    return False
-
-
-def _parent_list(nodes, target):
-    """The node list that holds ``target`` directly."""
-    for n in nodes:
-        if n is target:
-            return nodes
-        for sub in _children(n):
-            r = _parent_list(sub, target)
-            if r is not None:
-                return r
-    return None
-
-
-def _children(n):
-    if isinstance(n, ForLoop):
-        return [n.body]
-    if isinstance(n, IfThenElse):
-        return [n.then, n.else_]
-    if isinstance(n, ElectOne):
-        return [n.then]
-    return []
 
 
 def _first_read(nodes, tvs):
@@ -357,7 +323,7 @@ def _pipeline(kernel, alloc, key, setup, teardown):
         + _release_after_last_read(rest, [tv], release)
         + [RingAdvance(use, Const(1))]
     )
-    _insert_before(kernel.body, loop, [Comment(f"prologue: fill {P} of {S} stages of {name}"), prologue])
+    insert_before(kernel.body, loop, [Comment(f"prologue: fill {P} of {S} stages of {name}"), prologue])
     setup += [RingInit(load), RingInit(use), MBarrierAlloc(full, S)]
     inits = [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
     invals = [MBarrierInval(MBarrierRef(full, Const(s))) for s in range(S)]
@@ -651,7 +617,7 @@ def _place_consumer_ring(body, bufs, levels, use, full, empty, S, consumers, lab
                 [Comment("the previous stage's wgmmas are done"), release()],
             ),
         )
-        parent = _parent_list(body, ring_loop)
+        parent = parent_list(body, ring_loop)
         after = parent.index(ring_loop) + 1
         tail = next((k for k in range(after, len(parent)) if isinstance(parent[k], WgmmaWait)), None)
         if tail is None or parent[tail].pending != 0:

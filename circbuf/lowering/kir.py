@@ -642,3 +642,46 @@ def rewrite(nodes, fn) -> list:
         else:
             out.append(r)
     return out
+
+
+def children(n) -> list:
+    """The node lists directly inside ``n`` (a loop's body, an if's branches)."""
+    if isinstance(n, ForLoop):
+        return [n.body]
+    if isinstance(n, IfThenElse):
+        return [n.then, n.else_]
+    if isinstance(n, ElectOne):
+        return [n.then]
+    return []
+
+
+def parent_list(nodes, target):
+    """The node list that holds ``target`` directly, or None."""
+    for n in nodes:
+        if n is target:
+            return nodes
+        for sub in children(n):
+            r = parent_list(sub, target)
+            if r is not None:
+                return r
+    return None
+
+
+def insert_before(nodes, target, new: list) -> bool:
+    """Put ``new`` right before ``target`` wherever it sits in the tree."""
+    lst = parent_list(nodes, target)
+    if lst is None:
+        return False
+    k = next(k for k, n in enumerate(lst) if n is target)
+    lst[k:k] = list(new)
+    return True
+
+
+def insert_after(nodes, target, new: list) -> bool:
+    """Put ``new`` right after ``target`` wherever it sits in the tree."""
+    lst = parent_list(nodes, target)
+    if lst is None:
+        return False
+    k = next(k for k, n in enumerate(lst) if n is target)
+    lst[k + 1 : k + 1] = list(new)
+    return True

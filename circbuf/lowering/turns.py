@@ -36,7 +36,6 @@ from __future__ import annotations
 from ..ir import CircbufError, Const, ParallelType, Var
 from .kir import (
     Comment,
-    ElectOne,
     ForLoop,
     IfThenElse,
     Kernel,
@@ -50,6 +49,7 @@ from .kir import (
     RingInit,
     Wgmma,
     WgmmaWait,
+    insert_before,
     walk,
 )
 
@@ -101,7 +101,7 @@ def take_turns(kernel: Kernel) -> Kernel:
             MBarrierWait(MBarrierRef(mma, mine), turn.phase),
         ]
         body += [MBarrierArrive(MBarrierRef(epi, other)), RingAdvance(turn, Const(1))]
-        _insert_before(kernel.body, tile, [RingInit(turn, Const(1) - Var(pt.value, lo=0, hi=Const(2)))])
+        insert_before(kernel.body, tile, [RingInit(turn, Const(1) - Var(pt.value, lo=0, hi=Const(2)))])
         threads = kernel.launch.get(ParallelType.TIDx, Const(1)).value
         setup += [MBarrierAlloc(mma, 2), MBarrierAlloc(epi, 2)]
         inits = [MBarrierInit(MBarrierRef(b, Const(g)), Const(threads)) for b in (mma, epi) for g in range(2)]
@@ -122,16 +122,3 @@ def _names(e) -> set:
     from ..ir.scalar import free_vars
 
     return set(free_vars(e))
-
-
-def _insert_before(nodes, target, new) -> bool:
-    for k, n in enumerate(nodes):
-        if n is target:
-            nodes[k:k] = new
-            return True
-        subs = [n.body] if isinstance(n, ForLoop) else [n.then, n.else_] if isinstance(n, IfThenElse) else []
-        subs += [n.then] if isinstance(n, ElectOne) else []
-        for sub in subs:
-            if _insert_before(sub, target, new):
-                return True
-    return False

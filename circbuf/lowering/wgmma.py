@@ -33,7 +33,7 @@ After::
 from __future__ import annotations
 
 from ..ir.scalar import free_vars
-from .kir import ForLoop, Kernel, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, walk
+from .kir import ForLoop, Kernel, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, insert_after, insert_before, walk
 
 IN_FLIGHT = 1  # wgmma groups left running at the end of a k step
 
@@ -52,43 +52,9 @@ def wgmma_sync(kernel: Kernel) -> Kernel:
                 continue
             done.add(id(k_loop))
             k_loop.body = [WgmmaFence(), *k_loop.body, WgmmaCommit(), WgmmaWait(IN_FLIGHT)]
-            _after(kernel.body, k_loop, WgmmaWait(0))
+            insert_after(kernel.body, k_loop, [WgmmaWait(0)])
             continue
         # the whole reduction is one k step: one group, waited for at once
-        _before(kernel.body, w, WgmmaFence())
-        _after(kernel.body, w, WgmmaCommit(), WgmmaWait(0))
+        insert_before(kernel.body, w, [WgmmaFence()])
+        insert_after(kernel.body, w, [WgmmaCommit(), WgmmaWait(0)])
     return kernel
-
-
-def _before(nodes, target, *new) -> bool:
-    for k, n in enumerate(nodes):
-        if n is target:
-            nodes[k:k] = list(new)
-            return True
-        for sub in _children(n):
-            if _before(sub, target, *new):
-                return True
-    return False
-
-
-def _after(nodes, target, *new) -> bool:
-    for k, n in enumerate(nodes):
-        if n is target:
-            nodes[k + 1 : k + 1] = list(new)
-            return True
-        for sub in _children(n):
-            if _after(sub, target, *new):
-                return True
-    return False
-
-
-def _children(n):
-    from .kir import ElectOne, IfThenElse
-
-    if isinstance(n, ForLoop):
-        return [n.body]
-    if isinstance(n, IfThenElse):
-        return [n.then, n.else_]
-    if isinstance(n, ElectOne):
-        return [n.then]
-    return []
