@@ -7,8 +7,10 @@ announces the bytes, the copies complete the transaction); ``empty[s]``
 barriers (or a block sync) say "stage s may be refilled". Each side of the
 ring carries a stage index and a phase bit as variables (``X_load_stage``,
 ``X_use_phase``, ...), advanced once per ring position and flipped at each
-wrap, so the ring is right for any loops around the ring loop: it never
-restarts or drains between iterations of an enclosing loop.
+wrap, so the ring is right for any loops around the ring loop: positions
+run on across an enclosing loop (a warp-specialized ring never drains there;
+a Pipelined one drains and re-primes each outer iteration, its stage and
+phase carried over).
 
 Pipelined (every thread loads and computes; ``P`` copies in flight)::
 
@@ -140,9 +142,10 @@ def _async_reads(node, tv) -> bool:
     return bool(hit)
 
 
-def _clone_loads(nodes, mapping, stage_off, bar):
-    """Copies of the load nest for another iteration: indices substituted, the
-    destination moved to the stage, every copy completing on ``bar``."""
+def _clone_loads(nodes, mapping, stage_off=None, bar=None):
+    """Copies of a load nest: indices substituted (another iteration, or
+    another nest's loop variables), the destination moved by ``stage_off``
+    and every copy completing on ``bar`` (when given)."""
     out = []
     for n in nodes:
         if isinstance(n, ForLoop):
@@ -151,10 +154,10 @@ def _clone_loads(nodes, mapping, stage_off, bar):
             c.body = _clone_loads(n.body, mapping, stage_off, bar)
             out.append(c)
         else:
-            dst = TensorRef(n.dst.tv, substitute(n.dst.index, mapping) + stage_off)
-            out.append(
-                TmaLoad(dst, n.map_index, [substitute(x, mapping) for x in n.coords], n.box_bytes, bar)
-            )
+            idx = substitute(n.dst.index, mapping)
+            dst = TensorRef(n.dst.tv, idx + stage_off if stage_off is not None else idx)
+            coords = [substitute(x, mapping) for x in n.coords]
+            out.append(TmaLoad(dst, n.map_index, coords, n.box_bytes, bar if bar is not None else n.bar))
     return out
 
 
@@ -292,6 +295,11 @@ def _pipeline(kernel, alloc, key, setup, teardown):
     first_read = next((k for k, n in enumerate(loop.body) if _reads(n, tv)), len(loop.body))
     if any(loop.body.index(m) > first_read for m in loads):
         raise CircbufError(f"{name}: a read of the buffer precedes its copy in the loop")
+    if any(_async_reads(n, tv) for n in rest):
+        raise CircbufError(
+            f"{name}: wgmmas read it asynchronously; a Pipelined ring would refill a stage they may "
+            "still read (use WarpSpecialized, which releases after wgmma.wait_group)"
+        )
     buf = _Buffer(alloc, loads)
     full = f"{name}_full"
     empty = f"{name}_empty" if kind.war == "mbarrier" else None
@@ -339,7 +347,7 @@ def _pipeline(kernel, alloc, key, setup, teardown):
 def _warp_specialize(kernel, allocs, names):
     """All warp-specialized buffers form one ring: one stage count and type,
     one ring loop (inlined buffers) or one loop structure (own nests)."""
-    rings = {allocs[n].tv.circular[:2] + (allocs[n].tv.circular[2],) for n in names}
+    rings = {allocs[n].tv.circular for n in names}
     if len(rings) != 1:
         raise CircbufError(
             f"warp-specialized buffers {', '.join(names)} must share one stage count, prefetch and type"
@@ -359,6 +367,10 @@ def _warp_specialize(kernel, allocs, names):
     else:
         producer_nest, bufs, levels = _inlined_nest(kernel, allocs, names)
     y, tx = kernel.launch.get(ParallelType.TIDy, Const(1)), kernel.launch.get(ParallelType.TIDx, Const(1))
+    if kernel.launch.get(ParallelType.TIDz, Const(1)) != Const(1):
+        raise CircbufError(
+            f"{label}: a warp-specialized kernel's threads are rows of threadIdx.y (no threadIdx.z)"
+        )
     if not isinstance(y, Const) or not isinstance(tx, Const):
         raise CircbufError(f"{label}: warp specialization needs constant thread extents")
     consumers = y.value * tx.value
@@ -399,7 +411,7 @@ def _warp_specialize(kernel, allocs, names):
         S,
         consumers,
         label,
-        {ParallelType.TIDy: y.value, ParallelType.TIDz: kernel.launch.get(ParallelType.TIDz, Const(1)).value},
+        {ParallelType.TIDy: y.value},
     )
 
     def named(n, _s):
@@ -503,7 +515,7 @@ def _separate_nests(kernel, allocs, names):
     for n, nest in zip(names, nests):
         other = _level_loops(nest, kernel.circular_loops[n])
         mapping = {b.index.name: a.index for a, b in zip(levels, other)}
-        loads = _rename(other[-1].body, mapping)
+        loads = _clone_loads(other[-1].body, mapping)
         bufs.append(_Buffer(allocs[n], loads))
     ring.body = []
     for nest in nests[1:]:  # fused into the head nest: gone from the kernel
@@ -528,27 +540,6 @@ def _same_header(a, b) -> bool:
     return all(
         simplify(x - y) == Const(0) for x, y in ((a.extent, b.extent), (a.start, b.start), (a.step, b.step))
     )
-
-
-def _rename(nodes, mapping):
-    out = []
-    for n in nodes:
-        if isinstance(n, ForLoop):
-            c = copy.copy(n)
-            c.extent = substitute(n.extent, mapping)
-            c.body = _rename(n.body, mapping)
-            out.append(c)
-        else:
-            out.append(
-                TmaLoad(
-                    TensorRef(n.dst.tv, substitute(n.dst.index, mapping)),
-                    n.map_index,
-                    [substitute(x, mapping) for x in n.coords],
-                    n.box_bytes,
-                    n.bar,
-                )
-            )
-    return out
 
 
 def _place_consumer_ring(body, bufs, levels, use, full, empty, S, consumers, label, rows):

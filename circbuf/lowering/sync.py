@@ -19,8 +19,9 @@ After::
 
 from __future__ import annotations
 
-from ..ir import MemoryType
-from .kir import Assign, BlockSync, Fence, ForLoop, IfThenElse, Kernel, TensorRef
+from ..ir import CircbufError, MemoryType
+from ..ir.scalar import Scalar, free_vars
+from .kir import Assign, BlockReduce, BlockSync, Fence, ForLoop, IfThenElse, Kernel, TensorRef, children
 
 
 def _synced_by_barriers(tv) -> bool:
@@ -88,8 +89,39 @@ def _merge_barriers(nodes: list) -> list:
     return out
 
 
+def _thread_vars(e) -> set:
+    if not isinstance(e, Scalar):
+        return set()
+    return {n for n in free_vars(e) if n.startswith("threadIdx")}
+
+
+def _check_uniform_trips(nodes: list, loops: tuple = ()) -> None:
+    """A barrier whose id is the same for all threads (``__syncthreads`` or
+    the consumers' named barrier) must be reached the same number of times
+    by each: a loop whose bounds depend on a thread index (a ping-pong
+    warpgroup's share of a persistent grid) cannot contain one, or the
+    warpgroup with fewer trips leaves the others waiting forever."""
+    for n in nodes:
+        if isinstance(n, (BlockSync, BlockReduce)) and not _thread_vars(n.barrier[0]):
+            for loop in loops:
+                used = set()
+                for e in (loop.start, loop.extent, loop.step):
+                    used |= _thread_vars(e)
+                if used:
+                    what = n.reason if isinstance(n, BlockSync) else f"block reduction of {n.expr.out.name}"
+                    raise CircbufError(
+                        f"a block-wide barrier ({what}) sits in loop {loop.index.name}, whose trip count "
+                        f"depends on {', '.join(sorted(used))}: threads would reach it different numbers "
+                        "of times and hang"
+                    )
+        inner = loops + (n,) if isinstance(n, ForLoop) else loops
+        for body in children(n):
+            _check_uniform_trips(body, inner)
+
+
 def insert_syncs(kernel: Kernel) -> Kernel:
     """Entry: add BlockSync nodes for shared-memory RAW/WAR hazards (named
     barriers over the consumers in a warp-specialized kernel)."""
     kernel.body = _merge_barriers(_sync_list(kernel.body, kernel.consumer_barrier))
+    _check_uniform_trips(kernel.body)
     return kernel

@@ -98,6 +98,15 @@ def _group(kernel, store):
         threads *= e
     for _, e in dep:
         groups *= e
+    order = [p for p, _ in dims]
+    if rest and dep and max(order.index(p) for p, _ in rest) > min(order.index(p) for p, _ in dep):
+        # A named barrier counts whole warps; a group is whole warps only when the
+        # thread axes it spans are the fast-varying ones.
+        raise CircbufError(
+            f"{store.src.tv.name}: each box is filled by threads that differ in "
+            f"{', '.join(p.value for p, _ in rest)} but share {', '.join(p.value for p, _ in dep)}; "
+            "such a group is not whole warps, so it cannot sync on a named barrier"
+        )
     if threads % 32:
         raise CircbufError(
             f"{store.src.tv.name}: each box is filled by {threads} threads; a group that syncs on a "

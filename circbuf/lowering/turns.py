@@ -33,8 +33,10 @@ After::
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Const, ParallelType, Var
+from ..ir import CircbufError, Const, ParallelType, Var, WarpSpecialized
+from ..ir.scalar import free_vars
 from .kir import (
+    Allocate,
     Comment,
     ForLoop,
     IfThenElse,
@@ -50,6 +52,7 @@ from .kir import (
     Wgmma,
     WgmmaWait,
     insert_before,
+    thread0_cond,
     walk,
 )
 
@@ -69,13 +72,15 @@ def take_turns(kernel: Kernel) -> Kernel:
             continue
         done.add(tv.name)
         pt = tv.turns
+        if not any(a.tv.circular for a in _allocs(kernel)):
+            raise CircbufError(f"{tv.name}: warpgroups take turns on a warp-specialized ring's readers only")
         groups = kernel.launch.get(pt)
         if pt != ParallelType.TIDy or groups != Const(2):
             raise CircbufError(
                 f"{tv.name}: two warpgroups on threadIdx.y take turns, not {groups} on {pt.value}"
             )
         loops = [lp for lp in stack if isinstance(lp, ForLoop)]
-        k_loop = next((lp for lp in loops if lp.index.name in _names(w.scale_d)), None)
+        k_loop = next((lp for lp in loops if lp.index.name in free_vars(w.scale_d)), None)
         if k_loop is None or k_loop is loops[0]:
             raise CircbufError(f"{tv.name}: taking turns needs a tile loop around the k loop")
         tile = loops[loops.index(k_loop) - 1]
@@ -84,7 +89,8 @@ def take_turns(kernel: Kernel) -> Kernel:
         tail = next((j for j in range(k + 1, len(body)) if isinstance(body[j], WgmmaWait)), None)
         if tail is None:
             raise CircbufError(f"{tv.name}: the k loop's wgmmas are never waited for")
-        mine, other = Var(pt.value, lo=0, hi=Const(2)), Const(1) - Var(pt.value, lo=0, hi=Const(2))
+        mine = Var(pt.value, lo=0, hi=Const(2))
+        other = Const(1) - mine
         mma, epi = f"{tv.name}_mma_turn", f"{tv.name}_epi_turn"
         kernel.barrier_names += [mma, epi]
         turn = Ring(f"{tv.name}_turn", 1)
@@ -101,24 +107,27 @@ def take_turns(kernel: Kernel) -> Kernel:
             MBarrierWait(MBarrierRef(mma, mine), turn.phase),
         ]
         body += [MBarrierArrive(MBarrierRef(epi, other)), RingAdvance(turn, Const(1))]
-        insert_before(kernel.body, tile, [RingInit(turn, Const(1) - Var(pt.value, lo=0, hi=Const(2)))])
+        insert_before(kernel.body, tile, [RingInit(turn, other)])
         threads = kernel.launch.get(ParallelType.TIDx, Const(1)).value
         setup += [MBarrierAlloc(mma, 2), MBarrierAlloc(epi, 2)]
         inits = [MBarrierInit(MBarrierRef(b, Const(g)), Const(threads)) for b in (mma, epi) for g in range(2)]
-        setup.append(IfThenElse(_thread0(), inits))
+        setup.append(IfThenElse(thread0_cond(kernel), inits))
     # at the top: the circular-buffer pass initializes them with the ring's
     # barriers, before the block-wide sync that precedes any wait
     kernel.body[0:0] = setup
     return kernel
 
 
-def _thread0():
-    from ..ir import Bin
-
-    return Bin("&&", Var("threadIdx.x").eq(0), Var("threadIdx.y").eq(0))
-
-
-def _names(e) -> set:
-    from ..ir.scalar import free_vars
-
-    return set(free_vars(e))
+def _allocs(kernel):
+    """The shared buffers of warp-specialized rings: their barriers are set up
+    (with these turn barriers) before the block-wide sync that precedes the roles."""
+    out = []
+    walk(
+        kernel.body,
+        lambda n, s: (
+            out.append(n)
+            if isinstance(n, Allocate) and n.tv.circular and isinstance(n.tv.circular[2], WarpSpecialized)
+            else None
+        ),
+    )
+    return out

@@ -75,6 +75,7 @@ OVERRIDES = (
 )
 _EPILOGUE = (UnaryOp, BinaryOp, TernaryOp, CastOp, LoadStoreOp, BroadcastOp)
 SMEM_LIMIT = 232448 - 1024  # opt-in shared memory per block, less barriers and alignment
+ENTRY_REGISTERS = 168  # per thread of 384 under __launch_bounds__(384, 1): 65536 / 384, a multiple of 8
 
 
 def _contractions(fusion: Fusion):
@@ -106,7 +107,6 @@ class MatmulScheduler:
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict) -> MatmulParams:
         e = _contractions(fusion)[0]
         why = _mma_unsupported(fusion, e, info)
-        env = info.extents
         if why is None:
             params = _mma_params(fusion, e, info, overrides)
             if params is not None:
@@ -123,7 +123,6 @@ class MatmulScheduler:
         why2 = ReductionScheduler.can_schedule(f2)
         if why2:
             raise CircbufError(f"matmul {e.out.name}: no path takes it ({why}; SIMT path: {why2})")
-        del env
         return MatmulParams(simt=ReductionScheduler.compute_params(f2, info, {}))
 
     # ---------------------------------------------------------- schedule
@@ -191,15 +190,14 @@ def _operand_layout(t) -> tuple:
     inner_c = t.sizes[-1] == 1 or t.strides[-1] == 1
     outer_c = t.sizes[-2] == 1 or t.strides[-2] == 1
     if inner_c and (t.sizes[-2] == 1 or t.strides[-2] * t.itemsize % 16 == 0):
-        major, other = "inner", t.strides[-2]
+        major = "inner"
     elif outer_c and t.strides[-1] * t.itemsize % 16 == 0:
-        major, other = "outer", t.strides[-1]
+        major = "outer"
     else:
         return None, f"strides {t.strides} (a tensor map needs one unit stride and 16-byte multiples)"
     for d in range(n - 2):
         if t.sizes[d] > 1 and (t.strides[d] * t.itemsize) % 16:
             return None, f"batch stride {t.strides[d]} not a multiple of 16 bytes"
-    del other
     return major, None
 
 
@@ -260,9 +258,9 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         raise CircbufError(
             f"schedule(tile={tuple(tile)}): bn = {bn} must be a multiple of 64 for an N-major B (64-wide swizzle atoms)"
         )
-    if a_major == "M" and bm % 64:
-        raise CircbufError(f"schedule(tile={tuple(tile)}): bm must be a multiple of 64 for an M-major A")
-    epi = _pick(ov, "epilogue_tile", (64, 64))
+    # sub-tiles of one 128-byte swizzled row of bf16; a bn that is no multiple
+    # of 64 is one sub-tile (stored from registers: TMA boxes need the 128 bytes)
+    epi = _pick(ov, "epilogue_tile", (64, 64 if bn % 64 == 0 else bn))
     if not (
         isinstance(epi, (tuple, list)) and len(epi) == 2 and all(isinstance(x, int) and x > 0 for x in epi)
     ):
@@ -335,6 +333,12 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     )
     if not ok:
         raise CircbufError(f"schedule(registers={registers!r}): two multiples of 8 in [24, 256] (setmaxnreg)")
+    if not registers[0] <= ENTRY_REGISTERS <= registers[1]:
+        raise CircbufError(
+            f"schedule(registers={tuple(registers)}): the producer gives registers back and the "
+            f"consumers take them: producer <= {ENTRY_REGISTERS} <= consumers (384 threads start with "
+            f"{ENTRY_REGISTERS} each)"
+        )
     if (registers[0] + 2 * registers[1]) * 128 > 65536:
         raise CircbufError(
             f"schedule(registers={tuple(registers)}): producer + 2 x consumer registers x 128 threads "
@@ -719,11 +723,9 @@ def _operand_tile(xs, roles, params, mn_role, major):
 
 
 def _schedule_mma(fusion: Fusion, params: MatmulParams):
-    linear = isinstance(_contractions(fusion)[0], LinearOp)
     acc, As, Bs, val = translate(fusion, params)
     hoist_broadcasts(fusion)
     e = acc.definition
-    del linear  # transposed views: the tensor maps follow the memory order the kernel is specialized for
     # outputs staged in shared memory and stored by TMA a [64 x en] box at a time
     staged = {}
     if params.store == "tma":
