@@ -80,11 +80,7 @@ class CompiledKernel:
         (warnings such as C7511, wgmma serialized; registers, spills)."""
         from .nvrtc import compile_log
 
-        for _ in range(3):  # NVRTC 13.0 has been seen to hand back an empty log once in a while
-            log = compile_log(self.cuda, self.arch, self.name + ".cu")
-            if log.strip("\x00 \n"):
-                return log
-        return log
+        return compile_log(self.cuda, self.arch, self.name + ".cu")
 
     def resource_usage(self) -> dict:
         """REG, STACK, SHARED, LOCAL of the kernel from ``cuobjdump -res-usage``."""

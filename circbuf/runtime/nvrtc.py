@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 
 from .. import knobs
 from ..ir import CircbufError
@@ -128,6 +129,12 @@ def compile_log(source: str, arch: str, name: str = "kernel.cu") -> str:
 
     >>> # assert "C7511" not in compile_log(ck.cuda, "sm_90a")
     """
+    # NVRTC 13.0 as installed on the lent H100s remembers what ptxas made of a
+    # PTX text and hands back an empty log when it sees that text again (a -D
+    # define does not help: the PTX is the same). An empty kernel with a name
+    # used once makes the PTX new, so ptxas really runs and reports.
+    nonce = f"circbuf_compile_log_{os.getpid()}_{time.monotonic_ns()}"
+    source = f'{source}\nextern "C" __global__ void {nonce}() {{}}\n'
     return _compile(source, compile_options(arch) + ["--ptxas-options=-v"], name, want_log=True)[1]
 
 
