@@ -44,6 +44,18 @@ def bench_ms(fn, warmup=25, rep=100) -> float:
         return times[len(times) // 2]
 
 
+def static_compile(fn):
+    """``fn`` under torch.compile as a user compiling it for one shape gets it:
+    a fresh dynamo (``torch._dynamo.reset()``) and ``dynamic=False``. Call it
+    once per shape: one compiled function fed several shapes recompiles with
+    dynamic shapes, a slower kernel than a user gets, which flatters circbuf.
+
+    >>> # comp = static_compile(torch.softmax); comp(x, -1)
+    """
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
 def copy_bandwidth_gbs(nbytes: int) -> float:
     """Device-to-device copy of ``nbytes``: bytes read + written per second."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()

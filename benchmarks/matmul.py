@@ -17,7 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
-from benchmarks.common import bench_ms, gpu_name, write_json  # noqa: E402
+from benchmarks.common import bench_ms, gpu_name, static_compile, write_json  # noqa: E402
 from tests.test_gpu_matmul import mm_fusion  # noqa: E402
 
 # (M, N, K, kind): kind "matmul" is A @ B with B [K, N]; "linear" is x @ W.T with W [N, K]
@@ -134,8 +134,7 @@ def epilogue():
         def eager(x, w, bias):
             return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias))
 
-        torch._dynamo.reset()
-        compiled = torch.compile(eager, dynamic=False)
+        compiled = static_compile(eager)
         compiled(x, w, bias)
         if "--variants" in sys.argv:  # the fused kernel under each schedule, same run
             line = []

@@ -1,5 +1,5 @@
 """Normalization benchmark: softmax, layer_norm and rms_norm in bf16 against
-torch eager, torch.compile and a device-to-device copy, with circbuf's TMA
+torch eager, a static per-shape torch.compile (benchmarks.common.static_compile) and a device-to-device copy, with circbuf's TMA
 circular-buffered and plain (tma=False) variants side by side.
 
     PYTHONPATH=. python benchmarks/normalization.py
@@ -13,7 +13,14 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
-from benchmarks.common import bench_ms, copy_bandwidth_gbs, gpu_name, require_cuda, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    bench_ms,
+    copy_bandwidth_gbs,
+    gpu_name,
+    require_cuda,
+    static_compile,
+    write_json,
+)
 from tests.util import D, norm_fusion, norm_inputs  # noqa: E402
 
 F = torch.nn.functional
@@ -75,7 +82,7 @@ def main():
             fn = torch_fn(kind)
             ref = fn(*ins)
             res["max_err"] = (out.float() - ref.float()).abs().max().item()
-            comp = torch.compile(fn)
+            comp = static_compile(fn)
             comp(*ins)
             res["eager_ms"] = bench_ms(lambda fn=fn, ins=ins: fn(*ins))
             res["compile_ms"] = bench_ms(lambda comp=comp, ins=ins: comp(*ins))

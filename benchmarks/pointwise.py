@@ -1,5 +1,5 @@
 """Pointwise benchmark: silu, gelu and x*y+1 on bf16 tensors of 2^28 elements
-against torch eager, torch.compile and a device-to-device copy, plus the host
+against torch eager, a static per-shape torch.compile (benchmarks.common.static_compile) and a device-to-device copy, plus the host
 overhead of a cached ``fd.execute`` on a 1024-element fusion.
 
     PYTHONPATH=. python benchmarks/pointwise.py [--log2n 28]
@@ -20,6 +20,7 @@ from benchmarks.common import (  # noqa: E402
     gpu_name,
     host_us_per_call,
     require_cuda,
+    static_compile,
     write_json,
 )
 
@@ -83,7 +84,7 @@ def main():
         (out,) = fd.execute(ins)
         ref = TORCH_FN[op](*ins)
         err = (out.float() - ref.float()).abs().max().item()
-        compiled = torch.compile(TORCH_FN[op])
+        compiled = static_compile(TORCH_FN[op])
         compiled(*ins)
         t_cb = bench_ms(lambda fd=fd, ins=ins: fd.execute(ins))
         t_eager = bench_ms(lambda op=op, ins=ins: TORCH_FN[op](*ins))
