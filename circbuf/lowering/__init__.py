@@ -14,6 +14,7 @@ from .codegen import codegen
 from .indexing import lower_indexing
 from .kir import Kernel
 from .loop_nest import generate_loop_nest
+from .mbarriers import setup_mbarriers
 from .predicate import insert_predicates
 from .simplify_indices import simplify_indices
 from .sync import insert_syncs
@@ -31,6 +32,7 @@ PASSES = [
     ("turns", take_turns),
     ("tma_store", tma_stores),
     ("circular_buffer", circular_buffer),
+    ("mbarriers", setup_mbarriers),
     ("simplify", simplify_indices),
     ("sync", insert_syncs),
 ]

@@ -64,11 +64,15 @@ ring ``q x (positions per iteration)`` later and skips ``(r - 1) x (positions
 per iteration)`` after each of its iterations. A stage read by asynchronous
 wgmmas is released only once they are done: after the next k step's
 ``wgmma.wait_group 1``, or the ``wait_group 0`` after the k loop.
+
+The pass registers the ``full``/``empty`` arrays with their arrival counts
+(``kernel.mbarrier``); the mbarriers pass allocates and initializes them.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 from ..ir import Bin, CircbufError, Const, ParallelType, Var, WarpSpecialized, simplify
 from ..ir.scalar import free_vars, substitute
@@ -79,18 +83,13 @@ from .kir import (
     BlockSync,
     Comment,
     ElectOne,
-    Fence,
     ForLoop,
     IfThenElse,
     Kernel,
-    MBarrierAlloc,
     MBarrierArrive,
     MBarrierArriveExpectTx,
-    MBarrierInit,
-    MBarrierInval,
     MBarrierRef,
     MBarrierWait,
-    MmaOperand,
     Return,
     Ring,
     RingAdvance,
@@ -100,7 +99,9 @@ from .kir import (
     TmaLoad,
     Wgmma,
     WgmmaWait,
+    enclosing,
     insert_before,
+    is_block_wide,
     parent_list,
     thread0_cond,
     walk,
@@ -122,23 +123,19 @@ def _only_loads(node, tvs) -> bool:
     return False
 
 
-def _reads(node, tv) -> bool:
+def _reads(node, tv, wgmma_only=False) -> bool:
+    """True when ``node`` (or a node inside it) reads ``tv``; with
+    ``wgmma_only``, reads by wgmmas, which are done only at a wait_group."""
     hit = []
 
     def f(n, _s):
-        if isinstance(n, Assign) and any(isinstance(o, TensorRef) and o.tv is tv for o in n.operands):
+        if isinstance(n, Wgmma) and tv in (n.a.tv, n.b.tv):
             hit.append(n)
-        elif isinstance(n, Wgmma) and tv in (n.a.tv, n.b.tv):
-            hit.append(n)
+        elif not wgmma_only and isinstance(n, Assign):
+            if any(isinstance(o, TensorRef) and o.tv is tv for o in n.operands):
+                hit.append(n)
 
     walk([node], f)
-    return bool(hit)
-
-
-def _async_reads(node, tv) -> bool:
-    """True when ``tv`` is read by wgmmas: the read is done only at a wait_group."""
-    hit = []
-    walk([node], lambda n, _s: hit.append(n) if isinstance(n, Wgmma) and tv in (n.a.tv, n.b.tv) else None)
     return bool(hit)
 
 
@@ -174,29 +171,16 @@ def _offset_reads(nodes, tv, off):
             for side in ("a", "b"):
                 op = getattr(n, side)
                 if op.tv is tv:
-                    setattr(
-                        n, side, MmaOperand(op.tv, op.offset + off, op.lbo, op.sbo, op.swizzle, op.transpose)
-                    )
+                    setattr(n, side, dataclasses.replace(op, offset=op.offset + off))
         elif isinstance(n, BlockReduce) and n.ref is not None and n.ref.tv is tv:
             raise CircbufError(f"{tv.name}: a circular buffer cannot be a reduction result")
 
     walk(nodes, f)
 
 
-def _stack_to(nodes, target, stack=()):
-    """The ForLoops enclosing ``target`` (outermost first), or None."""
-    for n in nodes:
-        if n is target:
-            return list(stack)
-        if isinstance(n, ForLoop):
-            r = _stack_to(n.body, target, (*stack, n))
-            if r is not None:
-                return r
-        if isinstance(n, (IfThenElse, ElectOne)):
-            r = _stack_to(n.then + getattr(n, "else_", []), target, stack)
-            if r is not None:
-                return r
-    return None
+def _loops_around(nodes, target) -> list:
+    """The ForLoops enclosing ``target``, outermost first."""
+    return [n for n in enclosing(nodes, target) if isinstance(n, ForLoop)]
 
 
 def _first_read(nodes, tvs):
@@ -267,16 +251,15 @@ def circular_buffer(kernel: Kernel) -> Kernel:
         if len(ws) != len(kernel.circular_loops):
             raise CircbufError("a kernel's circular buffers must all be warp-specialized, or none")
         return _warp_specialize(kernel, allocs, ws)
-    setup, teardown = [], []
+    setup = []
     for name, key in kernel.circular_loops.items():
-        _pipeline(kernel, allocs[name], key, setup, teardown)
-    setup.append(BlockSync("barriers initialized before any thread uses them"))
-    kernel.body = setup + kernel.body + [BlockSync("every wait is done before the barriers go")] + teardown
+        _pipeline(kernel, allocs[name], key, setup)
+    kernel.body = setup + kernel.body
     return kernel
 
 
 # ------------------------------------------------------------ Pipelined
-def _pipeline(kernel, alloc, key, setup, teardown):
+def _pipeline(kernel, alloc, key, setup):
     tv = alloc.tv
     name = tv.name
     S, P, kind = tv.circular
@@ -295,15 +278,15 @@ def _pipeline(kernel, alloc, key, setup, teardown):
     first_read = next((k for k, n in enumerate(loop.body) if _reads(n, tv)), len(loop.body))
     if any(loop.body.index(m) > first_read for m in loads):
         raise CircbufError(f"{name}: a read of the buffer precedes its copy in the loop")
-    if any(_async_reads(n, tv) for n in rest):
+    if any(_reads(n, tv, wgmma_only=True) for n in rest):
         raise CircbufError(
             f"{name}: wgmmas read it asynchronously; a Pipelined ring would refill a stage they may "
             "still read (use WarpSpecialized, which releases after wgmma.wait_group)"
         )
     buf = _Buffer(alloc, loads)
-    full = f"{name}_full"
-    empty = f"{name}_empty" if kind.war == "mbarrier" else None
-    kernel.barrier_names += [full] + ([empty] if empty else [])
+    full = kernel.mbarrier(f"{name}_full", S, 1)  # the elected thread's expect_tx arrival
+    # every thread releases a stage it has read
+    empty = kernel.mbarrier(f"{name}_empty", S, kernel.max_threads) if kind.war == "mbarrier" else None
     load, use = Ring(f"{name}_load", S), Ring(f"{name}_use", S)
     thread0 = thread0_cond(kernel)
     i, E, start, step = loop.index, loop.extent, loop.start, loop.step
@@ -332,15 +315,7 @@ def _pipeline(kernel, alloc, key, setup, teardown):
         + [RingAdvance(use, Const(1))]
     )
     insert_before(kernel.body, loop, [Comment(f"prologue: fill {P} of {S} stages of {name}"), prologue])
-    setup += [RingInit(load), RingInit(use), MBarrierAlloc(full, S)]
-    inits = [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
-    invals = [MBarrierInval(MBarrierRef(full, Const(s))) for s in range(S)]
-    if empty:
-        setup.append(MBarrierAlloc(empty, S))
-        inits += [MBarrierInit(MBarrierRef(empty, Const(s)), Const(kernel.max_threads)) for s in range(S)]
-        invals += [MBarrierInval(MBarrierRef(empty, Const(s))) for s in range(S)]
-    setup.append(IfThenElse(thread0, inits + [Fence("mbarrier_init")]))
-    teardown.append(IfThenElse(thread0, invals))
+    setup += [RingInit(load), RingInit(use)]
 
 
 # ------------------------------------------------------ WarpSpecialized
@@ -383,8 +358,8 @@ def _warp_specialize(kernel, allocs, names):
     kernel.max_threads = consumers + tx.value
     if kernel.max_threads > 1024:
         raise CircbufError(f"{label}: {kernel.max_threads} threads with the producer row exceed 1024")
-    full, empty = f"{label}_full", f"{label}_empty"
-    kernel.barrier_names += [full, empty]
+    full = kernel.mbarrier(f"{label}_full", S, 1)  # the producer's expect_tx arrival
+    empty = f"{label}_empty"  # registered below, once its arrival count is known
 
     # producer: one elected lane runs the copy nest
     load = Ring(f"{label}_load", S)
@@ -401,21 +376,10 @@ def _warp_specialize(kernel, allocs, names):
     # consumers: wait for each position, release it after its last read
     use = Ring(f"{label}_use", S)
     body = [n for n in kernel.body if not any(n is m for m in producer_nest)]
-    arrivals = _place_consumer_ring(
-        body,
-        bufs,
-        levels,
-        use,
-        full,
-        empty,
-        S,
-        consumers,
-        label,
-        {ParallelType.TIDy: y.value},
-    )
+    arrivals = _place_consumer_ring(body, bufs, levels, use, full, empty, consumers, label, y.value)
 
     def named(n, _s):
-        if isinstance(n, (BlockReduce, BlockSync)) and _is_block_wide(n.barrier):
+        if isinstance(n, (BlockReduce, BlockSync)) and is_block_wide(n.barrier):
             if consumers % 32:
                 raise CircbufError(
                     f"{label}: warp-specialized consumers that synchronize need whole warps "
@@ -423,42 +387,22 @@ def _warp_specialize(kernel, allocs, names):
                 )
             n.barrier = (kernel.named_barrier("consumers"), consumers)
 
+    kernel.mbarrier(empty, S, arrivals)  # consumer threads (or elected lanes) release a stage
     walk(body, named)
     kernel.consumer_barrier = (kernel.named_barrier("consumers"), consumers)
     consumer = [SetMaxNReg(kind.registers[1], increase=True)] if kind.registers else []
     # shared buffers are seen by both roles: declare them before the split;
     # other passes' barriers are set up with the ring's
     smem = [n for n in body if isinstance(n, Allocate) and n.memory.name == "Shared"]
-    other_bars = [n for n in body if isinstance(n, MBarrierAlloc) or _is_init_block(n)]
-    consumer += [n for n in body if not any(n is m for m in smem + other_bars)]
+    consumer += [n for n in body if not any(n is m for m in smem)]
     if kind.registers:
         kernel.min_blocks = 1  # setmaxnreg needs a register cap at entry
-    inits = [MBarrierInit(MBarrierRef(full, Const(s)), Const(1)) for s in range(S)]
-    inits += [MBarrierInit(MBarrierRef(empty, Const(s)), Const(arrivals)) for s in range(S)]
-    for n in other_bars:
-        if not isinstance(n, MBarrierAlloc):
-            inits += n.then
     kernel.body = [
-        MBarrierAlloc(full, S),
-        MBarrierAlloc(empty, S),
-        *[n for n in other_bars if isinstance(n, MBarrierAlloc)],
-        IfThenElse(
-            Bin("&&", Var("threadIdx.x").eq(0), Var("threadIdx.y").eq(0)), inits + [Fence("mbarrier_init")]
-        ),
-        BlockSync("barriers initialized before the roles split"),
         *smem,
         Comment(f"warp roles: threadIdx.y == {y.value} loads {', '.join(names)}, the other rows compute"),
         IfThenElse(Var("threadIdx.y").eq(y.value), producer, consumer, roles=True),
     ]
     return kernel
-
-
-def _is_init_block(n) -> bool:
-    return isinstance(n, IfThenElse) and n.then and all(isinstance(x, MBarrierInit) for x in n.then)
-
-
-def _is_block_wide(barrier) -> bool:
-    return isinstance(barrier[0], int) and barrier[0] == 0
 
 
 def _inlined_nest(kernel, allocs, names):
@@ -478,7 +422,7 @@ def _inlined_nest(kernel, allocs, names):
             raise CircbufError(f"{n}: circular buffering needs the TMA copies directly in its loop")
         bufs.append(_Buffer(allocs[n], loads))
     loop.body = [x for x in loop.body if not _only_loads(x, tvs)]
-    encl = _stack_to(kernel.body, loop) + [loop]
+    encl = _loops_around(kernel.body, loop) + [loop]
     nest, clones = [], []
     for lp in reversed(encl):
         c = copy.copy(lp)
@@ -542,14 +486,16 @@ def _same_header(a, b) -> bool:
     )
 
 
-def _place_consumer_ring(body, bufs, levels, use, full, empty, S, consumers, label, rows):
-    """Waits, releases and ring advances in the readers' nest; returns the
-    number of arrivals that release one position."""
+def _place_consumer_ring(body, bufs, levels, use, full, empty, consumers, label, rows):
+    """Waits, releases and ring advances in the readers' nest (``rows``:
+    the consumers' threadIdx.y extent); returns the number of arrivals that
+    release one position."""
+    S = use.stages
     tvs = [b.tv for b in bufs]
     read = _first_read(body, tvs)
     if read is None:
         raise CircbufError(f"{label}: no reader of the buffer in the kernel")
-    encl = [lp for lp in _stack_to(body, read) if lp.ptype == ParallelType.Serial]
+    encl = [lp for lp in _loops_around(body, read) if lp.ptype == ParallelType.Serial]
     depth = len(levels)
     if levels[0][1] is not None:  # inlined: the readers' own loops
         mine = [lp for _, lp in levels]
@@ -588,7 +534,7 @@ def _place_consumer_ring(body, bufs, levels, use, full, empty, S, consumers, lab
     ring_loop.body.insert(0, MBarrierWait(MBarrierRef(full, use.stage), use.phase))
     prev = simplify((use.stage + (S - 1)) % S)
     per_warp = False
-    if any(_async_reads(n, t) for n in ring_loop.body for t in tvs):
+    if any(_reads(n, t, wgmma_only=True) for n in ring_loop.body for t in tvs):
         # a warp's wgmma.wait_group retires its warpgroup's reads at once: one
         # elected lane per warp releases the stage (a thread's own loads would
         # need every thread)
@@ -627,8 +573,6 @@ def _place_consumer_ring(body, bufs, levels, use, full, empty, S, consumers, lab
     # one arrival per reading thread; thread indices that pick the position
     # (a ping-pong warpgroup's tiles) divide the readers of a position
     arrivals = consumers // 32 if per_warp else consumers
-    names = set(free_vars(init))
-    for pt, ext in rows.items():  # the consumers' own extents (no producer row)
-        if pt.value in names:
-            arrivals //= ext
+    if ParallelType.TIDy.value in free_vars(init):
+        arrivals //= rows  # the consumer rows (no producer row) split the positions
     return arrivals

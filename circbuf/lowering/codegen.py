@@ -59,6 +59,7 @@ from .kir import (
     WgmmaCommit,
     WgmmaFence,
     WgmmaWait,
+    is_block_wide,
 )
 from .prelude import PRELUDE
 
@@ -345,7 +346,7 @@ class CudaCodegen:
         self.emit(f"cb::tma_load(&{self.ref(n.dst)}, &tmap{n.map_index}, {self.bar(n.bar)}, {coords});")
 
     def visit_BlockSync(self, n: BlockSync):
-        if not (isinstance(n.barrier[0], int) and n.barrier[0] == 0):
+        if not is_block_wide(n.barrier):
             self.emit(
                 f"cb::sync_threads({self.scalar(as_scalar(n.barrier[0]))}, {n.barrier[1]});  // {n.reason}"
             )
@@ -358,7 +359,7 @@ class CudaCodegen:
         r = self.ref(n.ref)
         init = literal(n.expr.init, dt)
         bar_id, bar_n = n.barrier
-        sync = f", {bar_id}, {bar_n}" if bar_id else ""
+        sync = "" if is_block_wide(n.barrier) else f", {self.scalar(as_scalar(bar_id))}, {bar_n}"
         if n.ptypes == (ParallelType.TIDy,):  # rows of threads (outer reductions)
             xdim = self.k.launch.get(ParallelType.TIDx, Const(1))
             self.red_smem.append(f"__shared__ {dt.value} {smem}[{xdim.value * n.threads}];")

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir import DataType, Expr, MemoryType, ParallelType, Scalar, TensorView, Var
+from ..ir import Bin, CircbufError, Const, DataType, Expr, MemoryType, ParallelType, Scalar, TensorView, Var
+from ..ir.scalar import is_const
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,12 @@ class ForLoop(Node):
     ptype: ParallelType = ParallelType.Serial
     key: int = -1  # loop class of the IterDomains this loop iterates
     unroll: bool = False
-    start: Scalar = field(default_factory=lambda: _zero())
-    step: Scalar = field(default_factory=lambda: _one())
+    start: Scalar = field(default_factory=lambda: Const(0))
+    step: Scalar = field(default_factory=lambda: Const(1))
 
     @property
     def strided(self) -> bool:
-        return not (_is_const(self.start, 0) and _is_const(self.step, 1))
+        return not (is_const(self.start, 0) and is_const(self.step, 1))
 
     def lines(self, ind):
         tag = f" ({self.ptype.value})" if self.ptype != ParallelType.Serial else ""
@@ -87,24 +88,6 @@ class ForLoop(Node):
         rng = f"{self.start}..{self.extent} step {self.step}" if self.strided else f"0..{self.extent}"
         head = "  " * ind + f"FOR {self.index} in {rng}{tag}"
         return [head] + _block(self.body, ind + 1)
-
-
-def _zero():
-    from ..ir import Const
-
-    return Const(0)
-
-
-def _one():
-    from ..ir import Const
-
-    return Const(1)
-
-
-def _is_const(x, v) -> bool:
-    from ..ir.scalar import is_const
-
-    return is_const(x, v)
 
 
 @dataclass(eq=False)
@@ -459,7 +442,6 @@ class Wgmma(Node):
     b: MmaOperand
     shape: tuple  # (64, N, 16)
     scale_d: object  # Scalar
-    k_loop: int = -1  # loop key of the k loop (the commit/wait go there)
 
     def lines(self, ind):
         m, n, k = self.shape
@@ -515,7 +497,7 @@ class BlockSync(Node):
     barrier: tuple = (0, 0)
 
     def lines(self, ind):
-        named = f" bar{self.barrier[0]}/{self.barrier[1]}" if self.barrier[0] else ""
+        named = "" if is_block_wide(self.barrier) else f" bar{self.barrier[0]}/{self.barrier[1]}"
         return ["  " * ind + f"BLOCK_SYNC{named}  // {self.reason}"]
 
 
@@ -541,7 +523,7 @@ class Kernel:
     max_threads: int = 0
     circular_loops: dict = field(default_factory=dict)  # tv name -> loop key
     tensor_maps: list = field(default_factory=list)  # TensorMapSpec, passed after scalars
-    barrier_names: list = field(default_factory=list)  # for hang diagnostics
+    mbarriers: list = field(default_factory=list)  # (name, count, arrivals), set up by the mbarriers pass
     min_blocks: int = 0  # __launch_bounds__ second argument, 0: none
     hang_record: bool = False  # the kernel takes a host-mapped record (CIRCBUF_DEBUG_HANG)
     consumer_barrier: tuple = (0, 0)  # warp-specialized: (named barrier, consumer threads)
@@ -553,14 +535,23 @@ class Kernel:
     )  # smem tv name -> (lbo, sbo, swizzle): wgmma descriptor bases
     named_barriers: dict = field(default_factory=dict)  # purpose -> first id (ids 1..15; 0 is __syncthreads)
 
+    def mbarrier(self, name: str, count: int, arrivals) -> str:
+        """Register an array of ``count`` mbarriers, each completing a phase on
+        ``arrivals`` arrivals; the mbarriers pass allocates and initializes it."""
+        self.mbarriers.append((name, count, arrivals))
+        return name
+
+    @property
+    def barrier_names(self) -> list:
+        """The mbarrier arrays' names (hang diagnostics number them so)."""
+        return [name for name, _, _ in self.mbarriers]
+
     def named_barrier(self, purpose: str, count: int = 1) -> int:
         """The first of ``count`` consecutive named-barrier ids reserved for
         ``purpose`` (the same ids for the same purpose); id 0 is __syncthreads."""
         if purpose not in self.named_barriers:
             used = sum(n for _, n in self.named_barriers.values())
             if 1 + used + count > 16:
-                from ..ir import CircbufError
-
                 raise CircbufError(f"{self.name}: more than 15 named barriers needed ({purpose})")
             self.named_barriers[purpose] = (1 + used, count)
         return self.named_barriers[purpose][0]
@@ -583,8 +574,6 @@ class Kernel:
 
 def thread0_cond(kernel: Kernel) -> Scalar:
     """``threadIdx.x == 0 && ...`` over the block's non-trivial thread axes."""
-    from ..ir import Bin, Const, Var
-
     cond = None
     for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
         ext = kernel.launch.get(pt)
@@ -613,13 +602,8 @@ def walk(nodes, fn, stack=None):
     stack = [] if stack is None else stack
     for n in list(nodes):
         fn(n, stack)
-        if isinstance(n, ForLoop):
-            walk(n.body, fn, stack + [n])
-        elif isinstance(n, IfThenElse):
-            walk(n.then, fn, stack + [n])
-            walk(n.else_, fn, stack + [n])
-        elif isinstance(n, ElectOne):
-            walk(n.then, fn, stack + [n])
+        for sub in children(n):
+            walk(sub, fn, stack + [n])
 
 
 def rewrite(nodes, fn) -> list:
@@ -667,21 +651,33 @@ def parent_list(nodes, target):
     return None
 
 
-def insert_before(nodes, target, new: list) -> bool:
-    """Put ``new`` right before ``target`` wherever it sits in the tree."""
+def _insert(nodes, target, new: list, after: bool) -> bool:
     lst = parent_list(nodes, target)
     if lst is None:
         return False
-    k = next(k for k, n in enumerate(lst) if n is target)
+    k = next(k for k, n in enumerate(lst) if n is target) + after
     lst[k:k] = list(new)
     return True
 
 
+def insert_before(nodes, target, new: list) -> bool:
+    """Put ``new`` right before ``target`` wherever it sits in the tree."""
+    return _insert(nodes, target, new, after=False)
+
+
 def insert_after(nodes, target, new: list) -> bool:
     """Put ``new`` right after ``target`` wherever it sits in the tree."""
-    lst = parent_list(nodes, target)
-    if lst is None:
-        return False
-    k = next(k for k, n in enumerate(lst) if n is target)
-    lst[k + 1 : k + 1] = list(new)
-    return True
+    return _insert(nodes, target, new, after=True)
+
+
+def enclosing(nodes, target) -> list | None:
+    """The nodes enclosing ``target`` (loops, ifs, elect-ones), outermost
+    first, or None when ``target`` is not in the tree."""
+    found = []
+    walk(nodes, lambda n, stack: found.append(list(stack)) if n is target and not found else None)
+    return found[0] if found else None
+
+
+def is_block_wide(barrier: tuple) -> bool:
+    """A ``(id, threads)`` barrier that is ``__syncthreads`` (id 0)."""
+    return isinstance(barrier[0], int) and barrier[0] == 0

@@ -43,6 +43,7 @@ from .kir import (
     IfThenElse,
     Kernel,
     TmaStore,
+    is_block_wide,
     thread0_cond,
     walk,
 )
@@ -128,7 +129,7 @@ def _buffers(src, store, barrier) -> int:
 
     size = allocation_size(src)
     groups = 1
-    if not (isinstance(barrier[0], int) and barrier[0] == 0):
+    if not is_block_wide(barrier):
         for ax in store.out.loop:
             if ax.parallel_type.is_thread:
                 groups *= int(ax.loop_extent.value)

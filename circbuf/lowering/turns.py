@@ -39,11 +39,8 @@ from .kir import (
     Allocate,
     Comment,
     ForLoop,
-    IfThenElse,
     Kernel,
-    MBarrierAlloc,
     MBarrierArrive,
-    MBarrierInit,
     MBarrierRef,
     MBarrierWait,
     Ring,
@@ -52,7 +49,6 @@ from .kir import (
     Wgmma,
     WgmmaWait,
     insert_before,
-    thread0_cond,
     walk,
 )
 
@@ -64,16 +60,17 @@ def take_turns(kernel: Kernel) -> Kernel:
         kernel.body,
         lambda n, s: found.append((n, list(s))) if isinstance(n, Wgmma) and n.acc.tv.turns else None,
     )
+    if found and not _has_warp_specialized_ring(kernel):
+        raise CircbufError(
+            f"{found[0][0].acc.tv.name}: warpgroups take turns on a warp-specialized ring's readers only"
+        )
     done = set()
-    setup = []
     for w, stack in found:
         tv = w.acc.tv
         if tv.name in done:
             continue
         done.add(tv.name)
         pt = tv.turns
-        if not any(a.tv.circular for a in _allocs(kernel)):
-            raise CircbufError(f"{tv.name}: warpgroups take turns on a warp-specialized ring's readers only")
         groups = kernel.launch.get(pt)
         if pt != ParallelType.TIDy or groups != Const(2):
             raise CircbufError(
@@ -92,7 +89,6 @@ def take_turns(kernel: Kernel) -> Kernel:
         mine = Var(pt.value, lo=0, hi=Const(2))
         other = Const(1) - mine
         mma, epi = f"{tv.name}_mma_turn", f"{tv.name}_epi_turn"
-        kernel.barrier_names += [mma, epi]
         turn = Ring(f"{tv.name}_turn", 1)
         body[tail + 1 : tail + 1] = [
             Comment("the epilogue's turn"),
@@ -108,26 +104,20 @@ def take_turns(kernel: Kernel) -> Kernel:
         ]
         body += [MBarrierArrive(MBarrierRef(epi, other)), RingAdvance(turn, Const(1))]
         insert_before(kernel.body, tile, [RingInit(turn, other)])
-        threads = kernel.launch.get(ParallelType.TIDx, Const(1)).value
-        setup += [MBarrierAlloc(mma, 2), MBarrierAlloc(epi, 2)]
-        inits = [MBarrierInit(MBarrierRef(b, Const(g)), Const(threads)) for b in (mma, epi) for g in range(2)]
-        setup.append(IfThenElse(thread0_cond(kernel), inits))
-    # at the top: the circular-buffer pass initializes them with the ring's
-    # barriers, before the block-wide sync that precedes any wait
-    kernel.body[0:0] = setup
+        threads = kernel.launch.get(ParallelType.TIDx, Const(1))
+        kernel.mbarrier(mma, 2, threads)  # a warpgroup's every thread arrives
+        kernel.mbarrier(epi, 2, threads)
     return kernel
 
 
-def _allocs(kernel):
-    """The shared buffers of warp-specialized rings: their barriers are set up
-    (with these turn barriers) before the block-wide sync that precedes the roles."""
-    out = []
+def _has_warp_specialized_ring(kernel) -> bool:
+    found = []
     walk(
         kernel.body,
         lambda n, s: (
-            out.append(n)
+            found.append(n)
             if isinstance(n, Allocate) and n.tv.circular and isinstance(n.tv.circular[2], WarpSpecialized)
             else None
         ),
     )
-    return out
+    return bool(found)

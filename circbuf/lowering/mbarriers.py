@@ -1,0 +1,73 @@
+"""Pass: set up the mbarriers the kernel waits on, in one place.
+
+The circular-buffer and turn-taking passes register each mbarrier array
+they use (``kernel.mbarrier(name, count, arrivals)``) and emit only the
+waits and arrivals. This pass allocates every registered array, has one
+thread initialize it and fence the initialization for the async proxy
+(the TMA unit signals these barriers), and syncs the block before any
+thread can wait. Where every thread runs to the end of the kernel (no warp
+role returns early), the barriers are invalidated there after a last sync.
+
+Before::
+
+    RING_INIT T4_load at position 0
+    FOR j in 0..E: ... MBARRIER_WAIT T4_full[T4_use_stage] ...
+
+After::
+
+    ALLOC mbarrier T4_full[3]
+    IF threadIdx.x == 0:
+      MBARRIER_INIT T4_full[0] arrivals=1   (... one per stage)
+      FENCE mbarrier_init
+    BLOCK_SYNC  // barriers initialized before any thread uses them
+    RING_INIT T4_load at position 0
+    FOR j in 0..E: ...
+    BLOCK_SYNC  // every wait is done before the barriers go
+    IF threadIdx.x == 0:
+      MBARRIER_INVAL T4_full[0]   (... one per stage)
+"""
+
+from __future__ import annotations
+
+from ..ir import Const
+from ..ir.scalar import as_scalar
+from .kir import (
+    BlockSync,
+    Fence,
+    IfThenElse,
+    Kernel,
+    MBarrierAlloc,
+    MBarrierInit,
+    MBarrierInval,
+    MBarrierRef,
+    Return,
+    thread0_cond,
+    walk,
+)
+
+
+def setup_mbarriers(kernel: Kernel) -> Kernel:
+    """Entry: allocation, initialization and teardown of ``kernel.mbarriers``."""
+    if not kernel.mbarriers:
+        return kernel
+    thread0 = thread0_cond(kernel)
+    refs = [
+        (MBarrierRef(name, Const(s)), arrivals)
+        for name, count, arrivals in kernel.mbarriers
+        for s in range(count)
+    ]
+    head = [MBarrierAlloc(name, count) for name, count, _ in kernel.mbarriers]
+    head += [
+        IfThenElse(thread0, [MBarrierInit(r, as_scalar(a)) for r, a in refs] + [Fence("mbarrier_init")]),
+        BlockSync("barriers initialized before any thread uses them"),
+    ]
+    returns = []
+    walk(kernel.body, lambda n, _s: returns.append(n) if isinstance(n, Return) else None)
+    tail = []
+    if not returns:  # a role that returned early could not join the last sync
+        tail = [
+            BlockSync("every wait is done before the barriers go"),
+            IfThenElse(thread0, [MBarrierInval(r) for r, _ in refs]),
+        ]
+    kernel.body = head + kernel.body + tail
+    return kernel
