@@ -18,6 +18,8 @@ After::
 
 from __future__ import annotations
 
+import itertools
+
 from ..ir import (
     Bin,
     CircbufError,
@@ -451,9 +453,7 @@ def _check_fragment(out, index, tid, frag, m_id, n_id, extents):
     base = _probe_env(set(free_vars(m)) | set(free_vars(n)) | set(free_vars(r_expr)), extents)
     m0, n0 = evaluate(m, base), evaluate(n, base)
     r0 = evaluate(r_expr, base)
-    import itertools
-
-    for combo in itertools.islice(itertools.product(*[range(x) for x in exts]), 0, None):
+    for combo in itertools.product(*[range(x) for x in exts]):
         env = dict(base)
         env.update({f"f{k}": v for k, v in enumerate(combo)})
         for tt in (0, 1, 3, 4, 7, 31, 32, 45, 64, 127) if len(exts) else (0,):

@@ -26,7 +26,8 @@ After::
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Const, Fusion, ParallelType, ReductionOp, TensorView, Var, simplify
+from ..ir import CircbufError, Const, Fusion, MmaOp, ParallelType, ReductionOp, TensorView, Var, simplify
+from ..ir.iterdomain import Split
 from ..ir.scalar import is_const
 from .kir import BlockReduce, ExprStmt, ForLoop, Kernel, ReductionInit, TensorParam
 
@@ -223,7 +224,7 @@ def _grid_stride(ax):
     cur, step, start = ax, Const(1), Const(0)
     while True:
         d = cur.definition
-        if d is None or type(d).__name__ != "Split" or d.outer is not cur or not d.inner_split:
+        if d is None or not isinstance(d, Split) or d.outer is not cur or not d.inner_split:
             return None
         inner = d.inner
         pt = inner.parallel_type
@@ -240,7 +241,7 @@ def _grid_stride(ax):
 
 def _check_reduction(out: TensorView):
     seen_red = False
-    mma = type(out.definition).__name__ == "MmaOp"
+    mma = isinstance(out.definition, MmaOp)
     for ax in out.loop:
         if ax.parallel_type in (ParallelType.Mma, ParallelType.Bulk):
             continue

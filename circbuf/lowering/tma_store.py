@@ -30,7 +30,7 @@ After::
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Const, ParallelType, Var
+from ..ir import CircbufError, Const, ParallelType, Var, simplify
 from ..ir.scalar import free_vars
 from .kir import (
     Assign,
@@ -43,7 +43,6 @@ from .kir import (
     IfThenElse,
     Kernel,
     TmaStore,
-    is_block_wide,
     thread0_cond,
     walk,
 )
@@ -67,20 +66,27 @@ def _elected(kernel, body, warp=None):
     )
     if (tx * ty * tz) % 32:
         return IfThenElse(thread0_cond(kernel), body)
-    linear = Var("threadIdx.x")
-    if ty > 1:
-        linear = Var("threadIdx.y") * tx + linear
-    if tz > 1:
-        linear = Var("threadIdx.z") * (tx * ty) + linear
-    return ElectOne(linear.lt(32), body)
+    dims = [(ParallelType.TIDx, tx), (ParallelType.TIDy, ty), (ParallelType.TIDz, tz)]
+    return ElectOne(_linear_tid(dims).lt(32), body)
+
+
+def _linear_tid(dims):
+    """The linear thread index over ``dims`` ((axis, extent), fastest first)."""
+    lin, stride = Const(0), 1
+    for p, e in dims:
+        if e > 1:
+            lin = lin + Var(p.value, lo=0, hi=Const(e)) * stride
+            stride *= e
+    return simplify(lin)
 
 
 def _group(kernel, store):
     """The threads that fill and store one box: all of the block, or, when
     the box depends on thread indices (a warpgroup's own rows of the tile),
     the threads sharing those indices. Returns (barrier, elect) for
-    ``BlockSync``/``ElectOne``: ``((0, 0), None)`` for the whole block, else a
-    named barrier per group and the condition that picks its first warp."""
+    ``BlockSync``/``ElectOne`` and the number of groups: ``((0, 0), None, 1)``
+    for the whole block, else a named barrier per group and the condition
+    that picks its first warp."""
     used = set()
     for c in store.coords + [store.src.index]:
         used |= set(free_vars(c))
@@ -92,7 +98,7 @@ def _group(kernel, store):
     ]
     dep = [(p, e) for p, e in dims if p.value in used and e > 1]
     if not dep:
-        return (0, 0), None
+        return (0, 0), None, 1
     rest = [(p, e) for p, e in dims if (p, e) not in dep and e > 1]
     threads, groups = 1, 1
     for _, e in rest:
@@ -113,26 +119,18 @@ def _group(kernel, store):
             f"{store.src.tv.name}: each box is filled by {threads} threads; a group that syncs on a "
             "named barrier must be whole warps"
         )
-    gid, lin, stride = Const(0), Const(0), 1
+    gid = Const(0)
     for p, e in dep:
         gid = gid * e + Var(p.value, lo=0, hi=Const(e))
-    for p, e in rest:
-        lin = lin + Var(p.value, lo=0, hi=Const(e)) * stride
-        stride *= e
     base = kernel.named_barrier(f"tma_store {store.src.tv.name}", groups)
-    return (gid + base, threads), lin.lt(32)
+    return (gid + base, threads), _linear_tid(rest).lt(32), groups
 
 
-def _buffers(src, store, barrier) -> int:
+def _buffers(src, store, groups) -> int:
     """Boxes the source buffer holds per storing group of threads."""
     from .allocation import allocation_size
 
     size = allocation_size(src)
-    groups = 1
-    if not is_block_wide(barrier):
-        for ax in store.out.loop:
-            if ax.parallel_type.is_thread:
-                groups *= int(ax.loop_extent.value)
     box = store.box_bytes // src.dtype.size
     if not isinstance(size, Const) or size.value % (box * groups):
         return 1
@@ -151,8 +149,8 @@ def _rewrite(nodes, kernel, loop, found) -> list:
             out.append(n)
             continue
         src = n.src.tv.name
-        barrier, warp = _group(kernel, n)
-        found.append((n, loop, barrier, warp))
+        barrier, warp, groups = _group(kernel, n)
+        found.append((n, loop, barrier, warp, groups))
         out += [
             Fence("proxy_async"),
             BlockSync(f"RAW: {src} written by the threads, read by the TMA store", barrier),
@@ -167,7 +165,7 @@ def tma_stores(kernel: Kernel) -> Kernel:
     kernel.body = _rewrite(kernel.body, kernel, None, found)
     if not found:
         return kernel
-    for store, loop, barrier, warp in found:
+    for store, loop, barrier, warp, groups in found:
         if loop is None:
             continue
         src = store.src.tv
@@ -176,14 +174,14 @@ def tma_stores(kernel: Kernel) -> Kernel:
             raise CircbufError(f"{src.name}: the TMA store's source is not written in its loop")
         # a source holding B boxes per group of threads is rewritten while up
         # to B - 1 later stores still read their boxes
-        pending = _buffers(src, store, barrier) - 1
+        pending = _buffers(src, store, groups) - 1
         loop.body[k:k] = [
             _elected(kernel, [BulkWaitGroup(pending, read=True)], warp),
             BlockSync(f"WAR: the TMA store of this buffer of {src.name} has read it", barrier),
         ]
     # the stores' global writes are done before the kernel ends (one wait
     # per issuing warp: the lane that committed them waits)
-    warps = {str(w): w for _, _, _, w in found}
+    warps = {str(w): w for _, _, _, w, _ in found}
     for w in warps.values():
         kernel.body.append(_elected(kernel, [BulkWaitGroup(0, read=False)], w))
     return kernel

@@ -205,7 +205,6 @@ class FusionExecutor:
                     raise CircbufError(f"input {k} ({d.name}) is a scalar; got {type(x).__name__}")
                 if d.dtype.is_int and not isinstance(x, int):
                     raise CircbufError(f"input {k} ({d.name}) is an integer scalar; got {x!r}")
-                env[d.name] = x
                 infos.append(None)
                 env[d.name] = x  # sizes may be built from scalars (reshape)
                 continue
@@ -496,7 +495,7 @@ class FusionExecutor:
         p.out_specs = []
         for q, (shape, o) in enumerate(zip(out_shapes, self.fusion.outputs)):
             dt, alias, strides = torch_dtype(o.dtype), self.fusion.aliases.get(q), tuple(out_strides[q])
-            if strides == _contig_strides(shape):
+            if strides == _strides_in_order(shape, range(len(shape))):
                 p.out_specs.append((shape or ((),), dt, None, alias))
             else:
                 p.out_specs.append((shape, dt, strides, alias))
@@ -545,7 +544,9 @@ class FusionExecutor:
             p.scalar_slots.append((pos, fmt, off))
             blobs.append((off, b"\0" * 8))
             off += 8
-        p.tmaps, p.hang, off = self._pack_tensor_maps_and_hang_record(ck, info, out_shapes, blobs, off)
+        p.tmaps, p.hang, off = self._pack_tensor_maps_and_hang_record(
+            ck, info, out_shapes, out_strides, blobs, off
+        )
         p.name = ck.name
         p.argbuf = ctypes.create_string_buffer(max(off, 8) + (-max(off, 8) % 8))
         for o, blob in blobs:
@@ -559,7 +560,7 @@ class FusionExecutor:
         p.finish = self._finish(env)
         return p
 
-    def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, blobs, off):
+    def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, out_strides, blobs, off):
         """Tensor maps and the hang record follow the scalars in the parameters."""
         k = ck.kernel
         maps = []
@@ -571,7 +572,7 @@ class FusionExecutor:
                 o = spec.param - len(tpos)
                 name = self.fusion.outputs[o].name
                 shape = list(out_shapes[o])
-                strides = list(self._out_strides(info, out_shapes)[o])
+                strides = list(out_strides[o])
                 item = self.fusion.outputs[o].dtype.size
                 if not _any_output_empty(out_shapes):
                     dims, gstr, box = map_geometry(spec, shape, strides, item)
@@ -653,7 +654,7 @@ def _check_target(kernel, arch: str):
     (TMA and mbarrier waits: sm_90; setmaxnreg: an arch-specific sm_90a)."""
     from .nvrtc import parse_arch
 
-    sm, suffix = parse_arch(arch)
+    sm, suffix = parse_arch(arch)  # the device's arch too: NVRTC may not know a newer GPU
     unmet: dict = {}  # requirement -> what needs it
     for need in target_needs(kernel):
         if not need.allows(sm, suffix):
@@ -676,14 +677,6 @@ def _dump_pass(name, kernel):
 
 def _launch_dim(ext, env) -> int:
     return 1 if ext is None else int(evaluate(ext, env))
-
-
-def _contig_strides(shape):
-    out, s = [], 1
-    for d in range(len(shape) - 1, -1, -1):
-        out.append(s)
-        s *= shape[d]
-    return tuple(reversed(out))
 
 
 def _shape_scalar_positions(fusion: Fusion) -> list[int]:
