@@ -34,7 +34,6 @@ After::
 from __future__ import annotations
 
 from ..ir import CircbufError, Const, ParallelType, Var, WarpSpecialized
-from ..ir.scalar import free_vars
 from .kir import (
     Allocate,
     Comment,
@@ -51,6 +50,7 @@ from .kir import (
     insert_before,
     walk,
 )
+from .wgmma import k_loop_of
 
 
 def take_turns(kernel: Kernel) -> Kernel:
@@ -77,7 +77,7 @@ def take_turns(kernel: Kernel) -> Kernel:
                 f"{tv.name}: two warpgroups on threadIdx.y take turns, not {groups} on {pt.value}"
             )
         loops = [lp for lp in stack if isinstance(lp, ForLoop)]
-        k_loop = next((lp for lp in loops if lp.index.name in free_vars(w.scale_d)), None)
+        k_loop = k_loop_of(w, loops)
         if k_loop is None or k_loop is loops[0]:
             raise CircbufError(f"{tv.name}: taking turns needs a tile loop around the k loop")
         tile = loops[loops.index(k_loop) - 1]

@@ -38,15 +38,21 @@ from .kir import ForLoop, Kernel, Wgmma, WgmmaCommit, WgmmaFence, WgmmaWait, ins
 IN_FLIGHT = 1  # wgmma groups left running at the end of a k step
 
 
+def k_loop_of(w: Wgmma, loops: list):
+    """The loop among ``loops`` whose index the wgmma's scale_d reads (its
+    first k step overwrites the accumulator): the k loop, or None when the
+    whole reduction is one k step."""
+    names = set(free_vars(w.scale_d))
+    return next((lp for lp in loops if lp.index.name in names), None)
+
+
 def wgmma_sync(kernel: Kernel) -> Kernel:
     """Entry: fences, commits and waits around the wgmmas of each k loop."""
     found = []  # (wgmma, enclosing loops)
     walk(kernel.body, lambda n, s: found.append((n, list(s))) if isinstance(n, Wgmma) else None)
     done = set()
     for w, stack in found:
-        loops = [lp for lp in stack if isinstance(lp, ForLoop)]
-        names = set(free_vars(w.scale_d))
-        k_loop = next((lp for lp in loops if lp.index.name in names), None)
+        k_loop = k_loop_of(w, [lp for lp in stack if isinstance(lp, ForLoop)])
         if k_loop is not None:
             if id(k_loop) in done:
                 continue
