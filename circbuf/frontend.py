@@ -1232,10 +1232,12 @@ class Ops:
             if conc:
                 ext = conc[0].extent
                 for a in conc[1:]:
-                    if a.extent != ext:
-                        if isinstance(a.extent, Const) and isinstance(ext, Const):
-                            raise CircbufError(f"{what}: batch extents {ext} and {a.extent} do not broadcast")
-                        self._f.extent_equalities.append((ext, a.extent))
+                    self._require_same(
+                        ext,
+                        a.extent,
+                        f"{what}: batch extents {ext} and {a.extent} do not broadcast",
+                        f"{what}: batch axis {j} of the operands",
+                    )
                 ids.append(IterDomain(ext))
             else:
                 ids.append(IterDomain(Const(1), IterType.Broadcast))
@@ -1243,12 +1245,24 @@ class Ops:
                 maps[k].append((i, j))
         return ids, maps
 
+    def _require_same(self, x, y, differ, reason):
+        """Extents ``x`` and ``y`` must be equal: two constants are compared
+        now (``differ`` is the error), anything else at run time, where a
+        mismatch names ``reason`` (``Fusion.require_equal``)."""
+        if isinstance(x, Const) and isinstance(y, Const):
+            if x.value != y.value:
+                raise CircbufError(differ)
+        elif x != y:
+            self._f.require_equal(x, y, reason)
+
     def _equate_k(self, what, ka, kb, a, b):
-        if isinstance(ka, Const) and isinstance(kb, Const):
-            if ka.value != kb.value:
-                raise CircbufError(f"{what}: K of {a.name} ({ka}) and {b.name} ({kb}) differ")
-        elif ka != kb:
-            self._f.extent_equalities.append((ka, kb))
+        """The contracted extents of ``a`` and ``b`` must be equal."""
+        self._require_same(
+            ka,
+            kb,
+            f"{what}: K of {a.name} ({ka}) and {b.name} ({kb}) differ",
+            f"{what}: K of {a.name} and {b.name}",
+        )
 
     def matmul(self, a, b):
         """``a @ b`` with torch.matmul's shapes: a ``[..., M, K]`` or ``[K]``,
@@ -1315,7 +1329,12 @@ class Ops:
             if bias.ndim == 1:
                 b0 = bias.domain.no_reductions()[0]
                 if not b0.is_broadcast:
-                    self._equate_k("linear", n, b0.extent, w, bias)
+                    self._require_same(
+                        n,
+                        b0.extent,
+                        f"linear: bias {bias.name} has length {b0.extent}, N of {w.name} is {n}",
+                        f"linear: bias length ({bias.name}) and N ({w.name})",
+                    )
                 maps.append([(0, len(ids) - 1)])
             else:
                 maps.append([])

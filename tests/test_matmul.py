@@ -249,3 +249,32 @@ def test_block_barrier_in_thread_dependent_loop_is_refused():
     # and a per-warpgroup named barrier inside the thread-dependent loop is fine
     per_group = BlockSync("staging", barrier=(tid + 1, 128))
     _check_uniform_trips([ForLoop(Var("t"), Const(100), [per_group], start=tid, step=Const(264))])
+
+
+@pytest.mark.parametrize(
+    "kind, shapes, match",
+    [
+        ("matmul", [(64, 32), (48, 16)], r"= 32 and extent .* = 48 must be equal: matmul: K of T0 and T1"),
+        ("linear", [(64, 32), (16, 48)], r"= 32 and extent .* = 48 must be equal: linear: K of T0 and T1"),
+        (
+            "linear_bias",
+            [(64, 32), (16, 32), (24,)],
+            r"= 16 and extent .* = 24 must be equal: linear: bias length \(T2\) and N \(T1\)",
+        ),
+    ],
+)
+def test_run_time_extent_mismatch_names_the_contraction(kind, shapes, match):
+    # symbolic K (and N) are checked against the inputs; the error says which
+    # rule of the matmul they break, not "the fusion combines them elementwise"
+    fd = mm_fusion("linear" if kind.startswith("linear") else "matmul", bias=kind == "linear_bias")
+    with pytest.raises(cb.CircbufError, match=match):
+        fd.compile([torch.randn(*s, dtype=torch.bfloat16) for s in shapes], arch="sm_90a")
+
+
+def test_fixed_bias_length_mismatch_is_a_definition_error():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 32], dtype=D.BFloat16)
+        w = fd.define_tensor([16, 32], dtype=D.BFloat16)
+        bias = fd.define_tensor([24], dtype=D.BFloat16)
+        with pytest.raises(cb.CircbufError, match=r"linear: bias T2 has length 24, N of T1 is 16"):
+            fd.ops.linear(x, w, bias)
