@@ -35,6 +35,7 @@ from .ir import (
     UnaryOp,
     Var,
     as_scalar,
+    broadcast_ids,
     compute_type,
     promote,
     promote_with_scalar,
@@ -174,13 +175,6 @@ def _concrete_extent(i: IterDomain):
     if not i.is_broadcast:
         return i.extent
     return i.expanded_extent
-
-
-def _same_axis(i: IterDomain) -> IterDomain:
-    """A new axis like ``i`` (extent, type, expanded extent) for a view's output."""
-    o = IterDomain(i.extent, i.iter_type)
-    o.expanded_extent = i.expanded_extent
-    return o
 
 
 def _shape_entry(s, what):
@@ -392,16 +386,8 @@ class Ops:
         flags = [True] * (rank - t.ndim) + [False] * t.ndim
         return self._broadcast(t, flags)
 
-    def _broadcast(self, t, flags, extents=None) -> TensorView:
-        src = iter(t.domain.no_reductions())
-        ids = []
-        for f in flags:
-            if f:
-                ids.append(IterDomain(Const(1), IterType.Broadcast))
-            else:
-                i = next(src)
-                ids.append(IterDomain(i.extent, i.iter_type))
-        out = self._new(ids, t.dtype)
+    def _broadcast(self, t, flags) -> TensorView:
+        out = self._new(broadcast_ids(t.domain.no_reductions(), flags), t.dtype)
         BroadcastOp(out, t, flags)
         return out
 
@@ -896,7 +882,7 @@ class Ops:
                 f"permute: dims {list(dims)} are not a permutation of the {n} axes of {t.name}"
             )
         src = t.domain.no_reductions()
-        out = self._new([_same_axis(src[d]) for d in perm], t.dtype)
+        out = self._new([src[d].fresh() for d in perm], t.dtype)
         PermuteOp(out, t, perm)
         return out
 
@@ -931,7 +917,7 @@ class Ops:
         if not dims:
             return t
         src = t.domain.no_reductions()
-        out = self._new([_same_axis(i) for k, i in enumerate(src) if k not in dims], t.dtype)
+        out = self._new([i.fresh() for k, i in enumerate(src) if k not in dims], t.dtype)
         SqueezeOp(out, t, dims)
         return out
 
@@ -952,7 +938,7 @@ class Ops:
         ids = []
         for d, (i, s) in enumerate(zip(src, shape)):
             ext = _shape_entry(s, f"expand: entry {d}")
-            o = _same_axis(i)
+            o = i.fresh()
             ids.append(o)
             if ext is None:
                 continue
@@ -1048,7 +1034,7 @@ class Ops:
         order = list(stride_order)
         if sorted(order) != list(range(t.ndim)):
             raise CircbufError(f"stride_order: {order} is not a permutation of 0..{t.ndim - 1} for {t.name}")
-        out = self._new([_same_axis(i) for i in t.domain.no_reductions()], t.dtype)
+        out = self._new([i.fresh() for i in t.domain.no_reductions()], t.dtype)
         out.domain.stride_order = order
         LoadStoreOp(out, t)
         return out

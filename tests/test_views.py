@@ -166,6 +166,10 @@ def _expand_then_rank_broadcast(fd):
     fd.add_output(fd.ops.add(fd.ops.expand(x, [-1, 4]), y))
 
 
+def _expand_meets_broadcast(fd):  # the rank broadcast keeps the expanded 8: [1, 8], as torch
+    fd.add_output(fd.ops.add(fd.ops.expand(_t(fd, [1]), [8]), _t(fd, [1, 1])))
+
+
 def _rope_like(fd):  # nvFuser's rope test: reshape, permute, broadcast_in_dim, sum
     q, c = _t(fd, [-1, -1, -1]), _t(fd, [-1, -1, -1, -1])
     qp = fd.ops.permute(fd.ops.reshape(q, [2, 3, 2, 4]), [0, 2, 1, 3])
@@ -303,6 +307,11 @@ CASES = {
         _expand_then_rank_broadcast,
         _shapes((3, 1), (2, 3, 4)),
         lambda x, y: [x.expand(3, 4) + y],
+    ),
+    "expand_meets_broadcast": (
+        _expand_meets_broadcast,
+        _shapes((1,), (1, 1)),
+        lambda x, y: [x.expand(8) + y],
     ),
     "rope_like": (
         _rope_like,

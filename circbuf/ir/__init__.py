@@ -4,7 +4,7 @@ from .circular import Pipelined, WarpSpecialized
 from .dtype import DataType, compute_type, promote, promote_with_scalar
 from .errors import CircbufError
 from .fusion import Fusion, transform_history
-from .iterdomain import IterDomain, IterType, Merge, ParallelType, Split
+from .iterdomain import IterDomain, IterType, Merge, ParallelType, Split, broadcast_ids
 from .nodes import (
     BinaryOp,
     BroadcastOp,
@@ -46,6 +46,7 @@ __all__ = [
     "Merge",
     "ParallelType",
     "Split",
+    "broadcast_ids",
     "BinaryOp",
     "BroadcastOp",
     "CastOp",

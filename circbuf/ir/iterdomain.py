@@ -116,6 +116,20 @@ class IterDomain:
         c.expanded_extent = self.expanded_extent
         return c
 
+    def fresh(self) -> IterDomain:
+        """This axis in another tensor (an elementwise op's output, a view's,
+        a broadcast's): a new serial axis of the same extent and type; an
+        expanded broadcast stays expanded, so the tensor keeps the size torch
+        gives it.
+
+        >>> b = IterDomain(Const(1), IterType.Broadcast); b.expanded_extent = Const(8)
+        >>> f = b.fresh(); f is b, f.is_broadcast, str(f.expanded_extent)
+        (False, True, '8')
+        """
+        o = IterDomain(self.extent, self.iter_type)
+        o.expanded_extent = self.expanded_extent
+        return o
+
     def __str__(self):
         p = self.parallel_type.value
         return f"{self.iter_type.value}{p}{self.id}{{{self.loop_extent}}}"
@@ -168,6 +182,19 @@ class Merge:
 
     def __str__(self):
         return f"Merge({self.outer}, {self.inner}) -> {self.out}"
+
+
+def broadcast_ids(src, flags) -> list[IterDomain]:
+    """The logical axes of ``broadcast(x, flags)`` (nvFuser's BroadcastOp), for
+    ``src`` the non-reduction axes of ``x``: a new broadcast axis where
+    ``flags[k]`` is True, else the next axis of ``src`` (:meth:`IterDomain.fresh`).
+
+    >>> ids = broadcast_ids([IterDomain(Const(4))], [True, False])
+    >>> [(i.iter_type.name, str(i.extent)) for i in ids]
+    [('Broadcast', '1'), ('Iteration', '4')]
+    """
+    src = iter(src)
+    return [IterDomain(Const(1), IterType.Broadcast) if f else next(src).fresh() for f in flags]
 
 
 def split(id_: IterDomain, factor: int, inner_split: bool = True):

@@ -54,6 +54,7 @@ from ..ir import (
     TernaryOp,
     UnaryOp,
     WarpSpecialized,
+    broadcast_ids,
     evaluate,
     reduction_init,
 )
@@ -438,13 +439,7 @@ def decompose(fusion: Fusion) -> None:
         flags = [True] * prod_rank
         for p in pos:
             flags[p] = False
-        out = _new(fusion, [IterDomain(Const(1), IterType.Broadcast) for _ in range(prod_rank)], xf.dtype)
-        src = iter(xf.domain.no_reductions())
-        for k, f in enumerate(flags):
-            if not f:
-                i = next(src)
-                out.logical[k] = IterDomain(i.extent, i.iter_type)
-        out.domain.loop = list(out.logical)
+        out = _new(fusion, broadcast_ids(xf.domain.no_reductions(), flags), xf.dtype)
         BroadcastOp(out, xf, flags)
         return out
 
@@ -527,23 +522,8 @@ def translate(fusion: Fusion, params: MatmulParams):
     def staged(x, roles):
         """x staged in shared memory as [batch.., M, N, K]-roled axes in x's
         own order, with broadcast axes for the roles x lacks."""
-        ids, flags = [], []
-        xb = roles.count("B")
-        for _ in range(nb - xb):
-            ids.append(IterDomain(Const(1), IterType.Broadcast))
-            flags.append(True)
-        src = iter(x.domain.no_reductions())
-        full = []
-        for r in roles:
-            if r == "-":
-                full.append(IterDomain(Const(1), IterType.Broadcast))
-                flags.append(True)
-            else:
-                i = next(src)
-                full.append(IterDomain(i.extent, i.iter_type))
-                flags.append(False)
-        ids += full
-        xs = _new(fusion, ids, x.dtype, MemoryType.Shared)
+        flags = [True] * (nb - roles.count("B")) + [r == "-" for r in roles]
+        xs = _new(fusion, broadcast_ids(x.domain.no_reductions(), flags), x.dtype, MemoryType.Shared)
         LoadStoreOp(xs, x, kind="tma", is_broadcast_dim=flags)
         return xs
 

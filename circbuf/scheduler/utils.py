@@ -19,13 +19,13 @@ from ..ir import (
     ExpandOp,
     Fusion,
     IterDomain,
-    IterType,
     MemoryType,
     ParallelType,
     PermuteOp,
     ReshapeOp,
     SqueezeOp,
     TensorView,
+    broadcast_ids,
     transform_history,
 )
 from ..ir.iterdomain import Merge, Split, exact_merge, exact_split, merge, split
@@ -411,17 +411,7 @@ def _hoist_through_view(fusion: Fusion, e: BroadcastOp, d) -> None:
                 xi += 1
     else:
         flags = [False] * len(xs) + [True] * len(new_pos)
-    src_ids = iter(xs)
-    ids = []
-    for f in flags:
-        if f:
-            ids.append(IterDomain(Const(1), IterType.Broadcast))
-        else:
-            i = next(src_ids)
-            o = IterDomain(i.extent, i.iter_type)
-            o.expanded_extent = i.expanded_extent
-            ids.append(o)
-    bx = fusion.register(TensorView(ids, x.dtype, MemoryType.Local))
+    bx = fusion.register(TensorView(broadcast_ids(xs, flags), x.dtype, MemoryType.Local))
     BroadcastOp(bx, x, flags)
     src_pos = [k for k, f in enumerate(e.is_broadcast_dim) if not f]  # e.out position of src axis s
     e.inputs[0].uses.remove(e)  # d stays, for src's other consumers
