@@ -169,14 +169,6 @@ def _is_tv(x):
     return isinstance(x, TensorView)
 
 
-def _concrete_extent(i: IterDomain):
-    """The extent an axis contributes to broadcasting: its own, the one a
-    broadcast was expanded to, or None for a plain broadcast."""
-    if not i.is_broadcast:
-        return i.extent
-    return i.expanded_extent
-
-
 def _shape_entry(s, what):
     """A shape entry as an extent: ints (``-1``: None), integer scalars."""
     if isinstance(s, bool):
@@ -393,27 +385,32 @@ class Ops:
 
     def _pointwise_ids(self, tvs, what) -> list[IterDomain]:
         rank = max(t.ndim for t in tvs)
-        ids = []
-        for k in range(rank):
-            axes = [t.domain.no_reductions()[k] for t in tvs]
-            # a broadcast expanded to an extent (broadcast_in_dim to a fixed
-            # shape) is as concrete as an iteration axis of that extent
-            exts = [_concrete_extent(a) for a in axes]
-            exts = [e for e in exts if e is not None]
-            if not exts:
-                ids.append(IterDomain(Const(1), IterType.Broadcast))
-                continue
-            ext = exts[0]
-            for e in exts[1:]:
-                if e == ext:
-                    continue
-                if isinstance(e, Const) and isinstance(ext, Const):
-                    raise CircbufError(f"{what}: extents {ext} and {e} of axis {k} do not match")
-                self._f.extent_equalities.append((ext, e))
-                if isinstance(e, Const):
-                    ext = e
-            ids.append(IterDomain(ext))
-        return ids
+        return [
+            self._out_axis([t.domain.no_reductions()[k] for t in tvs], what, f"axis {k}") for k in range(rank)
+        ]
+
+    def _out_axis(self, axes, what="", where="") -> IterDomain:
+        """The axis of a computed tensor (elementwise op, matmul, reduction)
+        where ``axes`` of its operands meet, as torch broadcasts: the extent of
+        the concrete ones, which must be equal (constants now, symbolic ones at
+        run time), or a broadcast axis when all are plain broadcasts. A
+        broadcast expanded to an extent (``expand``, ``broadcast_in_dim`` to a
+        fixed shape) is as concrete as an iteration axis of that extent: the
+        result has that extent, computed (torch materializes it too)."""
+        exts = [a.concrete_extent for a in axes if a.concrete_extent is not None]
+        if not exts:
+            return IterDomain(Const(1), IterType.Broadcast)
+        ext = exts[0]
+        for e in exts[1:]:
+            self._require_same(
+                ext,
+                e,
+                f"{what}: extents {ext} and {e} of {where} do not match",
+                f"{what} combines them on {where}",
+            )
+            if isinstance(e, Const):  # a constant is the more useful name of the class
+                ext = e
+        return IterDomain(ext)
 
     def _cast_to(self, x, dt):
         if _is_tv(x):
@@ -452,7 +449,7 @@ class Ops:
         if float_only and not dt.is_float:
             dt = DataType.Float
         x = self._cast_to(x, dt)
-        out = self._new([IterDomain(i.extent, i.iter_type) for i in x.domain.no_reductions()], dt)
+        out = self._new([self._out_axis([i]) for i in x.domain.no_reductions()], dt)
         UnaryOp(op, out, x)
         return out
 
@@ -549,7 +546,7 @@ class Ops:
         if not _is_tv(x):
             return _scalar_unary(op, x, False, predicate=True)
         x = self._cast_to(x, compute_type(x.dtype))  # 16-bit floats are tested in fp32: same answer
-        out = self._new([IterDomain(i.extent, i.iter_type) for i in x.domain.no_reductions()], DataType.Bool)
+        out = self._new([self._out_axis([i]) for i in x.domain.no_reductions()], DataType.Bool)
         UnaryOp(op, out, x)
         return out
 
@@ -568,7 +565,7 @@ class Ops:
             raise CircbufError(f"cast: dtype must be a circbuf DataType, got {dtype!r}")
         if not _is_tv(x):
             return Un("cast", _as_scalar_operand(x, "cast"), dtype)
-        out = self._new([IterDomain(i.extent, i.iter_type) for i in x.domain.no_reductions()], dtype)
+        out = self._new([self._out_axis([i]) for i in x.domain.no_reductions()], dtype)
         if dtype == x.dtype:
             LoadStoreOp(out, x)
         else:
@@ -981,7 +978,7 @@ class Ops:
             raise CircbufError(f"reshape: new_shape {list(new_shape)} has more than one -1")
         numel = Const(1)
         for i in t.domain.no_reductions():
-            numel = numel * (_concrete_extent(i) or Const(1))
+            numel = numel * i.loop_extent
         known = Const(1)
         for e in exts:
             if e is not None:
@@ -1066,10 +1063,10 @@ class Ops:
         t = self._cast_to(t, acc)
         ids = []
         for k, i in enumerate(t.domain.no_reductions()):
-            if k in dims:
-                ids.append(IterDomain(i.extent, IterType.Reduction))
+            if k in dims:  # over an expanded broadcast: its extent of equal elements
+                ids.append(IterDomain(i.loop_extent, IterType.Reduction))
             else:
-                ids.append(IterDomain(i.extent, i.iter_type))
+                ids.append(self._out_axis([i]))
         out = self._new(ids, acc)
         ReductionOp(op, out, t, reduction_init(op, acc))
         if keepdim:
@@ -1214,19 +1211,7 @@ class Ops:
                 i = j - (out_rank - len(axs))
                 if i >= 0:
                     axes.append((k, i, axs[i]))
-            conc = [a for _, _, a in axes if not a.is_broadcast]
-            if conc:
-                ext = conc[0].extent
-                for a in conc[1:]:
-                    self._require_same(
-                        ext,
-                        a.extent,
-                        f"{what}: batch extents {ext} and {a.extent} do not broadcast",
-                        f"{what}: batch axis {j} of the operands",
-                    )
-                ids.append(IterDomain(ext))
-            else:
-                ids.append(IterDomain(Const(1), IterType.Broadcast))
+            ids.append(self._out_axis([a for _, _, a in axes], what, f"batch axis {j}"))
             for k, i, _ in axes:
                 maps[k].append((i, j))
         return ids, maps
@@ -1267,17 +1252,17 @@ class Ops:
         dt = self._contraction_dtype("matmul", a, b)
         ax, bx = a.domain.no_reductions(), b.domain.no_reductions()
         ka, kb = ax[-1], bx[0] if b.ndim == 1 else bx[-2]
-        self._equate_k("matmul", ka.extent, kb.extent, a, b)
+        self._equate_k("matmul", ka.loop_extent, kb.loop_extent, a, b)
         a_batch = ax[:-2] if a.ndim > 1 else []
         b_batch = bx[:-2] if b.ndim > 1 else []
         rank = max(len(a_batch), len(b_batch))
         ids, (ma, mb) = self._batch_axes("matmul", [a_batch, b_batch], rank)
         if a.ndim > 1:  # M
             ma.append((a.ndim - 2, len(ids)))
-            ids.append(IterDomain(ax[-2].extent, ax[-2].iter_type))
+            ids.append(self._out_axis([ax[-2]]))
         if b.ndim > 1:  # N
             mb.append((b.ndim - 1, len(ids)))
-            ids.append(IterDomain(bx[-1].extent, bx[-1].iter_type))
+            ids.append(self._out_axis([bx[-1]]))
         out = self._new(ids, dt)
         MatmulOp(out, a, b, [ma, mb], (a.ndim - 1, 0 if b.ndim == 1 else b.ndim - 2))
         return out
@@ -1298,27 +1283,27 @@ class Ops:
             )
         dt = self._contraction_dtype("linear", a, w, bias)
         ax, wx = a.domain.no_reductions(), w.domain.no_reductions()
-        self._equate_k("linear", ax[-1].extent, wx[-1].extent, a, w)
-        ids = [IterDomain(i.extent, i.iter_type) for i in ax[:-1]]
+        self._equate_k("linear", ax[-1].loop_extent, wx[-1].loop_extent, a, w)
+        ids = [self._out_axis([i]) for i in ax[:-1]]
         ma = [(i, i) for i in range(a.ndim - 1)]
         mw = []
         if w.ndim == 2:
             mw.append((0, len(ids)))
-            ids.append(IterDomain(wx[0].extent, wx[0].iter_type))
+            ids.append(self._out_axis([wx[0]]))
         maps = [ma, mw]
         if bias is not None:
-            n = wx[0].extent if w.ndim == 2 else Const(1)
+            n = wx[0].loop_extent if w.ndim == 2 else Const(1)
             if bias.ndim > 1 or (bias.ndim == 1 and w.ndim == 1):
                 raise CircbufError(
                     f"linear: bias {bias.name} must be [N] (or 0-D for a 1-D weight), got {bias.ndim}-D"
                 )
             if bias.ndim == 1:
                 b0 = bias.domain.no_reductions()[0]
-                if not b0.is_broadcast:
+                if b0.concrete_extent is not None:
                     self._require_same(
                         n,
-                        b0.extent,
-                        f"linear: bias {bias.name} has length {b0.extent}, N of {w.name} is {n}",
+                        b0.concrete_extent,
+                        f"linear: bias {bias.name} has length {b0.concrete_extent}, N of {w.name} is {n}",
                         f"linear: bias length ({bias.name}) and N ({w.name})",
                     )
                 maps.append([(0, len(ids) - 1)])

@@ -20,7 +20,8 @@ from circbuf.lowering.kir import (
     WgmmaWait,
     walk,
 )
-from tests.test_gpu_matmul import OVERRIDES, mm_fusion
+from tests.kir_interp import interpret
+from tests.test_gpu_matmul import OVERRIDES, check, expanded_operand, mm_fusion
 from tests.util import D
 
 
@@ -278,3 +279,16 @@ def test_fixed_bias_length_mismatch_is_a_definition_error():
         bias = fd.define_tensor([24], dtype=D.BFloat16)
         with pytest.raises(cb.CircbufError, match=r"linear: bias T2 has length 24, N of T1 is 16"):
             fd.ops.linear(x, w, bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("what", ["batch", "rows", "linear"])
+def test_expanded_operand_keeps_the_expanded_extent(what, dtype):
+    # torch's shape and values: the expanded extent, not the 1 the operand is
+    # stored with; the expand is computed in the fusion, so the SIMT path runs
+    # it (no TMA: the CPU interpreter can)
+    fd, shapes, ref = expanded_operand(what, dtype)
+    inputs = [torch.randn(s, dtype=dtype) for s in shapes]
+    assert fd.compile(inputs, arch="sm_90a").params.simt is not None
+    (out,) = interpret(fd, inputs)
+    check(out, ref(*[x.double() for x in inputs]), rel=1e-2 if dtype == torch.bfloat16 else 1e-5)

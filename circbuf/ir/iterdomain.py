@@ -84,11 +84,20 @@ class IterDomain:
         return self.iter_type == IterType.Broadcast
 
     @property
+    def concrete_extent(self) -> Scalar | None:
+        """The extent this axis gives where it meets other axes (broadcasting):
+        its own, the one a broadcast was expanded to, or None for a plain
+        broadcast, which takes the others'."""
+        if not self.is_broadcast:
+            return self.extent
+        return self.expanded_extent
+
+    @property
     def loop_extent(self) -> Scalar:
-        """Trip count of a loop over this axis."""
-        if self.is_broadcast and self.expanded_extent is not None:
-            return self.expanded_extent
-        return self.extent
+        """Trip count of a loop over this axis; the tensor's size along it
+        (an expanded broadcast has its expanded extent, as torch's expand)."""
+        c = self.concrete_extent
+        return self.extent if c is None else c
 
     def parallelize(self, ptype: ParallelType) -> IterDomain:
         """Bind this axis to a parallel type; returns self.

@@ -167,8 +167,9 @@ class TensorView:
         return len(self.domain.no_reductions())
 
     def shape(self) -> list[Scalar]:
-        """Extents of the non-reduction logical axes."""
-        return [i.extent for i in self.domain.no_reductions()]
+        """Sizes of the non-reduction logical axes, as torch gives them: an
+        expanded broadcast's is its expanded extent."""
+        return [i.loop_extent for i in self.domain.no_reductions()]
 
     def size(self, dim: int) -> Scalar:
         return self.shape()[_norm_axis(dim, self.ndim, self, "size")]

@@ -391,7 +391,7 @@ def _new(fusion, ids, dtype, mem=MemoryType.Local):
 
 
 def _clone_axes(axes):
-    return [IterDomain(i.extent, i.iter_type) for i in axes]
+    return [i.fresh() for i in axes]
 
 
 def _detach(e):
@@ -451,9 +451,11 @@ def decompose(fusion: Fusion) -> None:
     ab, bb = place(a, af, ra), place(b, bf, rb)
     ids = []
     for k in range(prod_rank):
-        x, y = ab.logical[k], bb.logical[k]
-        src = x if not x.is_broadcast else y
-        ids.append(IterDomain(src.extent, src.iter_type))
+        # the operands' extents were checked equal when the matmul was defined
+        ext = next(
+            (i.concrete_extent for i in (ab.logical[k], bb.logical[k]) if i.concrete_extent is not None), None
+        )
+        ids.append(IterDomain(Const(1), IterType.Broadcast) if ext is None else IterDomain(ext))
     prod = _new(fusion, ids, acc_t)
     BinaryOp("mul", prod, ab, bb)
     red = _new(fusion, _clone_axes(ids), acc_t)
