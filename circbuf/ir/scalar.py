@@ -247,8 +247,6 @@ def _eval_op(op, x, y):
         return bool(x) and bool(y)
     if op == "||":
         return bool(x) or bool(y)
-    if op == "^":
-        return int(x) ^ int(y)
     if op == "<=":
         return x <= y
     if op == ">":
@@ -259,7 +257,7 @@ def _eval_op(op, x, y):
         return x & y
     if op == "|":
         return x | y
-    if op == "^":
+    if op == "^":  # two Bools give a Bool, as _bin types it; else integers
         return x ^ y
     return _FNS[op](x, y)
 
