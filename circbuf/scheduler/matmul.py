@@ -224,11 +224,6 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         b_major = "K" if _operand_layout(tb)[0] == "inner" else "N"
     else:
         b_major = "N" if _operand_layout(tb)[0] == "inner" else "K"
-    bad = sorted(set(ov) - set(OVERRIDES))
-    if bad:
-        raise CircbufError(
-            f"schedule(): the matmul scheduler does not take {', '.join(bad)}; it takes {', '.join(OVERRIDES)}"
-        )
     persistent = _pick(ov, "persistent", True)
     pingpong = _pick(ov, "pingpong", False)
     for name, v in (("persistent", persistent), ("pingpong", pingpong)):
