@@ -202,10 +202,6 @@ def _operand_layout(t) -> tuple:
     return major, None
 
 
-def _pick(overrides, name, default):
-    return overrides[name] if name in overrides else default
-
-
 def _mma_params(fusion, e, info, ov) -> MatmulParams:
     """Heuristics and the validation of every override (a CircbufError names
     the rule a value breaks)."""
@@ -224,15 +220,15 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         b_major = "K" if _operand_layout(tb)[0] == "inner" else "N"
     else:
         b_major = "N" if _operand_layout(tb)[0] == "inner" else "K"
-    persistent = _pick(ov, "persistent", True)
-    pingpong = _pick(ov, "pingpong", False)
+    persistent = ov.get("persistent", True)
+    pingpong = ov.get("pingpong", False)
     for name, v in (("persistent", persistent), ("pingpong", pingpong)):
         if not isinstance(v, bool):
             raise CircbufError(f"schedule({name}={v!r}): must be True or False")
     bm_d, bn_d = (128, 128) if pingpong else (128, 256)
     if n <= 128 and not pingpong:
         bn_d = 128
-    tile = _pick(ov, "tile", (bm_d, bn_d, 64))
+    tile = ov.get("tile", (bm_d, bn_d, 64))
     if not (isinstance(tile, (tuple, list)) and len(tile) == 3 and all(isinstance(x, int) for x in tile)):
         raise CircbufError(f"schedule(tile={tile!r}): must be (bm, bn, bk), three ints")
     bm, bn, bk = tile
@@ -256,7 +252,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         )
     # sub-tiles of one 128-byte swizzled row of bf16; a bn that is no multiple
     # of 64 is one sub-tile (stored from registers: TMA boxes need the 128 bytes)
-    epi = _pick(ov, "epilogue_tile", (64, 64 if bn % 64 == 0 else bn))
+    epi = ov.get("epilogue_tile", (64, 64 if bn % 64 == 0 else bn))
     if not (
         isinstance(epi, (tuple, list)) and len(epi) == 2 and all(isinstance(x, int) and x > 0 for x in epi)
     ):
@@ -285,7 +281,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     stage_bytes = (bm + bn) * bk * a.dtype.size
     budget = SMEM_LIMIT - staging
     fit = budget // stage_bytes
-    stages = _pick(ov, "stages", min(fit, 7))
+    stages = ov.get("stages", min(fit, 7))
     if not isinstance(stages, int) or stages < 2:
         raise CircbufError(f"schedule(stages={stages!r}): must be an int >= 2")
     if stages * stage_bytes > budget:
@@ -294,18 +290,18 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
             f"the {budget} bytes of shared memory left beside the {staging}-byte output staging "
             f"(at most {fit} stages of this tile)"
         )
-    prefetch = _pick(ov, "prefetch", stages - 1)
+    prefetch = ov.get("prefetch", stages - 1)
     if not isinstance(prefetch, int) or not 0 < prefetch < stages:
         raise CircbufError(f"schedule(prefetch={prefetch!r}): must satisfy 0 < prefetch < stages ({stages})")
-    raster = _pick(ov, "raster", "M" if n >= m else "N")
+    raster = ov.get("raster", "M" if n >= m else "N")
     if raster not in ("M", "N"):
         raise CircbufError(f"schedule(raster={raster!r}): must be 'M' or 'N'")
     tiles_m, tiles_n = -(-m // bm), -(-n // bn)
     along = tiles_m if raster == "M" else tiles_n
-    group = _pick(ov, "group", _default_group(along))
+    group = ov.get("group", _default_group(along))
     if not isinstance(group, int) or group < 1:
         raise CircbufError(f"schedule(group={group!r}): must be an int >= 1")
-    cluster = _pick(ov, "cluster", (1, 1))
+    cluster = ov.get("cluster", (1, 1))
     if not (
         isinstance(cluster, (tuple, list))
         and len(cluster) == 2
@@ -321,7 +317,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         raise CircbufError(
             f"schedule(cluster={tuple(cluster)}): thread-block clusters (TMA multicast) are not built yet; use (1, 1)"
         )
-    registers = _pick(ov, "registers", (40, 232))
+    registers = ov.get("registers", (40, 232))
     ok = (
         isinstance(registers, (tuple, list))
         and len(registers) == 2
