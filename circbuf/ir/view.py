@@ -12,16 +12,11 @@ are merged and the result split into the output axes; all of it exact.
 
 from __future__ import annotations
 
+import math
+
 from .errors import CircbufError
 from .iterdomain import ParallelType, exact_merge, exact_split
 from .scalar import Const, evaluate
-
-
-def _prod(xs):
-    p = 1
-    for x in xs:
-        p *= x
-    return p
 
 
 def reshape_groups(in_sizes, out_sizes) -> list[tuple[tuple, tuple]]:
@@ -29,7 +24,7 @@ def reshape_groups(in_sizes, out_sizes) -> list[tuple[tuple, tuple]]:
     left over at the end join the last group. An empty tensor is one group.
     The sizes must have equal products (checked by the caller)."""
     n, m = len(in_sizes), len(out_sizes)
-    if _prod(in_sizes) == 0:
+    if math.prod(in_sizes) == 0:
         return [(tuple(range(n)), tuple(range(m)))] if n or m else []
     groups = []
     i = j = 0
@@ -68,10 +63,10 @@ def concretize(op, in_sizes, out_sizes) -> tuple:
     others are left out of the transforms (unused root axes, or new
     broadcast axes of the output)."""
     src, out = op.inputs[0], op.out
-    if _prod(in_sizes) != _prod(out_sizes):
+    if math.prod(in_sizes) != math.prod(out_sizes):
         raise CircbufError(
             f"reshape {src.name} -> {out.name}: {src.name} has shape {list(in_sizes)} "
-            f"({_prod(in_sizes)} elements), the new shape {list(out_sizes)} has {_prod(out_sizes)}"
+            f"({math.prod(in_sizes)} elements), the new shape {list(out_sizes)} has {math.prod(out_sizes)}"
         )
     ki, ko = _kept(op)
     groups = [
