@@ -341,43 +341,7 @@ def _eval_un(op, x, dtype):
         return x  # integers are already whole
     if op in _PREDICATES:
         return _PREDICATES[op](x)
-    fn = {
-        "exp": math.exp,
-        "exp2": lambda v: 2.0**v,
-        "log": math.log,
-        "sqrt": math.sqrt,
-        "rsqrt": lambda v: 1 / math.sqrt(v),
-        "tanh": math.tanh,
-        "sigmoid": lambda v: 1 / (1 + math.exp(-v)),
-        "silu": lambda v: v / (1 + math.exp(-v)),
-        "gelu": lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))),
-        "sin": math.sin,
-        "cos": math.cos,
-        "tan": math.tan,
-        "asin": math.asin,
-        "acos": math.acos,
-        "atan": math.atan,
-        "sinh": math.sinh,
-        "cosh": math.cosh,
-        "asinh": math.asinh,
-        "acosh": math.acosh,
-        "atanh": math.atanh,
-        "erf": math.erf,
-        "erfc": math.erfc,
-        "erfinv": _erfinv,
-        "erfcinv": lambda v: _erfinv(1.0 - v),
-        "lgamma": math.lgamma,
-        "log1p": math.log1p,
-        "expm1": math.expm1,
-        "log2": math.log2,
-        "log10": math.log10,
-        "floor": lambda v: float(math.floor(v)),
-        "ceil": lambda v: float(math.ceil(v)),
-        "round": lambda v: float(round(v)),  # half to even, as rint and torch.round
-        "trunc": lambda v: float(math.trunc(v)),
-        "frac": lambda v: v - math.trunc(v),
-    }[op]
-    return fn(float(x))
+    return _MATH[op](float(x))
 
 
 _ROUNDING = ("floor", "ceil", "round", "trunc")
@@ -404,6 +368,45 @@ def _erfinv(y: float) -> float:
     for _ in range(4):
         x -= (math.erf(x) - y) / (2.0 / math.sqrt(math.pi) * math.exp(-x * x))
     return x
+
+
+# the floating-point functions of _eval_un, on a float
+_MATH = {
+    "exp": math.exp,
+    "exp2": lambda v: 2.0**v,
+    "log": math.log,
+    "sqrt": math.sqrt,
+    "rsqrt": lambda v: 1 / math.sqrt(v),
+    "tanh": math.tanh,
+    "sigmoid": lambda v: 1 / (1 + math.exp(-v)),
+    "silu": lambda v: v / (1 + math.exp(-v)),
+    "gelu": lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))),
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "asin": math.asin,
+    "acos": math.acos,
+    "atan": math.atan,
+    "sinh": math.sinh,
+    "cosh": math.cosh,
+    "asinh": math.asinh,
+    "acosh": math.acosh,
+    "atanh": math.atanh,
+    "erf": math.erf,
+    "erfc": math.erfc,
+    "erfinv": _erfinv,
+    "erfcinv": lambda v: _erfinv(1.0 - v),
+    "lgamma": math.lgamma,
+    "log1p": math.log1p,
+    "expm1": math.expm1,
+    "log2": math.log2,
+    "log10": math.log10,
+    "floor": lambda v: float(math.floor(v)),
+    "ceil": lambda v: float(math.ceil(v)),
+    "round": lambda v: float(round(v)),  # half to even, as rint and torch.round
+    "trunc": lambda v: float(math.trunc(v)),
+    "frac": lambda v: v - math.trunc(v),
+}
 
 
 def evaluate(e: Scalar, env: dict):
