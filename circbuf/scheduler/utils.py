@@ -602,10 +602,10 @@ def aligned(lmap: LogicalMap, x: TensorView, ref: TensorView) -> bool:
     return len(set(cls)) == len(cls) and all(c == lmap.find(r) for c, r in zip(cls, ref.logical))
 
 
-def full_shape_inputs(fusion: Fusion, ref: TensorView) -> list[int]:
+def full_shape_inputs(fusion: Fusion, ref: TensorView, lmap: LogicalMap) -> list[int]:
     """Positions of the inputs with the reduced input's full shape, in its
-    axis order (see :func:`aligned`), that something reads: these are staged by TMA."""
-    lmap = LogicalMap(fusion)
+    axis order (see :func:`aligned`), that something reads: these are staged by TMA.
+    ``lmap`` is a LogicalMap of ``fusion`` as it is now."""
     out = []
     for k, x in enumerate(fusion.inputs):
         if isinstance(x, TensorView) and aligned(lmap, x, ref) and fusion.consumers(x):
@@ -655,6 +655,7 @@ def check_aliases(fusion: Fusion) -> None:
     if not fusion.aliases:
         return
     lmap = LogicalMap(fusion)
+    live = {id(e) for e in fusion.exprs()}
     for k, j in fusion.aliases.items():
         out, x = fusion.outputs[k], fusion.inputs[j]
         what = f"{out.name} written in place into {x.name}"
@@ -666,8 +667,8 @@ def check_aliases(fusion: Fusion) -> None:
         todo, seen = [x], set()
         while todo:
             t = todo.pop()
-            for e in fusion.exprs():
-                if t not in e.inputs or id(e) in seen:
+            for e in t.uses:
+                if id(e) not in live or id(e) in seen:
                     continue
                 seen.add(id(e))
                 if type(e).__name__ not in _ELEMENTWISE:
