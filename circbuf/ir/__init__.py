@@ -6,6 +6,7 @@ from .errors import CircbufError
 from .fusion import Fusion, transform_history
 from .iterdomain import IterDomain, IterType, Merge, ParallelType, Split, broadcast_ids
 from .nodes import (
+    ELEMENTWISE,
     BinaryOp,
     BroadcastOp,
     CastOp,
@@ -47,6 +48,7 @@ __all__ = [
     "ParallelType",
     "Split",
     "broadcast_ids",
+    "ELEMENTWISE",
     "BinaryOp",
     "BroadcastOp",
     "CastOp",

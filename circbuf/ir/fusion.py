@@ -8,7 +8,7 @@ from __future__ import annotations
 import warnings
 
 from .errors import CircbufError
-from .nodes import Expr, MemoryType, TensorView
+from .nodes import ELEMENTWISE, Expr, MemoryType, TensorView
 from .scalar import Scalar, Var
 
 
@@ -243,9 +243,6 @@ class Fusion:
         return self.print_math()
 
 
-_ELEMENTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp")
-
-
 def _elementwise_layout(tv: TensorView):
     """The stride order an output inherits from the inputs it is computed
     from elementwise (as torch keeps channels-last through pointwise ops and
@@ -263,7 +260,7 @@ def _elementwise_layout(tv: TensorView):
                 orders.add(tuple(t.domain.stride_order) if t.domain.stride_order is not None else None)
             continue
         d = t.definition
-        if d is not None and type(d).__name__ in _ELEMENTWISE:
+        if isinstance(d, ELEMENTWISE):
             todo += [x for x in d.tv_inputs() if x.ndim == tv.ndim]
     if len(orders) == 1 and None not in orders:
         return list(orders.pop())

@@ -892,6 +892,13 @@ class ExpandOp(BroadcastOp):
         return f"{self.out.name} = expand({self.inputs[0].name}, [{shape}])"
 
 
+# Exprs whose output element at a position is computed from the input
+# elements at that position only (broadcast axes read their one element):
+# they inherit the inputs' layout, commute with broadcasts, may read an input
+# they write in place, and may be a matmul's epilogue.
+ELEMENTWISE = (UnaryOp, BinaryOp, TernaryOp, CastOp, LoadStoreOp)
+
+
 def reduction_init(op: str, dtype: DataType) -> Const:
     if op == "sum":
         return Const(0.0 if dtype.is_float else 0, dtype)
@@ -913,6 +920,7 @@ def reduction_init(op: str, dtype: DataType) -> Const:
 
 
 __all__ = [
+    "ELEMENTWISE",
     "MemoryType",
     "TensorDomain",
     "TensorView",

@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 
 from ..ir import (
+    ELEMENTWISE,
     BinaryOp,
     BroadcastOp,
     CastOp,
@@ -51,8 +52,6 @@ from ..ir import (
     ParallelType,
     ReductionOp,
     TensorView,
-    TernaryOp,
-    UnaryOp,
     WarpSpecialized,
     broadcast_ids,
     evaluate,
@@ -74,7 +73,7 @@ OVERRIDES = (
     "registers",
     "epilogue_tile",
 )
-_EPILOGUE = (UnaryOp, BinaryOp, TernaryOp, CastOp, LoadStoreOp, BroadcastOp)
+_EPILOGUE = (*ELEMENTWISE, BroadcastOp)
 SMEM_LIMIT = 232448 - 1024  # opt-in shared memory per block, less barriers and alignment
 ENTRY_REGISTERS = 168  # per thread of 384 under __launch_bounds__(384, 1): 65536 / 384, a multiple of 8
 

@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 from ..ir import (
+    ELEMENTWISE,
     BroadcastOp,
     CircbufError,
     Const,
     ExpandOp,
+    FullOp,
     Fusion,
     IterDomain,
     MemoryType,
@@ -329,9 +331,6 @@ def _clone_tv(fusion: Fusion, tv: TensorView) -> TensorView:
     return c
 
 
-_POINTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp", "FullOp")
-
-
 def hoist_broadcasts(fusion: Fusion) -> None:
     """Rewrite ``broadcast(f(x, ...))`` as ``f(broadcast(x), ...)``.
 
@@ -356,7 +355,7 @@ def hoist_broadcasts(fusion: Fusion) -> None:
             _hoist_through_view(fusion, e, d)
             hoist_broadcasts(fusion)
             return
-        if d is None or type(d).__name__ not in _POINTWISE:
+        if not isinstance(d, (*ELEMENTWISE, FullOp)):  # a fill is made at any rank
             continue
         new_inputs = []
         for x in d.inputs:
@@ -641,9 +640,6 @@ def check_distinct_axes(fusion: Fusion) -> None:
             seen[c] = d
 
 
-_ELEMENTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp")
-
-
 def check_aliases(fusion: Fusion) -> None:
     """Refuse, by name, in-place outputs (``add_output(alias_input=x)``) a
     kernel could get wrong: one reads x[e] only while computing element e
@@ -671,7 +667,7 @@ def check_aliases(fusion: Fusion) -> None:
                 if id(e) not in live or id(e) in seen:
                     continue
                 seen.add(id(e))
-                if type(e).__name__ not in _ELEMENTWISE:
+                if not isinstance(e, ELEMENTWISE):
                     raise CircbufError(
                         f"{what}: {x.name} is also read through {e.op_name} ({e}), which reads "
                         f"elements of {x.name} other than the one being written; compute it from a "
