@@ -1005,7 +1005,7 @@ class Ops:
         # a 1 in the new shape is a broadcast axis (as nvFuser makes it); the
         # reshape maps the input's broadcast axes to these, one for one, so the
         # input gets any it lacks (a broadcast hoists to where it is cheap)
-        plain = sum(i.is_broadcast and i.expanded_extent is None for i in t.domain.no_reductions())
+        plain = sum(i.concrete_extent is None for i in t.domain.no_reductions())
         more = sum(is_const(e, 1) for e in exts) - plain
         if more > 0:
             t = self._broadcast(t, [True] * more + [False] * t.ndim)

@@ -885,10 +885,7 @@ class ExpandOp(BroadcastOp):
         super().__init__(out, in_, [False] * len(out.logical))
 
     def __str__(self):
-        shape = ", ".join(
-            str(i.expanded_extent if i.is_broadcast and i.expanded_extent is not None else i.extent)
-            for i in self.out.logical
-        )
+        shape = ", ".join(str(i.loop_extent) for i in self.out.logical)
         return f"{self.out.name} = expand({self.inputs[0].name}, [{shape}])"
 
 

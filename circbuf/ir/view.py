@@ -80,7 +80,7 @@ def _kept(op):
     """Positions of the input and output axes that take part in the groups
     (all but broadcast ones)."""
     ins, logical = op.inputs[0].domain.no_reductions(), op.out.logical
-    ki = [k for k, i in enumerate(ins) if not (i.is_broadcast and i.expanded_extent is None)]
+    ki = [k for k, i in enumerate(ins) if i.concrete_extent is not None]
     ko = [k for k, i in enumerate(logical) if not i.is_broadcast]
     return ki, ko
 

@@ -174,7 +174,7 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
     classes = {lmap.find(i) for i in c.logical}
     for o in fusion.outputs:
         for d, i in enumerate(o.logical):
-            if (not i.is_broadcast or i.expanded_extent is not None) and lmap.find(i) not in classes:
+            if i.concrete_extent is not None and lmap.find(i) not in classes:
                 return f"output {o.name} axis {d} is not an axis of the matmul's output"
         if o.ndim != c.ndim:
             return f"output {o.name} does not have the matmul output's shape"
@@ -211,7 +211,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     n = evaluate(c.logical[-1].extent, env)
     batch = 1
     for i in c.logical[:-2]:
-        batch *= evaluate(i.expanded_extent if i.is_broadcast and i.expanded_extent else i.extent, env)
+        batch *= evaluate(i.loop_extent, env)
     ta = info.tensors[fusion.inputs.index(a)]
     tb = info.tensors[fusion.inputs.index(b)]
     a_major = "K" if _operand_layout(ta)[0] == "inner" else "M"

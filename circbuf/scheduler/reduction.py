@@ -65,7 +65,7 @@ class ReductionScheduler:
             for d, i in enumerate(tv.logical):
                 if is_const(i.loop_extent, 1):
                     continue
-                if (not i.is_broadcast or i.expanded_extent is not None) and lmap.find(i) not in axes:
+                if i.concrete_extent is not None and lmap.find(i) not in axes:
                     return (
                         f"axis {d} of {tv.name} is not an axis of the reduction {ref.name} "
                         "(its result is broadcast to a larger tensor: that needs a second kernel)"

@@ -131,7 +131,7 @@ def bind_axis_extents(fusion: Fusion, env: dict) -> None:
     added = False
     for tv in fusion.used_tvs():
         for d, i in enumerate(tv.logical):
-            ext = i.expanded_extent if i.is_broadcast else i.extent
+            ext = i.concrete_extent
             if ext is None:
                 continue
             v = evaluate(ext, env)
@@ -155,10 +155,8 @@ def concretize_broadcasts(fusion: Fusion, lmap: LogicalMap):
     concrete: dict[int, object] = {}
     for tv in fusion.used_tvs():
         for i in tv.logical:
-            if not i.is_broadcast:
-                concrete.setdefault(lmap.find(i), i.extent)
-            elif i.expanded_extent is not None:
-                concrete.setdefault(lmap.find(i), i.expanded_extent)
+            if i.concrete_extent is not None:
+                concrete.setdefault(lmap.find(i), i.concrete_extent)
     for tv in fusion.used_tvs():
         if tv.is_input:
             continue
