@@ -589,11 +589,14 @@ def inline_intermediates(fusion: Fusion, row_pos: int | None = None, row_scalar=
         tv.inline_at(pos)
 
 
-def aligned(lmap: LogicalMap, x: TensorView, ref: TensorView) -> bool:
+def aligned(lmap: LogicalMap, x: TensorView, ref: TensorView, broadcast: bool = False) -> bool:
     """True when ``x``'s axes are ``ref``'s logical axes, in order, none
     broadcast: no view, permute or broadcast between them, so a tile of ref
-    is a tile of x (what TMA boxes and vector loads of x assume)."""
-    if len(x.logical) != len(ref.logical) or any(i.is_broadcast for i in x.logical):
+    is a tile of x (what TMA boxes and vector loads of x assume). With
+    ``broadcast``, axes of x may be broadcast ones of ref's classes (an
+    output written along ref's loop: :func:`output_vectorizable` then looks
+    at the axis it is stored along)."""
+    if len(x.logical) != len(ref.logical) or (not broadcast and any(i.is_broadcast for i in x.logical)):
         return False
     cls = [lmap.find(i) for i in x.logical]
     return len(set(cls)) == len(cls) and all(c == lmap.find(r) for c, r in zip(cls, ref.logical))
@@ -684,15 +687,21 @@ def output_vectorizable(fusion: Fusion, info, k: int, axis: int, vec: int) -> bo
     if o.domain.no_reductions()[axis].is_broadcast:  # written one element wide
         return False
     if k in fusion.aliases:
-        t = info.tensors[fusion.aliases[k]]
-        return (
-            t.strides[axis] == 1
-            and all(
-                st % vec == 0 for d, (st, sz) in enumerate(zip(t.strides, t.sizes)) if d != axis and sz > 1
-            )
-            and t.align % (vec * t.itemsize) == 0
-        )
+        return vector_access(info.tensors[fusion.aliases[k]], axis, vec)
     return o.domain.allocation_order()[-1] == axis
+
+
+def vector_access(t, axis: int, vec: int) -> bool:
+    """True when tensor argument ``t`` (a TensorInfo: sizes, strides,
+    alignment) can be read or written ``vec`` elements at a time along its
+    axis ``axis``: unit stride there, every other stride (of an axis longer
+    than 1) a multiple of ``vec`` so each run starts on a vector boundary,
+    and the pointer aligned to a whole vector."""
+    return (
+        t.strides[axis] == 1
+        and all(st % vec == 0 for d, (st, sz) in enumerate(zip(t.strides, t.sizes)) if d != axis and sz > 1)
+        and t.align % (vec * t.itemsize) == 0
+    )
 
 
 def tma_describable(t, split: int) -> str | None:
