@@ -57,6 +57,7 @@ from ..ir import (
     evaluate,
     reduction_init,
 )
+from ..ir.circular import REGISTERS_RULE
 from .info import InputInfo
 from .params import MatmulParams
 from .utils import LogicalMap, concretize_broadcasts, hoist_broadcasts
@@ -317,13 +318,10 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
             f"schedule(cluster={tuple(cluster)}): thread-block clusters (TMA multicast) are not built yet; use (1, 1)"
         )
     registers = ov.get("registers", (40, 232))
-    ok = (
-        isinstance(registers, (tuple, list))
-        and len(registers) == 2
-        and all(isinstance(r, int) and 24 <= r <= 256 and r % 8 == 0 for r in registers)
-    )
-    if not ok:
-        raise CircbufError(f"schedule(registers={registers!r}): two multiples of 8 in [24, 256] (setmaxnreg)")
+    try:  # the operand rings are warp specialized with these: WarpSpecialized's rule
+        WarpSpecialized(on=ParallelType.TIDy, registers=registers)
+    except CircbufError:
+        raise CircbufError(f"schedule(registers={registers!r}): {REGISTERS_RULE}") from None
     if not registers[0] <= ENTRY_REGISTERS <= registers[1]:
         raise CircbufError(
             f"schedule(registers={tuple(registers)}): the producer gives registers back and the "
