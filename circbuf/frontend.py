@@ -1122,28 +1122,27 @@ class Ops:
 
         >>> # avg, m2, n = ops.welford(x, [-1]); var = ops.div(m2, n)
         """
-        self._check(t)
-        dims = self._dims(t, dims, "welford")
-        xf = self._cast_to(t, compute_type(t.dtype) if t.dtype.is_float else DataType.Float)
-        m = self.mean(xf, dims, keepdim=True)
-        d = self.sub(xf, m)
-        m2 = self.sum(self.mul(d, d), dims)
-        avg = self.mean(xf, dims)
+        avg, m2, dims = self._moments(t, dims, False, "welford")
         shape = [s for k, s in enumerate(t.shape()) if k not in dims]
         n = self.full(shape, self._count(t, dims), DataType.Int64)
         return avg, m2, n
 
     def var_mean(self, t, dims, correction=1, keepdim=False):
         """(variance, mean) over ``dims``, ``correction`` as in torch."""
-        dims = self._dims(t, dims, "var_mean")
+        m, ss, dims = self._moments(t, dims, keepdim, "var_mean")
+        return self.div(ss, self._count(t, dims) - correction), m
+
+    def _moments(self, t, dims, keepdim, what):
+        """(mean, sum of squared deviations from it, dims) over ``dims``, in
+        Float (Double stays): the mean is reduced once and broadcast back to
+        subtract it."""
+        self._check(t)
+        dims = self._dims(t, dims, what)
         xf = self._cast_to(t, compute_type(t.dtype) if t.dtype.is_float else DataType.Float)
-        m = self.mean(xf, dims, keepdim=True)
-        d = self.sub(xf, m)
-        ss = self.sum(self.mul(d, d), dims, keepdim)
-        var = self.div(ss, self._count(t, dims) - correction)
-        if not keepdim:
-            m = self.mean(xf, dims)
-        return var, m
+        m = self.mean(xf, dims)
+        mk = self._broadcast(m, [k in dims for k in range(t.ndim)])
+        d = self.sub(xf, mk)
+        return (mk if keepdim else m), self.sum(self.mul(d, d), dims, keepdim), dims
 
     # ------------------------------------------------------- composites
     def softmax(self, x, dim):
