@@ -60,7 +60,7 @@ from ..ir import (
 from ..ir.circular import REGISTERS_RULE
 from .info import InputInfo
 from .params import MatmulParams
-from .utils import LogicalMap, concretize_broadcasts, hoist_broadcasts
+from .utils import LogicalMap, concretize_broadcasts, contractions, hoist_broadcasts
 
 OVERRIDES = (
     "persistent",
@@ -79,16 +79,12 @@ SMEM_LIMIT = 232448 - 1024  # opt-in shared memory per block, less barriers and 
 ENTRY_REGISTERS = 168  # per thread of 384 under __launch_bounds__(384, 1): 65536 / 384, a multiple of 8
 
 
-def _contractions(fusion: Fusion):
-    return [e for e in fusion.exprs() if isinstance(e, (MatmulOp, LinearOp))]
-
-
 class MatmulScheduler:
     name = "matmul"
 
     @staticmethod
     def can_schedule(fusion: Fusion) -> str | None:
-        cs = _contractions(fusion)
+        cs = contractions(fusion)
         if not cs:
             return "fusion has no matmul"
         if len(cs) > 1:
@@ -106,7 +102,7 @@ class MatmulScheduler:
     # ------------------------------------------------------------ params
     @staticmethod
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict) -> MatmulParams:
-        e = _contractions(fusion)[0]
+        e = contractions(fusion)[0]
         why = _mma_unsupported(fusion, e, info)
         if why is None:
             params = _mma_params(fusion, e, info, overrides)
@@ -395,7 +391,7 @@ def decompose(fusion: Fusion) -> None:
     >>> # decompose(f)   # c = matmul(a, b)  ->  c = cast(sum(a[.., M, K, 1] * b[.., 1, K, N], K))
     >>> # linear(x, w)   ->  cast(sum(x[.., M, 1, K] * w[1.., 1, N, K], K))  (an inner reduction)
     """
-    e = _contractions(fusion)[0]
+    e = contractions(fusion)[0]
     a, b, bias = _operands(e)
     c = e.out
     acc_t = DataType.Double if a.dtype == DataType.Double else DataType.Float
@@ -499,7 +495,7 @@ def translate(fusion: Fusion, params: MatmulParams):
     epilogue casts of ``c`` back to fp32 read the fp32 value instead (the
     epilogue runs on the accumulator, before the final cast). Returns
     (acc, As, Bs, the fp32 value c is cast from)."""
-    e = _contractions(fusion)[0]
+    e = contractions(fusion)[0]
     a, b, bias = _operands(e)
     c = e.out
     linear = isinstance(e, LinearOp)

@@ -26,6 +26,7 @@ from .utils import (
     aligned,
     cache_output,
     concretize_broadcasts,
+    contractions,
     hoist_broadcasts,
     inline_intermediates,
     output_vectorizable,
@@ -45,7 +46,7 @@ class PointwiseScheduler:
         """None when this scheduler applies, else the reason it does not."""
         if any(isinstance(e, ReductionOp) for e in fusion.exprs()):
             return "fusion has reductions"
-        if any(e.op_name in ("matmul", "linear") for e in fusion.exprs()):
+        if contractions(fusion):
             return "fusion has a matmul"
         if not fusion.outputs:
             return "fusion has no outputs"

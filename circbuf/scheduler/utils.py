@@ -21,6 +21,8 @@ from ..ir import (
     FullOp,
     Fusion,
     IterDomain,
+    LinearOp,
+    MatmulOp,
     MemoryType,
     ParallelType,
     PermuteOp,
@@ -620,6 +622,12 @@ def once_per_row(lmap: LogicalMap, reduction: TensorView):
     comp = lmap.view_component()
     rclasses = frozenset(comp(lmap.find(i)) for i in reduction.logical if i.is_reduction)
     return lambda tv: not any(comp(lmap.find(i)) in rclasses and not i.is_broadcast for i in tv.logical)
+
+
+def contractions(fusion: Fusion) -> list:
+    """The fusion's matmul and linear exprs (the matmul scheduler's; the
+    others refuse a fusion with one)."""
+    return [e for e in fusion.exprs() if isinstance(e, (MatmulOp, LinearOp))]
 
 
 def check_distinct_axes(fusion: Fusion) -> None:
