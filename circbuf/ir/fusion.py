@@ -8,6 +8,7 @@ from __future__ import annotations
 import warnings
 
 from .errors import CircbufError
+from .iterdomain import transforms_behind
 from .nodes import ELEMENTWISE, Expr, MemoryType, TensorView
 from .scalar import Scalar, Var
 
@@ -277,17 +278,4 @@ class ScheduleRequest(dict):
 
 def transform_history(tv: TensorView) -> list:
     """Split/Merge records from the logical to the loop domain, in order."""
-    seen, out = set(), []
-
-    def visit(i):
-        d = i.definition
-        if d is None or id(d) in seen:
-            return
-        for x in d.inputs:
-            visit(x)
-        seen.add(id(d))
-        out.append(d)
-
-    for i in tv.loop:
-        visit(i)
-    return out
+    return transforms_behind(tv.loop)

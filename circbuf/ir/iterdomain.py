@@ -271,6 +271,32 @@ def exact_merge(outer: IterDomain, inner: IterDomain, extent=None, out=None) -> 
     return out
 
 
+def transforms_behind(axes, stop=()) -> list:
+    """The splits and merges that made ``axes``, each once, an input's before
+    the transforms that use it: a depth-first walk back through definitions,
+    which ends at axes without one and at the axes in ``stop``.
+
+    >>> i = IterDomain(Const(8)); o, n = split(i, 4); m = merge(o, n)
+    >>> [type(t).__name__ for t in transforms_behind([m])], transforms_behind([m], stop=[m])
+    (['Split', 'Merge'], [])
+    """
+    stop = {id(i) for i in stop}
+    seen, out = set(), []
+
+    def visit(i):
+        d = i.definition
+        if d is None or id(i) in stop or id(d) in seen:
+            return
+        for x in d.inputs:
+            visit(x)
+        seen.add(id(d))
+        out.append(d)
+
+    for i in axes:
+        visit(i)
+    return out
+
+
 def _attach(self):
     for o in self.outputs:
         o.definition = self

@@ -26,6 +26,7 @@ from .iterdomain import (
     exact_split,
     merge,
     split,
+    transforms_behind,
 )
 from .scalar import Const, Scalar
 
@@ -94,21 +95,7 @@ class TensorDomain:
         unless ``has_root``)."""
         if not self.has_root:
             return []
-        roots = {id(i) for i in self._root}
-        seen, out = set(), []
-
-        def visit(i):
-            d = i.definition
-            if d is None or id(i) in roots or id(d) in seen:
-                return
-            for x in d.inputs:
-                visit(x)
-            seen.add(id(d))
-            out.append(d)
-
-        for i in self.logical:
-            visit(i)
-        return out
+        return transforms_behind(self.logical, stop=self._root)
 
     def view_ids(self) -> list[IterDomain]:
         """Root axes and the axes between them and the logical ones."""
