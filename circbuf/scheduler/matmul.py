@@ -494,7 +494,7 @@ def translate(fusion: Fusion, params: MatmulParams):
     broadcast axes, ``acc = mma(As, Bs)`` in fp32, ``c = cast(acc (+ bias))``;
     epilogue casts of ``c`` back to fp32 read the fp32 value instead (the
     epilogue runs on the accumulator, before the final cast). Returns
-    (acc, As, Bs, the fp32 value c is cast from)."""
+    (acc, As, Bs)."""
     e = contractions(fusion)[0]
     a, b, bias = _operands(e)
     c = e.out
@@ -536,7 +536,7 @@ def translate(fusion: Fusion, params: MatmulParams):
         if isinstance(u, CastOp) and u.out.dtype == DataType.Float and u.out not in fusion.outputs:
             for v in list(u.out.uses):
                 v.replace_input(u.out, val)
-    return acc, As, Bs, val
+    return acc, As, Bs
 
 
 def _roles(tv, lmap, classes) -> list:
@@ -689,7 +689,7 @@ def _operand_tile(xs, roles, params, mn_role, major):
 
 
 def _schedule_mma(fusion: Fusion, params: MatmulParams):
-    acc, As, Bs, val = translate(fusion, params)
+    acc, As, Bs = translate(fusion, params)
     hoist_broadcasts(fusion)
     e = acc.definition
     # outputs staged in shared memory and stored by TMA a [64 x en] box at a time
@@ -737,4 +737,3 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         if not (tv.is_input or tv.is_output or tv in (As, Bs, acc)) and id(tv) not in staged:
             # the epilogue's last value holds a pair for one vector store
             tv.inline_at(len(tv.loop) - (1 if id(tv) in last else 0))
-    return acc
