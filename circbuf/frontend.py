@@ -159,7 +159,7 @@ class FusionDefinition:
 
 def _check_overrides(fusion, overrides):
     """``fd.fusion.schedule`` names, checked against the fusion's schedulers."""
-    from .runtime.executor import check_overrides  # the compile driver knows the schedulers
+    from .scheduler.registry import check_overrides  # the registry knows the schedulers
 
     return check_overrides(fusion, overrides)
 
