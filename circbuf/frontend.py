@@ -31,7 +31,6 @@ from .ir import (
     Scalar,
     TensorView,
     TernaryOp,
-    Un,
     UnaryOp,
     Var,
     as_scalar,
@@ -41,7 +40,7 @@ from .ir import (
     promote_with_scalar,
     reduction_init,
 )
-from .ir.scalar import is_const
+from .ir.scalar import is_const, un
 
 
 class FusionDefinition:
@@ -215,15 +214,7 @@ def _scalar_unary(op, x, float_only, predicate=False) -> Scalar:
         dt = DataType.Bool
     elif float_only and not dt.is_float:
         dt = DataType.Double
-    if isinstance(a, Const):
-        from .ir.scalar import _eval_un
-
-        try:
-            v = _eval_un(op, a.value, dt)
-        except (ArithmeticError, ValueError):
-            return Un(op, a, dt)
-        return Const(v if dt != DataType.Bool else bool(v), dt)
-    return Un(op, a, dt)
+    return un(op, a, dt)
 
 
 _SCALAR_BIN = {
@@ -265,11 +256,7 @@ def _scalar_binary(op, a, b) -> Scalar:
     x, y = _as_scalar_operand(a, op), _as_scalar_operand(b, op)
     if op == "truediv":
         if not x.dtype.is_float:
-            x = (
-                Const(float(x.value), DataType.Double)
-                if isinstance(x, Const)
-                else Un("cast", x, DataType.Double)
-            )
+            x = un("cast", x, DataType.Double)
         return _scalar_binary("div", x, y)
     if op == "mod":  # C's %: fmod on floating-point operands
         op = "fmod" if x.dtype.is_float or y.dtype.is_float else "%"
@@ -564,7 +551,7 @@ class Ops:
         if not isinstance(dtype, DataType):
             raise CircbufError(f"cast: dtype must be a circbuf DataType, got {dtype!r}")
         if not _is_tv(x):
-            return Un("cast", _as_scalar_operand(x, "cast"), dtype)
+            return un("cast", _as_scalar_operand(x, "cast"), dtype)
         out = self._new([self._out_axis([i]) for i in x.domain.no_reductions()], dtype)
         if dtype == x.dtype:
             LoadStoreOp(out, x)
@@ -741,7 +728,7 @@ class Ops:
         if isinstance(v, Const):
             v = self._cast_to(v.value, dt)
         elif v.dtype != dt:
-            v = Un("cast", v, dt)
+            v = un("cast", v, dt)
         return self.add(x, self.mul(v, self.mul(t1, t2)))
 
     def where(self, cond, a, b):

@@ -130,6 +130,39 @@ class Un(Scalar):
         return f"{self.op}({self.a})"
 
 
+def un(op: str, a, dtype: DataType) -> Scalar:
+    """``op`` (one of :class:`Un`'s) of scalar ``a``, a ``dtype`` scalar. A
+    constant folds, except a domain edge (``log(0.0)``), which the kernel
+    computes as C does, and a cast whose value the device decides: rounding
+    to Float or a 16-bit float, or an integer out of the target's range.
+
+    >>> un("neg", Const(2), DataType.Int64) == Const(-2), un("cast", 2.5, DataType.Int32)
+    (True, Const(value=2, dtype=DataType.Int32))
+    >>> str(un("cast", Const(2.5, DataType.Double), DataType.BFloat16)), str(un("exp", Var("s"), DataType.Double))
+    ('cast(2.5, BFloat16)', 'exp(s)')
+    """
+    a = as_scalar(a)
+    if not isinstance(a, Const) or (op == "cast" and not _exact_cast(a.value, dtype)):
+        return Un(op, a, dtype)
+    try:
+        v = _eval_un(op, a.value, dtype)
+    except (ArithmeticError, ValueError):
+        return Un(op, a, dtype)
+    return Const(bool(v) if dtype == DataType.Bool else v, dtype)
+
+
+def _exact_cast(x, dtype: DataType) -> bool:
+    """True when casting the number ``x`` to ``dtype`` gives one value on the
+    host and the device: to Double (rounded to nearest, as C) or Bool, or to
+    an integer type it fits after truncation."""
+    if dtype in (DataType.Double, DataType.Bool):
+        return True
+    if not dtype.is_int or isinstance(x, float) and not math.isfinite(x):
+        return False
+    half = 1 << (8 * dtype.size - 1)
+    return -half <= math.trunc(x) < half
+
+
 _CMP = ("<", ">=", "==", "&&", "<=", ">", "!=", "||")
 # fusion scalar math beyond index arithmetic (nvFuser's scalar binary ops)
 _BITWISE = ("&", "|", "^")  # Bool on two Bools, else Int64
