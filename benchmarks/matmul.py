@@ -17,7 +17,7 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
-from benchmarks.common import bench_ms, gpu_name, static_compile, write_json  # noqa: E402
+from benchmarks.common import bench_ms, gpu_name, require_cuda, static_compile, write_json  # noqa: E402
 from tests.test_gpu_matmul import mm_fusion  # noqa: E402
 
 # (M, N, K, kind): kind "matmul" is A @ B with B [K, N]; "linear" is x @ W.T with W [N, K]
@@ -160,9 +160,7 @@ def epilogue():
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
-        print("benchmarks/matmul.py needs a CUDA GPU (none found)")
-        sys.exit(1)
+    require_cuda()
     if "--sweep" in sys.argv:
         sweep()
     elif "--epilogue" in sys.argv:

@@ -31,16 +31,16 @@ from .ir import (
     Scalar,
     TensorView,
     TernaryOp,
-    Un,
     UnaryOp,
     Var,
     as_scalar,
+    broadcast_ids,
     compute_type,
     promote,
     promote_with_scalar,
     reduction_init,
 )
-from .ir.scalar import is_const
+from .ir.scalar import is_const, un
 
 
 class FusionDefinition:
@@ -158,7 +158,7 @@ class FusionDefinition:
 
 def _check_overrides(fusion, overrides):
     """``fd.fusion.schedule`` names, checked against the fusion's schedulers."""
-    from .runtime.executor import check_overrides  # the compile driver knows the schedulers
+    from .scheduler.registry import check_overrides  # the registry knows the schedulers
 
     return check_overrides(fusion, overrides)
 
@@ -166,21 +166,6 @@ def _check_overrides(fusion, overrides):
 # ---------------------------------------------------------------- ops
 def _is_tv(x):
     return isinstance(x, TensorView)
-
-
-def _concrete_extent(i: IterDomain):
-    """The extent an axis contributes to broadcasting: its own, the one a
-    broadcast was expanded to, or None for a plain broadcast."""
-    if not i.is_broadcast:
-        return i.extent
-    return i.expanded_extent
-
-
-def _same_axis(i: IterDomain) -> IterDomain:
-    """A new axis like ``i`` (extent, type, expanded extent) for a view's output."""
-    o = IterDomain(i.extent, i.iter_type)
-    o.expanded_extent = i.expanded_extent
-    return o
 
 
 def _shape_entry(s, what):
@@ -229,15 +214,7 @@ def _scalar_unary(op, x, float_only, predicate=False) -> Scalar:
         dt = DataType.Bool
     elif float_only and not dt.is_float:
         dt = DataType.Double
-    if isinstance(a, Const):
-        from .ir.scalar import _eval_un
-
-        try:
-            v = _eval_un(op, a.value, dt)
-        except (ArithmeticError, ValueError):
-            return Un(op, a, dt)
-        return Const(v if dt != DataType.Bool else bool(v), dt)
-    return Un(op, a, dt)
+    return un(op, a, dt)
 
 
 _SCALAR_BIN = {
@@ -279,11 +256,7 @@ def _scalar_binary(op, a, b) -> Scalar:
     x, y = _as_scalar_operand(a, op), _as_scalar_operand(b, op)
     if op == "truediv":
         if not x.dtype.is_float:
-            x = (
-                Const(float(x.value), DataType.Double)
-                if isinstance(x, Const)
-                else Un("cast", x, DataType.Double)
-            )
+            x = un("cast", x, DataType.Double)
         return _scalar_binary("div", x, y)
     if op == "mod":  # C's %: fmod on floating-point operands
         op = "fmod" if x.dtype.is_float or y.dtype.is_float else "%"
@@ -392,42 +365,39 @@ class Ops:
         flags = [True] * (rank - t.ndim) + [False] * t.ndim
         return self._broadcast(t, flags)
 
-    def _broadcast(self, t, flags, extents=None) -> TensorView:
-        src = iter(t.domain.no_reductions())
-        ids = []
-        for f in flags:
-            if f:
-                ids.append(IterDomain(Const(1), IterType.Broadcast))
-            else:
-                i = next(src)
-                ids.append(IterDomain(i.extent, i.iter_type))
-        out = self._new(ids, t.dtype)
+    def _broadcast(self, t, flags) -> TensorView:
+        out = self._new(broadcast_ids(t.domain.no_reductions(), flags), t.dtype)
         BroadcastOp(out, t, flags)
         return out
 
     def _pointwise_ids(self, tvs, what) -> list[IterDomain]:
         rank = max(t.ndim for t in tvs)
-        ids = []
-        for k in range(rank):
-            axes = [t.domain.no_reductions()[k] for t in tvs]
-            # a broadcast expanded to an extent (broadcast_in_dim to a fixed
-            # shape) is as concrete as an iteration axis of that extent
-            exts = [_concrete_extent(a) for a in axes]
-            exts = [e for e in exts if e is not None]
-            if not exts:
-                ids.append(IterDomain(Const(1), IterType.Broadcast))
-                continue
-            ext = exts[0]
-            for e in exts[1:]:
-                if e == ext:
-                    continue
-                if isinstance(e, Const) and isinstance(ext, Const):
-                    raise CircbufError(f"{what}: extents {ext} and {e} of axis {k} do not match")
-                self._f.extent_equalities.append((ext, e))
-                if isinstance(e, Const):
-                    ext = e
-            ids.append(IterDomain(ext))
-        return ids
+        return [
+            self._out_axis([t.domain.no_reductions()[k] for t in tvs], what, f"axis {k}") for k in range(rank)
+        ]
+
+    def _out_axis(self, axes, what="", where="") -> IterDomain:
+        """The axis of a computed tensor (elementwise op, matmul, reduction)
+        where ``axes`` of its operands meet, as torch broadcasts: the extent of
+        the concrete ones, which must be equal (constants now, symbolic ones at
+        run time), or a broadcast axis when all are plain broadcasts. A
+        broadcast expanded to an extent (``expand``, ``broadcast_in_dim`` to a
+        fixed shape) is as concrete as an iteration axis of that extent: the
+        result has that extent, computed (torch materializes it too)."""
+        exts = [a.concrete_extent for a in axes if a.concrete_extent is not None]
+        if not exts:
+            return IterDomain(Const(1), IterType.Broadcast)
+        ext = exts[0]
+        for e in exts[1:]:
+            self._require_same(
+                ext,
+                e,
+                f"{what}: extents {ext} and {e} of {where} do not match",
+                f"{what} combines them on {where}",
+            )
+            if isinstance(e, Const):  # a constant is the more useful name of the class
+                ext = e
+        return IterDomain(ext)
 
     def _cast_to(self, x, dt):
         if _is_tv(x):
@@ -466,7 +436,7 @@ class Ops:
         if float_only and not dt.is_float:
             dt = DataType.Float
         x = self._cast_to(x, dt)
-        out = self._new([IterDomain(i.extent, i.iter_type) for i in x.domain.no_reductions()], dt)
+        out = self._new([self._out_axis([i]) for i in x.domain.no_reductions()], dt)
         UnaryOp(op, out, x)
         return out
 
@@ -563,7 +533,7 @@ class Ops:
         if not _is_tv(x):
             return _scalar_unary(op, x, False, predicate=True)
         x = self._cast_to(x, compute_type(x.dtype))  # 16-bit floats are tested in fp32: same answer
-        out = self._new([IterDomain(i.extent, i.iter_type) for i in x.domain.no_reductions()], DataType.Bool)
+        out = self._new([self._out_axis([i]) for i in x.domain.no_reductions()], DataType.Bool)
         UnaryOp(op, out, x)
         return out
 
@@ -581,8 +551,8 @@ class Ops:
         if not isinstance(dtype, DataType):
             raise CircbufError(f"cast: dtype must be a circbuf DataType, got {dtype!r}")
         if not _is_tv(x):
-            return Un("cast", _as_scalar_operand(x, "cast"), dtype)
-        out = self._new([IterDomain(i.extent, i.iter_type) for i in x.domain.no_reductions()], dtype)
+            return un("cast", _as_scalar_operand(x, "cast"), dtype)
+        out = self._new([self._out_axis([i]) for i in x.domain.no_reductions()], dtype)
         if dtype == x.dtype:
             LoadStoreOp(out, x)
         else:
@@ -758,7 +728,7 @@ class Ops:
         if isinstance(v, Const):
             v = self._cast_to(v.value, dt)
         elif v.dtype != dt:
-            v = Un("cast", v, dt)
+            v = un("cast", v, dt)
         return self.add(x, self.mul(v, self.mul(t1, t2)))
 
     def where(self, cond, a, b):
@@ -896,7 +866,7 @@ class Ops:
                 f"permute: dims {list(dims)} are not a permutation of the {n} axes of {t.name}"
             )
         src = t.domain.no_reductions()
-        out = self._new([_same_axis(src[d]) for d in perm], t.dtype)
+        out = self._new([src[d].fresh() for d in perm], t.dtype)
         PermuteOp(out, t, perm)
         return out
 
@@ -931,7 +901,7 @@ class Ops:
         if not dims:
             return t
         src = t.domain.no_reductions()
-        out = self._new([_same_axis(i) for k, i in enumerate(src) if k not in dims], t.dtype)
+        out = self._new([i.fresh() for k, i in enumerate(src) if k not in dims], t.dtype)
         SqueezeOp(out, t, dims)
         return out
 
@@ -952,7 +922,7 @@ class Ops:
         ids = []
         for d, (i, s) in enumerate(zip(src, shape)):
             ext = _shape_entry(s, f"expand: entry {d}")
-            o = _same_axis(i)
+            o = i.fresh()
             ids.append(o)
             if ext is None:
                 continue
@@ -995,7 +965,7 @@ class Ops:
             raise CircbufError(f"reshape: new_shape {list(new_shape)} has more than one -1")
         numel = Const(1)
         for i in t.domain.no_reductions():
-            numel = numel * (_concrete_extent(i) or Const(1))
+            numel = numel * i.loop_extent
         known = Const(1)
         for e in exts:
             if e is not None:
@@ -1022,7 +992,7 @@ class Ops:
         # a 1 in the new shape is a broadcast axis (as nvFuser makes it); the
         # reshape maps the input's broadcast axes to these, one for one, so the
         # input gets any it lacks (a broadcast hoists to where it is cheap)
-        plain = sum(i.is_broadcast and i.expanded_extent is None for i in t.domain.no_reductions())
+        plain = sum(i.concrete_extent is None for i in t.domain.no_reductions())
         more = sum(is_const(e, 1) for e in exts) - plain
         if more > 0:
             t = self._broadcast(t, [True] * more + [False] * t.ndim)
@@ -1048,7 +1018,7 @@ class Ops:
         order = list(stride_order)
         if sorted(order) != list(range(t.ndim)):
             raise CircbufError(f"stride_order: {order} is not a permutation of 0..{t.ndim - 1} for {t.name}")
-        out = self._new([_same_axis(i) for i in t.domain.no_reductions()], t.dtype)
+        out = self._new([i.fresh() for i in t.domain.no_reductions()], t.dtype)
         out.domain.stride_order = order
         LoadStoreOp(out, t)
         return out
@@ -1080,10 +1050,10 @@ class Ops:
         t = self._cast_to(t, acc)
         ids = []
         for k, i in enumerate(t.domain.no_reductions()):
-            if k in dims:
-                ids.append(IterDomain(i.extent, IterType.Reduction))
+            if k in dims:  # over an expanded broadcast: its extent of equal elements
+                ids.append(IterDomain(i.loop_extent, IterType.Reduction))
             else:
-                ids.append(IterDomain(i.extent, i.iter_type))
+                ids.append(self._out_axis([i]))
         out = self._new(ids, acc)
         ReductionOp(op, out, t, reduction_init(op, acc))
         if keepdim:
@@ -1139,28 +1109,27 @@ class Ops:
 
         >>> # avg, m2, n = ops.welford(x, [-1]); var = ops.div(m2, n)
         """
-        self._check(t)
-        dims = self._dims(t, dims, "welford")
-        xf = self._cast_to(t, compute_type(t.dtype) if t.dtype.is_float else DataType.Float)
-        m = self.mean(xf, dims, keepdim=True)
-        d = self.sub(xf, m)
-        m2 = self.sum(self.mul(d, d), dims)
-        avg = self.mean(xf, dims)
+        avg, m2, dims = self._moments(t, dims, False, "welford")
         shape = [s for k, s in enumerate(t.shape()) if k not in dims]
         n = self.full(shape, self._count(t, dims), DataType.Int64)
         return avg, m2, n
 
     def var_mean(self, t, dims, correction=1, keepdim=False):
         """(variance, mean) over ``dims``, ``correction`` as in torch."""
-        dims = self._dims(t, dims, "var_mean")
+        m, ss, dims = self._moments(t, dims, keepdim, "var_mean")
+        return self.div(ss, self._count(t, dims) - correction), m
+
+    def _moments(self, t, dims, keepdim, what):
+        """(mean, sum of squared deviations from it, dims) over ``dims``, in
+        Float (Double stays): the mean is reduced once and broadcast back to
+        subtract it."""
+        self._check(t)
+        dims = self._dims(t, dims, what)
         xf = self._cast_to(t, compute_type(t.dtype) if t.dtype.is_float else DataType.Float)
-        m = self.mean(xf, dims, keepdim=True)
-        d = self.sub(xf, m)
-        ss = self.sum(self.mul(d, d), dims, keepdim)
-        var = self.div(ss, self._count(t, dims) - correction)
-        if not keepdim:
-            m = self.mean(xf, dims)
-        return var, m
+        m = self.mean(xf, dims)
+        mk = self._broadcast(m, [k in dims for k in range(t.ndim)])
+        d = self.sub(xf, mk)
+        return (mk if keepdim else m), self.sum(self.mul(d, d), dims, keepdim), dims
 
     # ------------------------------------------------------- composites
     def softmax(self, x, dim):
@@ -1228,27 +1197,29 @@ class Ops:
                 i = j - (out_rank - len(axs))
                 if i >= 0:
                     axes.append((k, i, axs[i]))
-            conc = [a for _, _, a in axes if not a.is_broadcast]
-            if conc:
-                ext = conc[0].extent
-                for a in conc[1:]:
-                    if a.extent != ext:
-                        if isinstance(a.extent, Const) and isinstance(ext, Const):
-                            raise CircbufError(f"{what}: batch extents {ext} and {a.extent} do not broadcast")
-                        self._f.extent_equalities.append((ext, a.extent))
-                ids.append(IterDomain(ext))
-            else:
-                ids.append(IterDomain(Const(1), IterType.Broadcast))
+            ids.append(self._out_axis([a for _, _, a in axes], what, f"batch axis {j}"))
             for k, i, _ in axes:
                 maps[k].append((i, j))
         return ids, maps
 
+    def _require_same(self, x, y, differ, reason):
+        """Extents ``x`` and ``y`` must be equal: two constants are compared
+        now (``differ`` is the error), anything else at run time, where a
+        mismatch names ``reason`` (``Fusion.require_equal``)."""
+        if isinstance(x, Const) and isinstance(y, Const):
+            if x.value != y.value:
+                raise CircbufError(differ)
+        elif x != y:
+            self._f.require_equal(x, y, reason)
+
     def _equate_k(self, what, ka, kb, a, b):
-        if isinstance(ka, Const) and isinstance(kb, Const):
-            if ka.value != kb.value:
-                raise CircbufError(f"{what}: K of {a.name} ({ka}) and {b.name} ({kb}) differ")
-        elif ka != kb:
-            self._f.extent_equalities.append((ka, kb))
+        """The contracted extents of ``a`` and ``b`` must be equal."""
+        self._require_same(
+            ka,
+            kb,
+            f"{what}: K of {a.name} ({ka}) and {b.name} ({kb}) differ",
+            f"{what}: K of {a.name} and {b.name}",
+        )
 
     def matmul(self, a, b):
         """``a @ b`` with torch.matmul's shapes: a ``[..., M, K]`` or ``[K]``,
@@ -1267,17 +1238,17 @@ class Ops:
         dt = self._contraction_dtype("matmul", a, b)
         ax, bx = a.domain.no_reductions(), b.domain.no_reductions()
         ka, kb = ax[-1], bx[0] if b.ndim == 1 else bx[-2]
-        self._equate_k("matmul", ka.extent, kb.extent, a, b)
+        self._equate_k("matmul", ka.loop_extent, kb.loop_extent, a, b)
         a_batch = ax[:-2] if a.ndim > 1 else []
         b_batch = bx[:-2] if b.ndim > 1 else []
         rank = max(len(a_batch), len(b_batch))
         ids, (ma, mb) = self._batch_axes("matmul", [a_batch, b_batch], rank)
         if a.ndim > 1:  # M
             ma.append((a.ndim - 2, len(ids)))
-            ids.append(IterDomain(ax[-2].extent, ax[-2].iter_type))
+            ids.append(self._out_axis([ax[-2]]))
         if b.ndim > 1:  # N
             mb.append((b.ndim - 1, len(ids)))
-            ids.append(IterDomain(bx[-1].extent, bx[-1].iter_type))
+            ids.append(self._out_axis([bx[-1]]))
         out = self._new(ids, dt)
         MatmulOp(out, a, b, [ma, mb], (a.ndim - 1, 0 if b.ndim == 1 else b.ndim - 2))
         return out
@@ -1298,24 +1269,29 @@ class Ops:
             )
         dt = self._contraction_dtype("linear", a, w, bias)
         ax, wx = a.domain.no_reductions(), w.domain.no_reductions()
-        self._equate_k("linear", ax[-1].extent, wx[-1].extent, a, w)
-        ids = [IterDomain(i.extent, i.iter_type) for i in ax[:-1]]
+        self._equate_k("linear", ax[-1].loop_extent, wx[-1].loop_extent, a, w)
+        ids = [self._out_axis([i]) for i in ax[:-1]]
         ma = [(i, i) for i in range(a.ndim - 1)]
         mw = []
         if w.ndim == 2:
             mw.append((0, len(ids)))
-            ids.append(IterDomain(wx[0].extent, wx[0].iter_type))
+            ids.append(self._out_axis([wx[0]]))
         maps = [ma, mw]
         if bias is not None:
-            n = wx[0].extent if w.ndim == 2 else Const(1)
+            n = wx[0].loop_extent if w.ndim == 2 else Const(1)
             if bias.ndim > 1 or (bias.ndim == 1 and w.ndim == 1):
                 raise CircbufError(
                     f"linear: bias {bias.name} must be [N] (or 0-D for a 1-D weight), got {bias.ndim}-D"
                 )
             if bias.ndim == 1:
                 b0 = bias.domain.no_reductions()[0]
-                if not b0.is_broadcast:
-                    self._equate_k("linear", n, b0.extent, w, bias)
+                if b0.concrete_extent is not None:
+                    self._require_same(
+                        n,
+                        b0.concrete_extent,
+                        f"linear: bias {bias.name} has length {b0.concrete_extent}, N of {w.name} is {n}",
+                        f"linear: bias length ({bias.name}) and N ({w.name})",
+                    )
                 maps.append([(0, len(ids) - 1)])
             else:
                 maps.append([])

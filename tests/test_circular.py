@@ -203,6 +203,8 @@ def test_circular_buffer_needs_shared_tma_and_a_serial_loop():
         xs.axis(1).parallelize(ParallelType.Bulk)
     with pytest.raises(cb.CircbufError, match="WarpSpecialized\\(registers=\\(41, 232\\)\\)"):
         cb.WarpSpecialized(registers=(41, 232))
+    with pytest.raises(cb.CircbufError, match="WarpSpecialized\\(registers=232\\): two multiples of 8"):
+        cb.WarpSpecialized(registers=232)  # not a pair: named, not a TypeError
     with pytest.raises(cb.CircbufError, match="war must be"):
         cb.Pipelined(war="sometimes")
 

@@ -116,6 +116,20 @@ def test_scalar_math_builds_scalar_expressions():
         assert fd.ops.lt(s, 1.0).dtype == D.Bool
 
 
+def test_scalar_constants_fold_where_host_and_device_agree():
+    with cb.FusionDefinition() as fd:
+        assert fd.ops.cast(7, D.Double) == cb.ir.Const(7.0, D.Double)
+        assert fd.ops.cast(-2.5, D.Int32) == cb.ir.Const(-2, D.Int32)  # C truncation
+        assert fd.ops.cast(0, D.Bool) == cb.ir.Const(False, D.Bool)
+        assert fd.ops.truediv(7, 2) == cb.ir.Const(3.5, D.Double)
+        assert fd.ops.exp(0.0) == cb.ir.Const(1.0, D.Double)
+        # the device rounds these: the kernel computes them
+        assert str(fd.ops.cast(0.1, D.BFloat16)) == "cast(0.1, BFloat16)"
+        assert str(fd.ops.cast(0.1, D.Float)) == "cast(0.1, Float)"
+        assert str(fd.ops.cast(1e20, D.Int64)) == "cast(1e+20, Int64)"
+        assert str(fd.ops.log(0.0)) == "log(0.0)"
+
+
 def test_expanded_broadcast_equates_its_extent():
     with cb.FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1], dtype=D.Float)

@@ -252,6 +252,35 @@ def test_simt_path(what, ashape, bshape, dtype):
         assert torch.equal(out.double().cpu(), ref.cpu())
 
 
+def expanded_operand(what, dtype):
+    """A matmul/linear one of whose operands is expanded (``ops.expand``): the
+    result has the expanded extent, as torch's (issue: the batch was 1)."""
+    d = D.Float if dtype == torch.float32 else D.BFloat16
+    with cb.FusionDefinition() as fd:
+        if what == "batch":  # [1, M, K] -> [2, M, K], @ [K, N]
+            a, b = fd.define_tensor([1, -1, -1], dtype=d), fd.define_tensor([-1, -1], dtype=d)
+            fd.add_output(fd.ops.matmul(fd.ops.expand(a, [2, -1, -1]), b))
+            shapes, ref = [(1, 6, 16), (16, 5)], lambda a, b: a.expand(2, 6, 16) @ b
+        elif what == "rows":  # [1, K] -> [M, K]: every row of the product the same
+            a, b = fd.define_tensor([1, -1], dtype=d), fd.define_tensor([-1, -1], dtype=d)
+            fd.add_output(fd.ops.matmul(fd.ops.expand(a, [6, -1]), b))
+            shapes, ref = [(1, 16), (16, 5)], lambda a, b: a.expand(6, 16) @ b
+        else:  # linear of [1, S, K] -> [3, S, K]
+            x, w = fd.define_tensor([1, -1, -1], dtype=d), fd.define_tensor([-1, -1], dtype=d)
+            fd.add_output(fd.ops.linear(fd.ops.expand(x, [3, -1, -1]), w))
+            shapes, ref = [(1, 4, 16), (5, 16)], lambda x, w: x.expand(3, 4, 16) @ w.T
+    return fd, shapes, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("what", ["batch", "rows", "linear"])
+def test_expanded_operand(what, dtype):
+    fd, shapes, ref = expanded_operand(what, dtype)
+    inputs = [torch.randn(s, device=DEV, dtype=dtype) for s in shapes]
+    (out,) = fd.execute(inputs)
+    check(out, ref(*[x.double() for x in inputs]), rel=1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     m=st.integers(1, 700),

@@ -66,6 +66,16 @@ def test_simplify_constants_and_ranges():
     assert evaluate(ceil_div(Var("a"), Const(3)) * 2, {"a": 7}) == 6
 
 
+def test_xor_folds_to_the_type_bin_gives_it():
+    t, f = Const(True, D.Bool), Const(False, D.Bool)
+    x = t._bin_op("^", f)
+    assert x.dtype == D.Bool and x.value is True  # a Bool, not the int 1
+    assert evaluate(Var("p", D.Bool)._bin_op("^", t), {"p": True}) is False
+    y = Const(6)._bin_op("^", Const(3))
+    assert y.dtype == D.Int64 and y.value == 5
+    assert Var("s")._bin_op("^", t).dtype == D.Int64  # an integer with a Bool: Int64
+
+
 def test_split_merge_extents_and_history():
     tv = TensorView([IterDomain(Var("i0")), IterDomain(Var("i1"))], D.Float)
     tv.merge(0).split(0, 128).split(0, 4)

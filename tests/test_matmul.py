@@ -20,7 +20,8 @@ from circbuf.lowering.kir import (
     WgmmaWait,
     walk,
 )
-from tests.test_gpu_matmul import OVERRIDES, mm_fusion
+from tests.kir_interp import interpret
+from tests.test_gpu_matmul import OVERRIDES, check, expanded_operand, mm_fusion
 from tests.util import D
 
 
@@ -172,6 +173,7 @@ def test_epilogues_and_bias_compile():
         (dict(group=0), r"group=0\): must be an int >= 1"),
         (dict(persistent="yes"), r"persistent='yes'\): must be True or False"),
         (dict(registers=(41, 232)), r"two multiples of 8 in \[24, 256\]"),
+        (dict(registers=232), r"schedule\(registers=232\): two multiples of 8"),
         (dict(registers=(160, 240)), r"exceed the 65536 registers"),
         (dict(registers=(200, 232)), r"producer gives registers back"),
         (dict(epilogue_tile=(32, 64)), r"a sub-tile is 64 rows"),
@@ -249,3 +251,45 @@ def test_block_barrier_in_thread_dependent_loop_is_refused():
     # and a per-warpgroup named barrier inside the thread-dependent loop is fine
     per_group = BlockSync("staging", barrier=(tid + 1, 128))
     _check_uniform_trips([ForLoop(Var("t"), Const(100), [per_group], start=tid, step=Const(264))])
+
+
+@pytest.mark.parametrize(
+    "kind, shapes, match",
+    [
+        ("matmul", [(64, 32), (48, 16)], r"= 32 and extent .* = 48 must be equal: matmul: K of T0 and T1"),
+        ("linear", [(64, 32), (16, 48)], r"= 32 and extent .* = 48 must be equal: linear: K of T0 and T1"),
+        (
+            "linear_bias",
+            [(64, 32), (16, 32), (24,)],
+            r"= 16 and extent .* = 24 must be equal: linear: bias length \(T2\) and N \(T1\)",
+        ),
+    ],
+)
+def test_run_time_extent_mismatch_names_the_contraction(kind, shapes, match):
+    # symbolic K (and N) are checked against the inputs; the error says which
+    # rule of the matmul they break, not "the fusion combines them elementwise"
+    fd = mm_fusion("linear" if kind.startswith("linear") else "matmul", bias=kind == "linear_bias")
+    with pytest.raises(cb.CircbufError, match=match):
+        fd.compile([torch.randn(*s, dtype=torch.bfloat16) for s in shapes], arch="sm_90a")
+
+
+def test_fixed_bias_length_mismatch_is_a_definition_error():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 32], dtype=D.BFloat16)
+        w = fd.define_tensor([16, 32], dtype=D.BFloat16)
+        bias = fd.define_tensor([24], dtype=D.BFloat16)
+        with pytest.raises(cb.CircbufError, match=r"linear: bias T2 has length 24, N of T1 is 16"):
+            fd.ops.linear(x, w, bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("what", ["batch", "rows", "linear"])
+def test_expanded_operand_keeps_the_expanded_extent(what, dtype):
+    # torch's shape and values: the expanded extent, not the 1 the operand is
+    # stored with; the expand is computed in the fusion, so the SIMT path runs
+    # it (no TMA: the CPU interpreter can)
+    fd, shapes, ref = expanded_operand(what, dtype)
+    inputs = [torch.randn(s, dtype=dtype) for s in shapes]
+    assert fd.compile(inputs, arch="sm_90a").params.simt is not None
+    (out,) = interpret(fd, inputs)
+    check(out, ref(*[x.double() for x in inputs]), rel=1e-2 if dtype == torch.bfloat16 else 1e-5)

@@ -416,6 +416,21 @@ def test_welford_and_var_compile():
     fd.compile([_cpu(D.BFloat16, (8, 96))], arch="sm_90a")
 
 
+@pytest.mark.parametrize("op", ["welford", "var_mean", "var_mean_keepdim"])
+def test_the_mean_is_reduced_once(op):
+    # one sum for the mean, one for the squared deviations from it
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        if op == "welford":
+            outs = fd.ops.welford(x, [-1])[:2]
+        else:
+            outs = fd.ops.var_mean(x, [-1], keepdim=op.endswith("keepdim"))
+        for o in outs:
+            fd.add_output(o)
+    assert sum(isinstance(e, cb.ir.ReductionOp) for e in fd.fusion.exprs()) == 2
+    assert sum(e.op_name == "sum" for e in fd.fusion.exprs() if isinstance(e, cb.ir.ReductionOp)) == 2
+
+
 # ------------------------------------------------------------------- GPU
 def _rand(shape, dt, lo=-3.0, hi=3.0):
     if dt == D.Bool:

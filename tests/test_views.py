@@ -166,6 +166,28 @@ def _expand_then_rank_broadcast(fd):
     fd.add_output(fd.ops.add(fd.ops.expand(x, [-1, 4]), y))
 
 
+def _expand_meets_broadcast(fd):  # the rank broadcast keeps the expanded 8: [1, 8], as torch
+    fd.add_output(fd.ops.add(fd.ops.expand(_t(fd, [1]), [8]), _t(fd, [1, 1])))
+
+
+def _matmul_expanded_batch(fd):  # the batch of the matmul is the expanded 2, as torch's
+    fd.add_output(fd.ops.matmul(fd.ops.expand(_t(fd, [1, -1, -1]), [2, -1, -1]), _t(fd, [-1, -1])))
+
+
+def _exp_of_expand(fd):  # an op on an expanded tensor has the expanded size
+    fd.add_output(fd.ops.exp(fd.ops.expand(_t(fd, [1, -1]), [8, -1])))
+
+
+def _sum_over_expand(fd):  # 8 equal elements summed; the mean divides by 8
+    e = fd.ops.expand(_t(fd, [1, -1]), [8, -1])
+    fd.add_output(fd.ops.sum(e, [0]))
+    fd.add_output(fd.ops.mean(e, [0]))
+
+
+def _sum_along_expand(fd):  # one row sum per expanded row: 8 of them
+    fd.add_output(fd.ops.sum(fd.ops.expand(_t(fd, [1, -1]), [8, -1]), [1]))
+
+
 def _rope_like(fd):  # nvFuser's rope test: reshape, permute, broadcast_in_dim, sum
     q, c = _t(fd, [-1, -1, -1]), _t(fd, [-1, -1, -1, -1])
     qp = fd.ops.permute(fd.ops.reshape(q, [2, 3, 2, 4]), [0, 2, 1, 3])
@@ -304,6 +326,23 @@ CASES = {
         _shapes((3, 1), (2, 3, 4)),
         lambda x, y: [x.expand(3, 4) + y],
     ),
+    "expand_meets_broadcast": (
+        _expand_meets_broadcast,
+        _shapes((1,), (1, 1)),
+        lambda x, y: [x.expand(8) + y],
+    ),
+    "matmul_expanded_batch": (
+        _matmul_expanded_batch,
+        _shapes((1, 3, 4), (4, 5)),
+        lambda a, b: [a.expand(2, 3, 4) @ b],
+    ),
+    "exp_of_expand": (_exp_of_expand, _shapes((1, 3)), lambda x: [x.expand(8, 3).exp()]),
+    "sum_over_expand": (
+        _sum_over_expand,
+        _shapes((1, 3)),
+        lambda x: [x.expand(8, 3).sum(0), x.expand(8, 3).mean(0)],
+    ),
+    "sum_along_expand": (_sum_along_expand, _shapes((1, 3)), lambda x: [x.expand(8, 3).sum(1)]),
     "rope_like": (
         _rope_like,
         _shapes((2, 3, 8), (2, 3, 5, 4)),
@@ -905,6 +944,8 @@ def _numel(shape):
 def test_hypothesis_reshape_then_sum_interpreted(shape, seed, dim):
     fd, new, dim = _reshape_case(shape, seed, dim)
     x = torch.randn(shape)
+    if _uses_tma(fd.compile([x], arch="sm_90a")):  # ([2, 4] summed over rows: the outer TMA ring)
+        fd.fusion.schedule(tma=False)  # the interpreter runs no bulk copies: the plain kernel
     (out,) = interpret(fd, [x])
     r = x.double().reshape(new)
     assert_close(out, (r * r).sum(dim), rtol=1e-5, atol=1e-5)

@@ -4,8 +4,9 @@ from .circular import Pipelined, WarpSpecialized
 from .dtype import DataType, compute_type, promote, promote_with_scalar
 from .errors import CircbufError
 from .fusion import Fusion, transform_history
-from .iterdomain import IterDomain, IterType, Merge, ParallelType, Split
+from .iterdomain import IterDomain, IterType, Merge, ParallelType, Split, broadcast_ids
 from .nodes import (
+    ELEMENTWISE,
     BinaryOp,
     BroadcastOp,
     CastOp,
@@ -46,6 +47,8 @@ __all__ = [
     "Merge",
     "ParallelType",
     "Split",
+    "broadcast_ids",
+    "ELEMENTWISE",
     "BinaryOp",
     "BroadcastOp",
     "CastOp",

@@ -29,6 +29,10 @@ class Pipelined:
         return f"Pipelined(war={self.war!r})"
 
 
+# setmaxnreg's operand: a register count per thread of a warpgroup
+REGISTERS_RULE = "two multiples of 8 in [24, 256] (setmaxnreg)"
+
+
 @dataclass(frozen=True)
 class WarpSpecialized:
     """A producer row of threads (``on``) only issues copies; the rest compute.
@@ -41,13 +45,14 @@ class WarpSpecialized:
         if self.on not in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
             raise CircbufError(f"WarpSpecialized(on={self.on}): must be a thread parallel type")
         if self.registers is not None:
-            ok = len(self.registers) == 2 and all(
-                isinstance(r, int) and 24 <= r <= 256 and r % 8 == 0 for r in self.registers
+            r = self.registers
+            ok = (
+                isinstance(r, (tuple, list))
+                and len(r) == 2
+                and all(isinstance(x, int) and 24 <= x <= 256 and x % 8 == 0 for x in r)
             )
             if not ok:
-                raise CircbufError(
-                    f"WarpSpecialized(registers={self.registers}): two multiples of 8 in [24, 256]"
-                )
+                raise CircbufError(f"WarpSpecialized(registers={r!r}): {REGISTERS_RULE}")
 
     def __repr__(self):
         return f"WarpSpecialized(on={self.on.name}, registers={self.registers})"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import warnings
 
 from .errors import CircbufError
-from .nodes import Expr, MemoryType, TensorView
+from .iterdomain import transforms_behind
+from .nodes import ELEMENTWISE, Expr, MemoryType, TensorView
 from .scalar import Scalar, Var
 
 
@@ -243,9 +244,6 @@ class Fusion:
         return self.print_math()
 
 
-_ELEMENTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp")
-
-
 def _elementwise_layout(tv: TensorView):
     """The stride order an output inherits from the inputs it is computed
     from elementwise (as torch keeps channels-last through pointwise ops and
@@ -263,7 +261,7 @@ def _elementwise_layout(tv: TensorView):
                 orders.add(tuple(t.domain.stride_order) if t.domain.stride_order is not None else None)
             continue
         d = t.definition
-        if d is not None and type(d).__name__ in _ELEMENTWISE:
+        if isinstance(d, ELEMENTWISE):
             todo += [x for x in d.tv_inputs() if x.ndim == tv.ndim]
     if len(orders) == 1 and None not in orders:
         return list(orders.pop())
@@ -280,17 +278,4 @@ class ScheduleRequest(dict):
 
 def transform_history(tv: TensorView) -> list:
     """Split/Merge records from the logical to the loop domain, in order."""
-    seen, out = set(), []
-
-    def visit(i):
-        d = i.definition
-        if d is None or id(d) in seen:
-            return
-        for x in d.inputs:
-            visit(x)
-        seen.add(id(d))
-        out.append(d)
-
-    for i in tv.loop:
-        visit(i)
-    return out
+    return transforms_behind(tv.loop)

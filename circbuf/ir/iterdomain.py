@@ -84,11 +84,20 @@ class IterDomain:
         return self.iter_type == IterType.Broadcast
 
     @property
+    def concrete_extent(self) -> Scalar | None:
+        """The extent this axis gives where it meets other axes (broadcasting):
+        its own, the one a broadcast was expanded to, or None for a plain
+        broadcast, which takes the others'."""
+        if not self.is_broadcast:
+            return self.extent
+        return self.expanded_extent
+
+    @property
     def loop_extent(self) -> Scalar:
-        """Trip count of a loop over this axis."""
-        if self.is_broadcast and self.expanded_extent is not None:
-            return self.expanded_extent
-        return self.extent
+        """Trip count of a loop over this axis; the tensor's size along it
+        (an expanded broadcast has its expanded extent, as torch's expand)."""
+        c = self.concrete_extent
+        return self.extent if c is None else c
 
     def parallelize(self, ptype: ParallelType) -> IterDomain:
         """Bind this axis to a parallel type; returns self.
@@ -115,6 +124,20 @@ class IterDomain:
         c = IterDomain(self.extent, self.iter_type, self.parallel_type)
         c.expanded_extent = self.expanded_extent
         return c
+
+    def fresh(self) -> IterDomain:
+        """This axis in another tensor (an elementwise op's output, a view's,
+        a broadcast's): a new serial axis of the same extent and type; an
+        expanded broadcast stays expanded, so the tensor keeps the size torch
+        gives it.
+
+        >>> b = IterDomain(Const(1), IterType.Broadcast); b.expanded_extent = Const(8)
+        >>> f = b.fresh(); f is b, f.is_broadcast, str(f.expanded_extent)
+        (False, True, '8')
+        """
+        o = IterDomain(self.extent, self.iter_type)
+        o.expanded_extent = self.expanded_extent
+        return o
 
     def __str__(self):
         p = self.parallel_type.value
@@ -168,6 +191,19 @@ class Merge:
 
     def __str__(self):
         return f"Merge({self.outer}, {self.inner}) -> {self.out}"
+
+
+def broadcast_ids(src, flags) -> list[IterDomain]:
+    """The logical axes of ``broadcast(x, flags)`` (nvFuser's BroadcastOp), for
+    ``src`` the non-reduction axes of ``x``: a new broadcast axis where
+    ``flags[k]`` is True, else the next axis of ``src`` (:meth:`IterDomain.fresh`).
+
+    >>> ids = broadcast_ids([IterDomain(Const(4))], [True, False])
+    >>> [(i.iter_type.name, str(i.extent)) for i in ids]
+    [('Broadcast', '1'), ('Iteration', '4')]
+    """
+    src = iter(src)
+    return [IterDomain(Const(1), IterType.Broadcast) if f else next(src).fresh() for f in flags]
 
 
 def split(id_: IterDomain, factor: int, inner_split: bool = True):
@@ -232,6 +268,32 @@ def exact_merge(outer: IterDomain, inner: IterDomain, extent=None, out=None) -> 
             it = IterType.Reduction
         out = IterDomain(extent if extent is not None else outer.loop_extent * inner.loop_extent, it)
     Merge(outer, inner, out).attach()
+    return out
+
+
+def transforms_behind(axes, stop=()) -> list:
+    """The splits and merges that made ``axes``, each once, an input's before
+    the transforms that use it: a depth-first walk back through definitions,
+    which ends at axes without one and at the axes in ``stop``.
+
+    >>> i = IterDomain(Const(8)); o, n = split(i, 4); m = merge(o, n)
+    >>> [type(t).__name__ for t in transforms_behind([m])], transforms_behind([m], stop=[m])
+    (['Split', 'Merge'], [])
+    """
+    stop = {id(i) for i in stop}
+    seen, out = set(), []
+
+    def visit(i):
+        d = i.definition
+        if d is None or id(i) in stop or id(d) in seen:
+            return
+        for x in d.inputs:
+            visit(x)
+        seen.add(id(d))
+        out.append(d)
+
+    for i in axes:
+        visit(i)
     return out
 
 

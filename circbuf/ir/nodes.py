@@ -26,6 +26,7 @@ from .iterdomain import (
     exact_split,
     merge,
     split,
+    transforms_behind,
 )
 from .scalar import Const, Scalar
 
@@ -94,21 +95,7 @@ class TensorDomain:
         unless ``has_root``)."""
         if not self.has_root:
             return []
-        roots = {id(i) for i in self._root}
-        seen, out = set(), []
-
-        def visit(i):
-            d = i.definition
-            if d is None or id(i) in roots or id(d) in seen:
-                return
-            for x in d.inputs:
-                visit(x)
-            seen.add(id(d))
-            out.append(d)
-
-        for i in self.logical:
-            visit(i)
-        return out
+        return transforms_behind(self.logical, stop=self._root)
 
     def view_ids(self) -> list[IterDomain]:
         """Root axes and the axes between them and the logical ones."""
@@ -167,8 +154,9 @@ class TensorView:
         return len(self.domain.no_reductions())
 
     def shape(self) -> list[Scalar]:
-        """Extents of the non-reduction logical axes."""
-        return [i.extent for i in self.domain.no_reductions()]
+        """Sizes of the non-reduction logical axes, as torch gives them: an
+        expanded broadcast's is its expanded extent."""
+        return [i.loop_extent for i in self.domain.no_reductions()]
 
     def size(self, dim: int) -> Scalar:
         return self.shape()[_norm_axis(dim, self.ndim, self, "size")]
@@ -884,11 +872,15 @@ class ExpandOp(BroadcastOp):
         super().__init__(out, in_, [False] * len(out.logical))
 
     def __str__(self):
-        shape = ", ".join(
-            str(i.expanded_extent if i.is_broadcast and i.expanded_extent is not None else i.extent)
-            for i in self.out.logical
-        )
+        shape = ", ".join(str(i.loop_extent) for i in self.out.logical)
         return f"{self.out.name} = expand({self.inputs[0].name}, [{shape}])"
+
+
+# Exprs whose output element at a position is computed from the input
+# elements at that position only (broadcast axes read their one element):
+# they inherit the inputs' layout, commute with broadcasts, may read an input
+# they write in place, and may be a matmul's epilogue.
+ELEMENTWISE = (UnaryOp, BinaryOp, TernaryOp, CastOp, LoadStoreOp)
 
 
 def reduction_init(op: str, dtype: DataType) -> Const:
@@ -912,6 +904,7 @@ def reduction_init(op: str, dtype: DataType) -> Const:
 
 
 __all__ = [
+    "ELEMENTWISE",
     "MemoryType",
     "TensorDomain",
     "TensorView",

@@ -130,6 +130,39 @@ class Un(Scalar):
         return f"{self.op}({self.a})"
 
 
+def un(op: str, a, dtype: DataType) -> Scalar:
+    """``op`` (one of :class:`Un`'s) of scalar ``a``, a ``dtype`` scalar. A
+    constant folds, except a domain edge (``log(0.0)``), which the kernel
+    computes as C does, and a cast whose value the device decides: rounding
+    to Float or a 16-bit float, or an integer out of the target's range.
+
+    >>> un("neg", Const(2), DataType.Int64) == Const(-2), un("cast", 2.5, DataType.Int32)
+    (True, Const(value=2, dtype=DataType.Int32))
+    >>> str(un("cast", Const(2.5, DataType.Double), DataType.BFloat16)), str(un("exp", Var("s"), DataType.Double))
+    ('cast(2.5, BFloat16)', 'exp(s)')
+    """
+    a = as_scalar(a)
+    if not isinstance(a, Const) or (op == "cast" and not _exact_cast(a.value, dtype)):
+        return Un(op, a, dtype)
+    try:
+        v = _eval_un(op, a.value, dtype)
+    except (ArithmeticError, ValueError):
+        return Un(op, a, dtype)
+    return Const(bool(v) if dtype == DataType.Bool else v, dtype)
+
+
+def _exact_cast(x, dtype: DataType) -> bool:
+    """True when casting the number ``x`` to ``dtype`` gives one value on the
+    host and the device: to Double (rounded to nearest, as C) or Bool, or to
+    an integer type it fits after truncation."""
+    if dtype in (DataType.Double, DataType.Bool):
+        return True
+    if not dtype.is_int or isinstance(x, float) and not math.isfinite(x):
+        return False
+    half = 1 << (8 * dtype.size - 1)
+    return -half <= math.trunc(x) < half
+
+
 _CMP = ("<", ">=", "==", "&&", "<=", ">", "!=", "||")
 # fusion scalar math beyond index arithmetic (nvFuser's scalar binary ops)
 _BITWISE = ("&", "|", "^")  # Bool on two Bools, else Int64
@@ -247,8 +280,6 @@ def _eval_op(op, x, y):
         return bool(x) and bool(y)
     if op == "||":
         return bool(x) or bool(y)
-    if op == "^":
-        return int(x) ^ int(y)
     if op == "<=":
         return x <= y
     if op == ">":
@@ -259,7 +290,7 @@ def _eval_op(op, x, y):
         return x & y
     if op == "|":
         return x | y
-    if op == "^":
+    if op == "^":  # two Bools give a Bool, as _bin types it; else integers
         return x ^ y
     return _FNS[op](x, y)
 
@@ -343,43 +374,7 @@ def _eval_un(op, x, dtype):
         return x  # integers are already whole
     if op in _PREDICATES:
         return _PREDICATES[op](x)
-    fn = {
-        "exp": math.exp,
-        "exp2": lambda v: 2.0**v,
-        "log": math.log,
-        "sqrt": math.sqrt,
-        "rsqrt": lambda v: 1 / math.sqrt(v),
-        "tanh": math.tanh,
-        "sigmoid": lambda v: 1 / (1 + math.exp(-v)),
-        "silu": lambda v: v / (1 + math.exp(-v)),
-        "gelu": lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))),
-        "sin": math.sin,
-        "cos": math.cos,
-        "tan": math.tan,
-        "asin": math.asin,
-        "acos": math.acos,
-        "atan": math.atan,
-        "sinh": math.sinh,
-        "cosh": math.cosh,
-        "asinh": math.asinh,
-        "acosh": math.acosh,
-        "atanh": math.atanh,
-        "erf": math.erf,
-        "erfc": math.erfc,
-        "erfinv": _erfinv,
-        "erfcinv": lambda v: _erfinv(1.0 - v),
-        "lgamma": math.lgamma,
-        "log1p": math.log1p,
-        "expm1": math.expm1,
-        "log2": math.log2,
-        "log10": math.log10,
-        "floor": lambda v: float(math.floor(v)),
-        "ceil": lambda v: float(math.ceil(v)),
-        "round": lambda v: float(round(v)),  # half to even, as rint and torch.round
-        "trunc": lambda v: float(math.trunc(v)),
-        "frac": lambda v: v - math.trunc(v),
-    }[op]
-    return fn(float(x))
+    return _MATH[op](float(x))
 
 
 _ROUNDING = ("floor", "ceil", "round", "trunc")
@@ -406,6 +401,45 @@ def _erfinv(y: float) -> float:
     for _ in range(4):
         x -= (math.erf(x) - y) / (2.0 / math.sqrt(math.pi) * math.exp(-x * x))
     return x
+
+
+# the floating-point functions of _eval_un, on a float
+_MATH = {
+    "exp": math.exp,
+    "exp2": lambda v: 2.0**v,
+    "log": math.log,
+    "sqrt": math.sqrt,
+    "rsqrt": lambda v: 1 / math.sqrt(v),
+    "tanh": math.tanh,
+    "sigmoid": lambda v: 1 / (1 + math.exp(-v)),
+    "silu": lambda v: v / (1 + math.exp(-v)),
+    "gelu": lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))),
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "asin": math.asin,
+    "acos": math.acos,
+    "atan": math.atan,
+    "sinh": math.sinh,
+    "cosh": math.cosh,
+    "asinh": math.asinh,
+    "acosh": math.acosh,
+    "atanh": math.atanh,
+    "erf": math.erf,
+    "erfc": math.erfc,
+    "erfinv": _erfinv,
+    "erfcinv": lambda v: _erfinv(1.0 - v),
+    "lgamma": math.lgamma,
+    "log1p": math.log1p,
+    "expm1": math.expm1,
+    "log2": math.log2,
+    "log10": math.log10,
+    "floor": lambda v: float(math.floor(v)),
+    "ceil": lambda v: float(math.ceil(v)),
+    "round": lambda v: float(round(v)),  # half to even, as rint and torch.round
+    "trunc": lambda v: float(math.trunc(v)),
+    "frac": lambda v: v - math.trunc(v),
+}
 
 
 def evaluate(e: Scalar, env: dict):

@@ -12,16 +12,11 @@ are merged and the result split into the output axes; all of it exact.
 
 from __future__ import annotations
 
+import math
+
 from .errors import CircbufError
 from .iterdomain import ParallelType, exact_merge, exact_split
 from .scalar import Const, evaluate
-
-
-def _prod(xs):
-    p = 1
-    for x in xs:
-        p *= x
-    return p
 
 
 def reshape_groups(in_sizes, out_sizes) -> list[tuple[tuple, tuple]]:
@@ -29,7 +24,7 @@ def reshape_groups(in_sizes, out_sizes) -> list[tuple[tuple, tuple]]:
     left over at the end join the last group. An empty tensor is one group.
     The sizes must have equal products (checked by the caller)."""
     n, m = len(in_sizes), len(out_sizes)
-    if _prod(in_sizes) == 0:
+    if math.prod(in_sizes) == 0:
         return [(tuple(range(n)), tuple(range(m)))] if n or m else []
     groups = []
     i = j = 0
@@ -68,10 +63,10 @@ def concretize(op, in_sizes, out_sizes) -> tuple:
     others are left out of the transforms (unused root axes, or new
     broadcast axes of the output)."""
     src, out = op.inputs[0], op.out
-    if _prod(in_sizes) != _prod(out_sizes):
+    if math.prod(in_sizes) != math.prod(out_sizes):
         raise CircbufError(
             f"reshape {src.name} -> {out.name}: {src.name} has shape {list(in_sizes)} "
-            f"({_prod(in_sizes)} elements), the new shape {list(out_sizes)} has {_prod(out_sizes)}"
+            f"({math.prod(in_sizes)} elements), the new shape {list(out_sizes)} has {math.prod(out_sizes)}"
         )
     ki, ko = _kept(op)
     groups = [
@@ -85,7 +80,7 @@ def _kept(op):
     """Positions of the input and output axes that take part in the groups
     (all but broadcast ones)."""
     ins, logical = op.inputs[0].domain.no_reductions(), op.out.logical
-    ki = [k for k, i in enumerate(ins) if not (i.is_broadcast and i.expanded_extent is None)]
+    ki = [k for k, i in enumerate(ins) if i.concrete_extent is not None]
     ko = [k for k, i in enumerate(logical) if not i.is_broadcast]
     return ki, ko
 

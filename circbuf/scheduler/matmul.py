@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 
 from ..ir import (
+    ELEMENTWISE,
     BinaryOp,
     BroadcastOp,
     CastOp,
@@ -51,15 +52,15 @@ from ..ir import (
     ParallelType,
     ReductionOp,
     TensorView,
-    TernaryOp,
-    UnaryOp,
     WarpSpecialized,
+    broadcast_ids,
     evaluate,
     reduction_init,
 )
+from ..ir.circular import REGISTERS_RULE
 from .info import InputInfo
 from .params import MatmulParams
-from .utils import LogicalMap, concretize_broadcasts, hoist_broadcasts
+from .utils import LogicalMap, concretize_broadcasts, contractions, hoist_broadcasts
 
 OVERRIDES = (
     "persistent",
@@ -73,13 +74,9 @@ OVERRIDES = (
     "registers",
     "epilogue_tile",
 )
-_EPILOGUE = (UnaryOp, BinaryOp, TernaryOp, CastOp, LoadStoreOp, BroadcastOp)
+_EPILOGUE = (*ELEMENTWISE, BroadcastOp)
 SMEM_LIMIT = 232448 - 1024  # opt-in shared memory per block, less barriers and alignment
 ENTRY_REGISTERS = 168  # per thread of 384 under __launch_bounds__(384, 1): 65536 / 384, a multiple of 8
-
-
-def _contractions(fusion: Fusion):
-    return [e for e in fusion.exprs() if isinstance(e, (MatmulOp, LinearOp))]
 
 
 class MatmulScheduler:
@@ -87,7 +84,7 @@ class MatmulScheduler:
 
     @staticmethod
     def can_schedule(fusion: Fusion) -> str | None:
-        cs = _contractions(fusion)
+        cs = contractions(fusion)
         if not cs:
             return "fusion has no matmul"
         if len(cs) > 1:
@@ -105,7 +102,7 @@ class MatmulScheduler:
     # ------------------------------------------------------------ params
     @staticmethod
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict) -> MatmulParams:
-        e = _contractions(fusion)[0]
+        e = contractions(fusion)[0]
         why = _mma_unsupported(fusion, e, info)
         if why is None:
             params = _mma_params(fusion, e, info, overrides)
@@ -174,7 +171,7 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
     classes = {lmap.find(i) for i in c.logical}
     for o in fusion.outputs:
         for d, i in enumerate(o.logical):
-            if (not i.is_broadcast or i.expanded_extent is not None) and lmap.find(i) not in classes:
+            if i.concrete_extent is not None and lmap.find(i) not in classes:
                 return f"output {o.name} axis {d} is not an axis of the matmul's output"
         if o.ndim != c.ndim:
             return f"output {o.name} does not have the matmul output's shape"
@@ -201,10 +198,6 @@ def _operand_layout(t) -> tuple:
     return major, None
 
 
-def _pick(overrides, name, default):
-    return overrides[name] if name in overrides else default
-
-
 def _mma_params(fusion, e, info, ov) -> MatmulParams:
     """Heuristics and the validation of every override (a CircbufError names
     the rule a value breaks)."""
@@ -215,7 +208,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     n = evaluate(c.logical[-1].extent, env)
     batch = 1
     for i in c.logical[:-2]:
-        batch *= evaluate(i.expanded_extent if i.is_broadcast and i.expanded_extent else i.extent, env)
+        batch *= evaluate(i.loop_extent, env)
     ta = info.tensors[fusion.inputs.index(a)]
     tb = info.tensors[fusion.inputs.index(b)]
     a_major = "K" if _operand_layout(ta)[0] == "inner" else "M"
@@ -223,20 +216,15 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         b_major = "K" if _operand_layout(tb)[0] == "inner" else "N"
     else:
         b_major = "N" if _operand_layout(tb)[0] == "inner" else "K"
-    bad = sorted(set(ov) - set(OVERRIDES))
-    if bad:
-        raise CircbufError(
-            f"schedule(): the matmul scheduler does not take {', '.join(bad)}; it takes {', '.join(OVERRIDES)}"
-        )
-    persistent = _pick(ov, "persistent", True)
-    pingpong = _pick(ov, "pingpong", False)
+    persistent = ov.get("persistent", True)
+    pingpong = ov.get("pingpong", False)
     for name, v in (("persistent", persistent), ("pingpong", pingpong)):
         if not isinstance(v, bool):
             raise CircbufError(f"schedule({name}={v!r}): must be True or False")
     bm_d, bn_d = (128, 128) if pingpong else (128, 256)
     if n <= 128 and not pingpong:
         bn_d = 128
-    tile = _pick(ov, "tile", (bm_d, bn_d, 64))
+    tile = ov.get("tile", (bm_d, bn_d, 64))
     if not (isinstance(tile, (tuple, list)) and len(tile) == 3 and all(isinstance(x, int) for x in tile)):
         raise CircbufError(f"schedule(tile={tile!r}): must be (bm, bn, bk), three ints")
     bm, bn, bk = tile
@@ -260,7 +248,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         )
     # sub-tiles of one 128-byte swizzled row of bf16; a bn that is no multiple
     # of 64 is one sub-tile (stored from registers: TMA boxes need the 128 bytes)
-    epi = _pick(ov, "epilogue_tile", (64, 64 if bn % 64 == 0 else bn))
+    epi = ov.get("epilogue_tile", (64, 64 if bn % 64 == 0 else bn))
     if not (
         isinstance(epi, (tuple, list)) and len(epi) == 2 and all(isinstance(x, int) and x > 0 for x in epi)
     ):
@@ -289,7 +277,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     stage_bytes = (bm + bn) * bk * a.dtype.size
     budget = SMEM_LIMIT - staging
     fit = budget // stage_bytes
-    stages = _pick(ov, "stages", min(fit, 7))
+    stages = ov.get("stages", min(fit, 7))
     if not isinstance(stages, int) or stages < 2:
         raise CircbufError(f"schedule(stages={stages!r}): must be an int >= 2")
     if stages * stage_bytes > budget:
@@ -298,18 +286,18 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
             f"the {budget} bytes of shared memory left beside the {staging}-byte output staging "
             f"(at most {fit} stages of this tile)"
         )
-    prefetch = _pick(ov, "prefetch", stages - 1)
+    prefetch = ov.get("prefetch", stages - 1)
     if not isinstance(prefetch, int) or not 0 < prefetch < stages:
         raise CircbufError(f"schedule(prefetch={prefetch!r}): must satisfy 0 < prefetch < stages ({stages})")
-    raster = _pick(ov, "raster", "M" if n >= m else "N")
+    raster = ov.get("raster", "M" if n >= m else "N")
     if raster not in ("M", "N"):
         raise CircbufError(f"schedule(raster={raster!r}): must be 'M' or 'N'")
     tiles_m, tiles_n = -(-m // bm), -(-n // bn)
     along = tiles_m if raster == "M" else tiles_n
-    group = _pick(ov, "group", _default_group(along))
+    group = ov.get("group", _default_group(along))
     if not isinstance(group, int) or group < 1:
         raise CircbufError(f"schedule(group={group!r}): must be an int >= 1")
-    cluster = _pick(ov, "cluster", (1, 1))
+    cluster = ov.get("cluster", (1, 1))
     if not (
         isinstance(cluster, (tuple, list))
         and len(cluster) == 2
@@ -325,14 +313,11 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         raise CircbufError(
             f"schedule(cluster={tuple(cluster)}): thread-block clusters (TMA multicast) are not built yet; use (1, 1)"
         )
-    registers = _pick(ov, "registers", (40, 232))
-    ok = (
-        isinstance(registers, (tuple, list))
-        and len(registers) == 2
-        and all(isinstance(r, int) and 24 <= r <= 256 and r % 8 == 0 for r in registers)
-    )
-    if not ok:
-        raise CircbufError(f"schedule(registers={registers!r}): two multiples of 8 in [24, 256] (setmaxnreg)")
+    registers = ov.get("registers", (40, 232))
+    try:  # the operand rings are warp specialized with these: WarpSpecialized's rule
+        WarpSpecialized(on=ParallelType.TIDy, registers=registers)
+    except CircbufError:
+        raise CircbufError(f"schedule(registers={registers!r}): {REGISTERS_RULE}") from None
     if not registers[0] <= ENTRY_REGISTERS <= registers[1]:
         raise CircbufError(
             f"schedule(registers={tuple(registers)}): the producer gives registers back and the "
@@ -390,7 +375,7 @@ def _new(fusion, ids, dtype, mem=MemoryType.Local):
 
 
 def _clone_axes(axes):
-    return [IterDomain(i.extent, i.iter_type) for i in axes]
+    return [i.fresh() for i in axes]
 
 
 def _detach(e):
@@ -406,7 +391,7 @@ def decompose(fusion: Fusion) -> None:
     >>> # decompose(f)   # c = matmul(a, b)  ->  c = cast(sum(a[.., M, K, 1] * b[.., 1, K, N], K))
     >>> # linear(x, w)   ->  cast(sum(x[.., M, 1, K] * w[1.., 1, N, K], K))  (an inner reduction)
     """
-    e = _contractions(fusion)[0]
+    e = contractions(fusion)[0]
     a, b, bias = _operands(e)
     c = e.out
     acc_t = DataType.Double if a.dtype == DataType.Double else DataType.Float
@@ -438,13 +423,7 @@ def decompose(fusion: Fusion) -> None:
         flags = [True] * prod_rank
         for p in pos:
             flags[p] = False
-        out = _new(fusion, [IterDomain(Const(1), IterType.Broadcast) for _ in range(prod_rank)], xf.dtype)
-        src = iter(xf.domain.no_reductions())
-        for k, f in enumerate(flags):
-            if not f:
-                i = next(src)
-                out.logical[k] = IterDomain(i.extent, i.iter_type)
-        out.domain.loop = list(out.logical)
+        out = _new(fusion, broadcast_ids(xf.domain.no_reductions(), flags), xf.dtype)
         BroadcastOp(out, xf, flags)
         return out
 
@@ -456,9 +435,11 @@ def decompose(fusion: Fusion) -> None:
     ab, bb = place(a, af, ra), place(b, bf, rb)
     ids = []
     for k in range(prod_rank):
-        x, y = ab.logical[k], bb.logical[k]
-        src = x if not x.is_broadcast else y
-        ids.append(IterDomain(src.extent, src.iter_type))
+        # the operands' extents were checked equal when the matmul was defined
+        ext = next(
+            (i.concrete_extent for i in (ab.logical[k], bb.logical[k]) if i.concrete_extent is not None), None
+        )
+        ids.append(IterDomain(Const(1), IterType.Broadcast) if ext is None else IterDomain(ext))
     prod = _new(fusion, ids, acc_t)
     BinaryOp("mul", prod, ab, bb)
     red = _new(fusion, _clone_axes(ids), acc_t)
@@ -513,8 +494,8 @@ def translate(fusion: Fusion, params: MatmulParams):
     broadcast axes, ``acc = mma(As, Bs)`` in fp32, ``c = cast(acc (+ bias))``;
     epilogue casts of ``c`` back to fp32 read the fp32 value instead (the
     epilogue runs on the accumulator, before the final cast). Returns
-    (acc, As, Bs, the fp32 value c is cast from)."""
-    e = _contractions(fusion)[0]
+    (acc, As, Bs)."""
+    e = contractions(fusion)[0]
     a, b, bias = _operands(e)
     c = e.out
     linear = isinstance(e, LinearOp)
@@ -527,23 +508,8 @@ def translate(fusion: Fusion, params: MatmulParams):
     def staged(x, roles):
         """x staged in shared memory as [batch.., M, N, K]-roled axes in x's
         own order, with broadcast axes for the roles x lacks."""
-        ids, flags = [], []
-        xb = roles.count("B")
-        for _ in range(nb - xb):
-            ids.append(IterDomain(Const(1), IterType.Broadcast))
-            flags.append(True)
-        src = iter(x.domain.no_reductions())
-        full = []
-        for r in roles:
-            if r == "-":
-                full.append(IterDomain(Const(1), IterType.Broadcast))
-                flags.append(True)
-            else:
-                i = next(src)
-                full.append(IterDomain(i.extent, i.iter_type))
-                flags.append(False)
-        ids += full
-        xs = _new(fusion, ids, x.dtype, MemoryType.Shared)
+        flags = [True] * (nb - roles.count("B")) + [r == "-" for r in roles]
+        xs = _new(fusion, broadcast_ids(x.domain.no_reductions(), flags), x.dtype, MemoryType.Shared)
         LoadStoreOp(xs, x, kind="tma", is_broadcast_dim=flags)
         return xs
 
@@ -570,7 +536,7 @@ def translate(fusion: Fusion, params: MatmulParams):
         if isinstance(u, CastOp) and u.out.dtype == DataType.Float and u.out not in fusion.outputs:
             for v in list(u.out.uses):
                 v.replace_input(u.out, val)
-    return acc, As, Bs, val
+    return acc, As, Bs
 
 
 def _roles(tv, lmap, classes) -> list:
@@ -723,7 +689,7 @@ def _operand_tile(xs, roles, params, mn_role, major):
 
 
 def _schedule_mma(fusion: Fusion, params: MatmulParams):
-    acc, As, Bs, val = translate(fusion, params)
+    acc, As, Bs = translate(fusion, params)
     hoist_broadcasts(fusion)
     e = acc.definition
     # outputs staged in shared memory and stored by TMA a [64 x en] box at a time
@@ -771,4 +737,3 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         if not (tv.is_input or tv.is_output or tv in (As, Bs, acc)) and id(tv) not in staged:
             # the epilogue's last value holds a pair for one vector store
             tv.inline_at(len(tv.loop) - (1 if id(tv) in last else 0))
-    return acc

@@ -89,10 +89,10 @@ class NormalizationScheduler:
         for i in ref.logical:
             if not i.is_reduction:
                 rows *= evaluate(i.extent, info.extents)
-        cands = full_shape_inputs(fusion, ref)
+        lmap = LogicalMap(fusion)
+        cands = full_shape_inputs(fusion, ref, lmap)
         if not cands:
             return None
-        lmap = LogicalMap(fusion)
         item = max(fusion.inputs[k].dtype.size for k in cands)
         for k in cands:
             if tma_describable(info.tensors[k], rows_dims):
@@ -181,7 +181,7 @@ class NormalizationScheduler:
             ext = [i for i in ref0.logical if i.is_reduction][0].extent
             if hasattr(ext, "name"):
                 specialize_extent(fusion, ext.name, params.row_length)
-        cands = full_shape_inputs(fusion, ref0)
+        cands = full_shape_inputs(fusion, ref0, LogicalMap(fusion))
         smem = []
         for k in cands:
             x = fusion.inputs[k]

@@ -107,7 +107,7 @@ class OuterReductionScheduler:
                 C *= e
         if n_red == len(ref.logical) or R == 0 or C == 0:
             return None
-        cands = full_shape_inputs(fusion, ref)
+        cands = full_shape_inputs(fusion, ref, LogicalMap(fusion))
         if not cands:
             return None
         for k in cands:
@@ -162,7 +162,7 @@ class OuterReductionScheduler:
         hoist_broadcasts(fusion)
         ref0 = _reductions(fusion)[0]
         smem = []
-        for k in full_shape_inputs(fusion, ref0):
+        for k in full_shape_inputs(fusion, ref0, LogicalMap(fusion)):
             xs = fusion.inputs[k].cache_after(op="tma")
             smem.append(xs)
         for o in list(fusion.outputs):

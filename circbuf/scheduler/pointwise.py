@@ -26,10 +26,12 @@ from .utils import (
     aligned,
     cache_output,
     concretize_broadcasts,
+    contractions,
     hoist_broadcasts,
     inline_intermediates,
     output_vectorizable,
     propagate,
+    vector_access,
 )
 
 OVERRIDES = ("vectorize", "unroll", "threads")
@@ -44,7 +46,7 @@ class PointwiseScheduler:
         """None when this scheduler applies, else the reason it does not."""
         if any(isinstance(e, ReductionOp) for e in fusion.exprs()):
             return "fusion has reductions"
-        if any(e.op_name in ("matmul", "linear") for e in fusion.exprs()):
+        if contractions(fusion):
             return "fusion has a matmul"
         if not fusion.outputs:
             return "fusion has no outputs"
@@ -96,15 +98,7 @@ class PointwiseScheduler:
         for k, t in enumerate(info.tensors):
             ok = False
             if k in cands and t is not None and vec > 1:  # aligned with ref: its axis ``axis`` is ref's
-                ok = (
-                    t.strides[axis] == 1
-                    and all(
-                        st % vec == 0
-                        for d, (st, sz) in enumerate(zip(t.strides, t.sizes))
-                        if d != axis and sz > 1
-                    )
-                    and t.align % (vec * t.itemsize) == 0
-                )
+                ok = vector_access(t, axis, vec)
             vin.append(ok)
         threads = overrides.get("threads", 128)
         if threads not in (32, 64, 128, 256, 512, 1024):
@@ -127,7 +121,9 @@ class PointwiseScheduler:
             threads=threads,
             vectorize_inputs=tuple(vin),
             vectorize_outputs=tuple(
-                vec > 1 and _same_axes(lmap, o, ref) and output_vectorizable(fusion, info, k, axis, vec)
+                vec > 1
+                and aligned(lmap, o, ref, broadcast=True)
+                and output_vectorizable(fusion, info, k, axis, vec)
                 for k, o in enumerate(fusion.outputs)
             ),
         )
@@ -187,8 +183,3 @@ def _vector_candidates(fusion, ref, lmap) -> list[int]:
     """Inputs with the reference's axes, in its order, none broadcast: a run
     of the reference's loop is a run of theirs (not through a view or permute)."""
     return [k for k, x in enumerate(fusion.inputs) if isinstance(x, TensorView) and aligned(lmap, x, ref)]
-
-
-def _same_axes(lmap, o, ref) -> bool:
-    """Output ``o`` has the reference's axes in its order (broadcast ones allowed)."""
-    return len(o.logical) == len(ref.logical) and all(lmap.same(a, b) for a, b in zip(o.logical, ref.logical))

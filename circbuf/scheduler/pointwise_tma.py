@@ -28,9 +28,10 @@ from ..ir import (
 )
 from .info import InputInfo
 from .params import PointwiseTmaParams
-from .pointwise import PointwiseScheduler, _same_axes, _vector_candidates
+from .pointwise import PointwiseScheduler, _vector_candidates
 from .utils import (
     LogicalMap,
+    aligned,
     cache_output,
     concretize_broadcasts,
     hoist_broadcasts,
@@ -115,7 +116,7 @@ class PointwiseTmaScheduler:
         grid = max(1, min(tiles, info.sm_count * per_sm))
         vout = tuple(
             C % vec == 0
-            and _same_axes(lmap, o, ref)
+            and aligned(lmap, o, ref, broadcast=True)
             and output_vectorizable(fusion, info, k, ref.ndim - 1, vec)
             for k, o in enumerate(fusion.outputs)
         )

@@ -27,6 +27,7 @@ from .utils import (
     LogicalMap,
     cache_output,
     concretize_broadcasts,
+    contractions,
     hoist_broadcasts,
     inline_intermediates,
     once_per_row,
@@ -52,7 +53,7 @@ class ReductionScheduler:
         for r in reds:
             if not any(i.is_reduction for i in r.logical):
                 return f"{r.definition} reduces no axis"
-        if any(e.op_name in ("matmul", "linear") for e in fusion.exprs()):
+        if contractions(fusion):
             return "fusion has a matmul"
         lmap = LogicalMap(fusion)
         ref = reds[0]
@@ -65,7 +66,7 @@ class ReductionScheduler:
             for d, i in enumerate(tv.logical):
                 if is_const(i.loop_extent, 1):
                     continue
-                if (not i.is_broadcast or i.expanded_extent is not None) and lmap.find(i) not in axes:
+                if i.concrete_extent is not None and lmap.find(i) not in axes:
                     return (
                         f"axis {d} of {tv.name} is not an axis of the reduction {ref.name} "
                         "(its result is broadcast to a larger tensor: that needs a second kernel)"

@@ -13,19 +13,23 @@
 from __future__ import annotations
 
 from ..ir import (
+    ELEMENTWISE,
     BroadcastOp,
     CircbufError,
     Const,
     ExpandOp,
+    FullOp,
     Fusion,
     IterDomain,
-    IterType,
+    LinearOp,
+    MatmulOp,
     MemoryType,
     ParallelType,
     PermuteOp,
     ReshapeOp,
     SqueezeOp,
     TensorView,
+    broadcast_ids,
     transform_history,
 )
 from ..ir.iterdomain import Merge, Split, exact_merge, exact_split, merge, split
@@ -129,7 +133,7 @@ def bind_axis_extents(fusion: Fusion, env: dict) -> None:
     added = False
     for tv in fusion.used_tvs():
         for d, i in enumerate(tv.logical):
-            ext = i.expanded_extent if i.is_broadcast else i.extent
+            ext = i.concrete_extent
             if ext is None:
                 continue
             v = evaluate(ext, env)
@@ -153,10 +157,8 @@ def concretize_broadcasts(fusion: Fusion, lmap: LogicalMap):
     concrete: dict[int, object] = {}
     for tv in fusion.used_tvs():
         for i in tv.logical:
-            if not i.is_broadcast:
-                concrete.setdefault(lmap.find(i), i.extent)
-            elif i.expanded_extent is not None:
-                concrete.setdefault(lmap.find(i), i.expanded_extent)
+            if i.concrete_extent is not None:
+                concrete.setdefault(lmap.find(i), i.concrete_extent)
     for tv in fusion.used_tvs():
         if tv.is_input:
             continue
@@ -329,9 +331,6 @@ def _clone_tv(fusion: Fusion, tv: TensorView) -> TensorView:
     return c
 
 
-_POINTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp", "FullOp")
-
-
 def hoist_broadcasts(fusion: Fusion) -> None:
     """Rewrite ``broadcast(f(x, ...))`` as ``f(broadcast(x), ...)``.
 
@@ -356,7 +355,7 @@ def hoist_broadcasts(fusion: Fusion) -> None:
             _hoist_through_view(fusion, e, d)
             hoist_broadcasts(fusion)
             return
-        if d is None or type(d).__name__ not in _POINTWISE:
+        if not isinstance(d, (*ELEMENTWISE, FullOp)):  # a fill is made at any rank
             continue
         new_inputs = []
         for x in d.inputs:
@@ -411,17 +410,7 @@ def _hoist_through_view(fusion: Fusion, e: BroadcastOp, d) -> None:
                 xi += 1
     else:
         flags = [False] * len(xs) + [True] * len(new_pos)
-    src_ids = iter(xs)
-    ids = []
-    for f in flags:
-        if f:
-            ids.append(IterDomain(Const(1), IterType.Broadcast))
-        else:
-            i = next(src_ids)
-            o = IterDomain(i.extent, i.iter_type)
-            o.expanded_extent = i.expanded_extent
-            ids.append(o)
-    bx = fusion.register(TensorView(ids, x.dtype, MemoryType.Local))
+    bx = fusion.register(TensorView(broadcast_ids(xs, flags), x.dtype, MemoryType.Local))
     BroadcastOp(bx, x, flags)
     src_pos = [k for k, f in enumerate(e.is_broadcast_dim) if not f]  # e.out position of src axis s
     e.inputs[0].uses.remove(e)  # d stays, for src's other consumers
@@ -602,20 +591,23 @@ def inline_intermediates(fusion: Fusion, row_pos: int | None = None, row_scalar=
         tv.inline_at(pos)
 
 
-def aligned(lmap: LogicalMap, x: TensorView, ref: TensorView) -> bool:
+def aligned(lmap: LogicalMap, x: TensorView, ref: TensorView, broadcast: bool = False) -> bool:
     """True when ``x``'s axes are ``ref``'s logical axes, in order, none
     broadcast: no view, permute or broadcast between them, so a tile of ref
-    is a tile of x (what TMA boxes and vector loads of x assume)."""
-    if len(x.logical) != len(ref.logical) or any(i.is_broadcast for i in x.logical):
+    is a tile of x (what TMA boxes and vector loads of x assume). With
+    ``broadcast``, axes of x may be broadcast ones of ref's classes (an
+    output written along ref's loop: :func:`output_vectorizable` then looks
+    at the axis it is stored along)."""
+    if len(x.logical) != len(ref.logical) or (not broadcast and any(i.is_broadcast for i in x.logical)):
         return False
     cls = [lmap.find(i) for i in x.logical]
     return len(set(cls)) == len(cls) and all(c == lmap.find(r) for c, r in zip(cls, ref.logical))
 
 
-def full_shape_inputs(fusion: Fusion, ref: TensorView) -> list[int]:
+def full_shape_inputs(fusion: Fusion, ref: TensorView, lmap: LogicalMap) -> list[int]:
     """Positions of the inputs with the reduced input's full shape, in its
-    axis order (see :func:`aligned`), that something reads: these are staged by TMA."""
-    lmap = LogicalMap(fusion)
+    axis order (see :func:`aligned`), that something reads: these are staged by TMA.
+    ``lmap`` is a LogicalMap of ``fusion`` as it is now."""
     out = []
     for k, x in enumerate(fusion.inputs):
         if isinstance(x, TensorView) and aligned(lmap, x, ref) and fusion.consumers(x):
@@ -630,6 +622,12 @@ def once_per_row(lmap: LogicalMap, reduction: TensorView):
     comp = lmap.view_component()
     rclasses = frozenset(comp(lmap.find(i)) for i in reduction.logical if i.is_reduction)
     return lambda tv: not any(comp(lmap.find(i)) in rclasses and not i.is_broadcast for i in tv.logical)
+
+
+def contractions(fusion: Fusion) -> list:
+    """The fusion's matmul and linear exprs (the matmul scheduler's; the
+    others refuse a fusion with one)."""
+    return [e for e in fusion.exprs() if isinstance(e, (MatmulOp, LinearOp))]
 
 
 def check_distinct_axes(fusion: Fusion) -> None:
@@ -651,9 +649,6 @@ def check_distinct_axes(fusion: Fusion) -> None:
             seen[c] = d
 
 
-_ELEMENTWISE = ("UnaryOp", "BinaryOp", "TernaryOp", "CastOp", "LoadStoreOp")
-
-
 def check_aliases(fusion: Fusion) -> None:
     """Refuse, by name, in-place outputs (``add_output(alias_input=x)``) a
     kernel could get wrong: one reads x[e] only while computing element e
@@ -665,6 +660,7 @@ def check_aliases(fusion: Fusion) -> None:
     if not fusion.aliases:
         return
     lmap = LogicalMap(fusion)
+    live = {id(e) for e in fusion.exprs()}
     for k, j in fusion.aliases.items():
         out, x = fusion.outputs[k], fusion.inputs[j]
         what = f"{out.name} written in place into {x.name}"
@@ -676,11 +672,11 @@ def check_aliases(fusion: Fusion) -> None:
         todo, seen = [x], set()
         while todo:
             t = todo.pop()
-            for e in fusion.exprs():
-                if t not in e.inputs or id(e) in seen:
+            for e in t.uses:
+                if id(e) not in live or id(e) in seen:
                     continue
                 seen.add(id(e))
-                if type(e).__name__ not in _ELEMENTWISE:
+                if not isinstance(e, ELEMENTWISE):
                     raise CircbufError(
                         f"{what}: {x.name} is also read through {e.op_name} ({e}), which reads "
                         f"elements of {x.name} other than the one being written; compute it from a "
@@ -699,15 +695,21 @@ def output_vectorizable(fusion: Fusion, info, k: int, axis: int, vec: int) -> bo
     if o.domain.no_reductions()[axis].is_broadcast:  # written one element wide
         return False
     if k in fusion.aliases:
-        t = info.tensors[fusion.aliases[k]]
-        return (
-            t.strides[axis] == 1
-            and all(
-                st % vec == 0 for d, (st, sz) in enumerate(zip(t.strides, t.sizes)) if d != axis and sz > 1
-            )
-            and t.align % (vec * t.itemsize) == 0
-        )
+        return vector_access(info.tensors[fusion.aliases[k]], axis, vec)
     return o.domain.allocation_order()[-1] == axis
+
+
+def vector_access(t, axis: int, vec: int) -> bool:
+    """True when tensor argument ``t`` (a TensorInfo: sizes, strides,
+    alignment) can be read or written ``vec`` elements at a time along its
+    axis ``axis``: unit stride there, every other stride (of an axis longer
+    than 1) a multiple of ``vec`` so each run starts on a vector boundary,
+    and the pointer aligned to a whole vector."""
+    return (
+        t.strides[axis] == 1
+        and all(st % vec == 0 for d, (st, sz) in enumerate(zip(t.strides, t.sizes)) if d != axis and sz > 1)
+        and t.align % (vec * t.itemsize) == 0
+    )
 
 
 def tma_describable(t, split: int) -> str | None:
