@@ -335,6 +335,18 @@ def test_gpu_segmented_matches_torch(case, m, n8, k8):
 
 
 @pytest.mark.gpu
+def test_gpu_one_kernel_cases_match_torch():
+    x = torch.randn(300, 136, device="cuda") * 2 + 1
+    dy = torch.randn(300, 136, device="cuda")
+    (bn,) = batch_norm().execute([x])
+    xd = x.double()
+    assert_close(bn, (xd - xd.mean(0)) * torch.rsqrt(xd.var(0, correction=0) + 1e-5))
+    (dx,) = softmax_backward().execute([x, dy])
+    y = torch.softmax(xd, 1)
+    assert_close(dx, y * (dy.double() - (dy.double() * y).sum(1, keepdim=True)))
+
+
+@pytest.mark.gpu
 def test_gpu_in_place_after_readers():
     fd = running_sum_and_row_sums()
     x = torch.randn(200, 72, device="cuda")
