@@ -24,7 +24,6 @@ their last reader. Cubins are also cached on disk by NVRTC source hash
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import operator
 import struct
@@ -43,7 +42,7 @@ from .runtime.executor import (
     torch_dtype,
 )
 from .scheduler import InputInfo, TensorInfo
-from .scheduler.registry import SCHEDULERS, Unschedulable, check_overrides, compute_params
+from .scheduler.registry import SCHEDULERS, Unschedulable, compute_params
 from .scheduler.segmenter import schedulers_taking, segment
 from .scheduler.utils import canonicalize_extents, prepare
 
@@ -237,7 +236,7 @@ class FusionExecutor:
         out_shapes = self._out_shapes(info.extents)
         layouts, index_type = self._layout(info, out_shapes)
         manual = self.fusion.manual_schedule
-        fusion = self.fusion if manual else copy.deepcopy(self.fusion)
+        fusion = self.fusion if manual else self.fusion.clone()
         overrides = dict(self.fusion.schedule_overrides)
         if manual:
             if overrides:
@@ -597,6 +596,8 @@ def _first_run(p: SegmentedPlan, k: int):
 
 def _getter(idx: list):
     """``vals -> [vals[i] for i in idx]``, as fast as Python gets it."""
+    if not idx:  # a segment of no inputs (a full(...) reduced)
+        return lambda vals: ()
     if len(idx) == 1:
         (i,) = idx
         return lambda vals: (vals[i],)
@@ -731,4 +732,4 @@ def _default_arch() -> str:
     return "sm_90a"
 
 
-__all__ = ["FusionExecutor", "CompiledKernel", "TensorView", "check_overrides"]
+__all__ = ["FusionExecutor"]

@@ -31,8 +31,6 @@ reduction scheduler: correct, not fast.
 
 from __future__ import annotations
 
-import copy
-
 from ..ir import (
     ELEMENTWISE,
     BinaryOp,
@@ -112,7 +110,7 @@ class MatmulScheduler:
             )
         from .reduction import ReductionScheduler
 
-        f2 = copy.deepcopy(fusion)
+        f2 = fusion.clone()
         decompose(f2)
         why2 = ReductionScheduler.can_schedule(f2)
         if why2:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 from ..ir import CircbufError, Fusion, TensorView, Var
 from ..ir.fusion import _elementwise_layout
-from ..ir.nodes import MemoryType, TensorDomain
+from ..ir.nodes import ELEMENTWISE, MemoryType, TensorDomain
 from ..ir.scalar import free_vars
+from .utils import check_aliases
 
 
 @dataclass
@@ -103,48 +104,69 @@ def segment(fusion: Fusion) -> SegmentedFusion:
         for t in e.tv_inputs():
             reads.append((made_by.get(id(t)), k, t))
 
-    verdicts: dict[frozenset, list] = {}
+    # an input written in place: every other reader of it runs before the writer
+    in_place = [(j, pos[id(fusion.outputs[k].definition)]) for k, j in fusion.aliases.items()]
 
-    def takers(group: frozenset) -> list:
-        if group not in verdicts:
-            verdicts[group] = schedulers_taking(_cut(fusion, sorted(group))[0])
-        return verdicts[group]
+    verdicts: dict[tuple, list] = {}
+
+    def takers(group: frozenset, outputs=None) -> list:
+        key = (group, outputs)
+        if key not in verdicts:
+            f2 = _view(fusion, exprs, sorted(group), outputs)
+            ok = schedulers_taking(f2)
+            if ok and f2.aliases:
+                try:
+                    check_aliases(f2)  # an in-place output no kernel can write with these readers
+                except CircbufError:
+                    ok = []
+            verdicts[key] = ok
+        return verdicts[key]
 
     for k, e in enumerate(exprs):
-        if not takers(frozenset([k])):
+        if not schedulers_taking(_view(fusion, exprs, [k])):
             from .registry import SCHEDULERS
 
-            f1 = _cut(fusion, [k])[0]
+            f1 = _view(fusion, exprs, [k])
             why = "; ".join(f"{s.name}: {s.can_schedule(f1)}" for s, _ in SCHEDULERS)
             raise CircbufError(f"no scheduler can take this fusion (nor {e} as a kernel of its own: {why})")
 
     group_of = list(range(n))  # expr -> group id (the group's first expr)
     members = {k: frozenset([k]) for k in range(n)}
 
+    rank = {id(t): _size_rank(t) for _, _, t in reads}
+    readers: dict[int, list] = {}
+    for _, c, t in reads:
+        readers.setdefault(id(t), []).append(c)
+
     def group_edges():
-        """(group a, group b) -> bytes-rank the merge saves, deterministic order."""
+        """(group a, group b) pairs whose merge saves traffic, most first
+        (ties: earlier groups first)."""
         best: dict[tuple, tuple] = {}
-        by_tensor: dict[int, list] = {}
-        for p, c, t in reads:
-            by_tensor.setdefault(id(t), []).append((p, c, t))
         for p, c, t in reads:
             if p is not None and group_of[p] != group_of[c]:
                 key = (min(group_of[p], group_of[c]), max(group_of[p], group_of[c]))
-                best[key] = max(best.get(key, (0, 0, 0)), (2,) + _size_rank(t))
-        for lst in by_tensor.values():  # consumers of one tensor: one read less
-            gs = sorted({group_of[c] for _, c, _ in lst})
-            for i, a in enumerate(gs):
-                for b in gs[i + 1 :]:
-                    best[(a, b)] = max(best.get((a, b), (0, 0, 0)), (1,) + _size_rank(lst[0][2]))
+                best[key] = max(best.get(key, (0, 0, 0)), (2,) + rank[id(t)])
+        for tid, cs in readers.items():  # readers of one tensor: one read less (neighbours in order)
+            gs = sorted({group_of[c] for c in cs})
+            for a, b in zip(gs, gs[1:]):
+                best[(a, b)] = max(best.get((a, b), (0, 0, 0)), (1,) + rank[tid])
         return sorted(best, key=lambda ab: (tuple(-x for x in best[ab]), ab))
 
-    def reaches(a: int, b: int, skip_direct: bool) -> bool:
-        """A path from group a to group b through some other group."""
+    def successors() -> dict:
+        """Group -> groups that must run after it (data, and readers before an in-place writer)."""
         succ: dict[int, set] = {}
         for p, c, _ in reads:
             if p is not None and group_of[p] != group_of[c]:
                 succ.setdefault(group_of[p], set()).add(group_of[c])
-        todo = [x for x in succ.get(a, ()) if not (skip_direct and x == b)]
+        for j, w in in_place:
+            for p, c, t in reads:
+                if p is None and t is fusion.inputs[j] and group_of[c] != group_of[w]:
+                    succ.setdefault(group_of[c], set()).add(group_of[w])
+        return succ
+
+    def reaches(succ: dict, a: int, b: int) -> bool:
+        """A path from group a to group b through some other group."""
+        todo = [x for x in succ.get(a, ()) if x != b]
         seen = set(todo)
         while todo:
             x = todo.pop()
@@ -159,8 +181,9 @@ def segment(fusion: Fusion) -> SegmentedFusion:
     merged = True
     while merged:
         merged = False
+        succ = successors()
         for a, b in group_edges():
-            if reaches(a, b, True) or reaches(b, a, True):
+            if reaches(succ, a, b) or reaches(succ, b, a):
                 continue  # merging would put a group between the two halves of one segment
             group = members[a] | members[b]
             if not takers(group):
@@ -174,12 +197,82 @@ def segment(fusion: Fusion) -> SegmentedFusion:
             break
 
     order = _order(fusion, exprs, reads, members, group_of)
+    extra = _forward(fusion, exprs, made_by, members, group_of, takers)
     segments = []
     for g in order:
-        f2, ins, outs = _cut(fusion, sorted(members[g]))
-        math = [str(exprs[k]) for k in sorted(members[g])]
-        segments.append(Segment(f2, ins, outs, takers(members[g])[0], math))
+        outs = _outputs(fusion, exprs, reads, members, group_of, extra, g)
+        if not outs:
+            continue  # every reader of what it makes recomputes it
+        f2, ins, out_names = _cut(fusion, sorted(members[g] | extra[g]), outs)
+        math = [
+            str(exprs[k]) + (" (recomputed from an input)" if k in extra[g] else "")
+            for k in sorted(members[g] | extra[g])
+        ]
+        segments.append(Segment(f2, ins, out_names, takers(members[g] | extra[g], outs)[0], math))
     return SegmentedFusion(fusion, segments)
+
+
+def _forward(fusion: Fusion, exprs, made_by: dict, members: dict, group_of: list, takers) -> dict:
+    """Input forwarding: elementwise exprs of one fusion input (a cast to
+    fp32, an exp) are recomputed in each segment that reads their result
+    when the input is no bigger per element, instead of that segment reading
+    a tensor another segment wrote. Returns group -> exprs it recomputes (a
+    group keeps none when it would then not be schedulable)."""
+    written = {j for j in fusion.aliases.values()}  # in place: read before the write only
+    root: dict[int, int] = {}  # forwardable expr -> bytes per element of its fusion input
+    for k, e in enumerate(exprs):
+        tvs = e.tv_inputs()
+        if isinstance(e, ELEMENTWISE) and len(tvs) == 1 and len(e.outputs) == 1:
+            src = tvs[0]
+            if src.definition is None:
+                if any(src is fusion.inputs[j] for j in written):
+                    continue
+                root[k] = src.dtype.size
+            elif made_by[id(src)] in root:
+                root[k] = root[made_by[id(src)]]
+    extra: dict[int, frozenset] = {}
+    for g, mem in members.items():
+        want: set = set()
+        todo = [
+            made_by[id(t)]
+            for k in mem
+            for t in exprs[k].tv_inputs()
+            if id(t) in made_by and made_by[id(t)] not in mem
+        ]
+        todo = [p for p in todo if p in root and root[p] <= exprs[p].outputs[0].dtype.size]
+        while todo:
+            p = todo.pop()
+            if p in want or p in mem:
+                continue
+            want.add(p)
+            src = exprs[p].tv_inputs()[0]
+            if src.definition is not None:
+                todo.append(made_by[id(src)])
+        extra[g] = frozenset(want)
+    for g in members:
+        if extra[g] and not takers(
+            members[g] | extra[g], _outputs(fusion, exprs, None, members, group_of, extra, g)
+        ):
+            extra[g] = frozenset()
+    return extra
+
+
+def _outputs(fusion: Fusion, exprs, reads, members: dict, group_of: list, extra: dict, g: int) -> frozenset:
+    """Names of the tensors group ``g`` writes: those its own exprs make that
+    the fusion returns, or that an expr of another group reads without
+    recomputing them."""
+    returned = {t.name for t in fusion.outputs}
+    own = {t.name for k in members[g] for t in exprs[k].outputs}
+    out = own & returned
+    for h, mem in members.items():
+        if h == g:
+            continue
+        made_there = {t.name for k in mem | extra.get(h, frozenset()) for t in exprs[k].outputs}
+        for k in mem | extra.get(h, frozenset()):
+            for t in exprs[k].tv_inputs():
+                if t.name in own and t.name not in made_there:
+                    out.add(t.name)
+    return frozenset(out)
 
 
 def _size_rank(t: TensorView) -> tuple:
@@ -219,18 +312,81 @@ def _order(fusion: Fusion, exprs, reads, members: dict, group_of: list) -> list[
     return order
 
 
-def _cut(fusion: Fusion, positions: list[int]):
+def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None) -> Fusion:
+    """What ``_cut`` makes, for asking the schedulers' ``can_schedule`` only:
+    new TensorViews and exprs for the group, sharing the original's axes (no
+    deep copy, so a verdict costs the group's size, not the fusion's; nothing
+    here may be scheduled or lowered)."""
+    group = [exprs[k] for k in positions]
+    gid = {id(e) for e in group}
+    live = {id(e) for e in exprs}
+    returned = {id(t) for t in fusion.outputs}
+    f2 = Fusion()
+    new: dict[int, TensorView] = {}
+
+    def tv(t: TensorView) -> TensorView:
+        if id(t) not in new:
+            t2 = copy.copy(t)
+            t2.uses, t2.definition, t2.fusion = [], None, f2
+            if t.definition is not None and id(t.definition) not in gid:  # from another segment
+                t2.is_input = True
+                t2.memory_type = MemoryType.Global
+                t2.domain = TensorDomain(t.domain.no_reductions(), stride_order=_layout(t))
+            new[id(t)] = t2
+        return new[id(t)]
+
+    for e in group:
+        e2 = copy.copy(e)
+        e2.inputs = [tv(x) if isinstance(x, TensorView) else x for x in e.inputs]
+        e2.outputs = [tv(o) for o in e.outputs]
+        for o in e2.outputs:
+            o.definition = e2
+        for x in e2.tv_inputs():
+            x.uses.append(e2)
+    alias_of = {id(fusion.outputs[k]): fusion.inputs[j] for k, j in fusion.aliases.items()}
+    outs = []
+    for e in group:
+        for o in e.outputs:
+            if outputs is None:
+                wanted = id(o) in returned or any(id(u) in live and id(u) not in gid for u in o.uses)
+            else:
+                wanted = o.name in outputs
+            if wanted:
+                outs.append(o)
+    f2.inputs = [
+        new[id(x)] if id(x) in new else x for x in fusion.inputs if isinstance(x, Var) or id(x) in new
+    ]
+    f2.inputs += [t2 for t2 in new.values() if t2.is_input and t2 not in f2.inputs]
+    for o in outs:
+        o2 = new[id(o)]
+        o2.memory_type = MemoryType.Global
+        f2.outputs.append(o2)
+        f2.returns.append(("output", len(f2.outputs) - 1))
+        if id(o) in alias_of:
+            x = alias_of[id(o)]
+            if id(x) not in new:  # written in place, not read: still a parameter
+                new[id(x)] = tv(x)
+                f2.inputs.append(new[id(x)])
+            f2.aliases[len(f2.outputs) - 1] = f2.inputs.index(new[id(x)])
+    f2.tvs = f2.used_tvs()
+    f2.extent_vars = fusion.extent_vars
+    f2.extent_equalities = fusion.extent_equalities
+    f2.derived_extents = fusion.derived_extents
+    return f2
+
+
+def _cut(fusion: Fusion, positions: list[int], outputs=None):
     """A standalone copy of ``fusion`` holding the exprs at ``positions`` of
     ``fusion.exprs()``: tensors they read from other exprs become inputs
-    (reduced axes dropped, dense, in the producer's layout), tensors read by
-    other exprs or returned become outputs. Returns (fusion, input sources,
-    output names)."""
+    (reduced axes dropped, dense, in the producer's layout); the tensors named
+    in ``outputs`` (default: those read by other exprs or returned) become
+    outputs; sizes its math or shapes use that no input tensor carries come
+    in as scalars. Returns (fusion, input sources, output names)."""
     orig_exprs = fusion.exprs()
-    live_names = {t.name for e in orig_exprs for t in e.outputs}
-    f2 = copy.deepcopy(fusion)
+    f2 = fusion.clone()
     f2.check_overrides = None
     ex2 = f2.exprs()
-    group = [ex2[k] for k in positions]
+    group = [ex2[k] for k in sorted(positions)]
     gid = {id(e) for e in group}
     live = {id(e) for e in ex2}
     orig_outputs = {t.name for t in fusion.outputs}
@@ -244,21 +400,23 @@ def _cut(fusion: Fusion, positions: list[int]):
             elif id(t.definition) not in gid and all(t is not b for b in boundary):
                 boundary.append(t)
     alias_of = {f2.outputs[k].name: f2.inputs[j] for k, j in f2.aliases.items()}
-    outputs = []
+    outs = []
     for e in group:
         for t in e.outputs:
-            if t.name in orig_outputs or any(id(u) in live and id(u) not in gid for u in t.uses):
-                outputs.append(t)
+            if outputs is None:
+                wanted = t.name in orig_outputs or any(id(u) in live and id(u) not in gid for u in t.uses)
+            else:
+                wanted = t.name in outputs
+            if wanted:
+                outs.append(t)
                 if t.name in alias_of:
                     used_inputs.add(id(alias_of[t.name]))
-    assert all(t.name in live_names for t in boundary)
 
-    # inputs: the original ones this segment reads (and every scalar), then intermediates
-    sources, new_inputs = [], []
-    for j, x in enumerate(f2.inputs):
-        if isinstance(x, Var) or id(x) in used_inputs:
-            new_inputs.append(x)
-            sources.append(("input", j))
+    # inputs: the original tensors it reads, the tensors of other segments,
+    # then scalars (below)
+    scalars = [(j, x) for j, x in enumerate(f2.inputs) if isinstance(x, Var)]
+    sources = [("input", j) for j, x in enumerate(f2.inputs) if id(x) in used_inputs]
+    new_inputs = [x for x in f2.inputs if id(x) in used_inputs]
     for t in boundary:
         orig = layouts[t.name]
         t.definition = None
@@ -269,7 +427,7 @@ def _cut(fusion: Fusion, positions: list[int]):
         sources.append(("tensor", t.name))
     f2.inputs = new_inputs
     f2.outputs, f2.returns, f2.aliases = [], [], {}
-    for t in outputs:
+    for t in outs:
         if t.name in alias_of:
             f2.add_output(t, alias_input=alias_of[t.name])
         else:
@@ -279,15 +437,10 @@ def _cut(fusion: Fusion, positions: list[int]):
         t.uses = [u for u in t.uses if id(u) in gid]
     f2.tvs = f2.used_tvs()
 
-    # sizes: an extent the segment's math or shapes use that none of its
-    # inputs carries (a mean's row length, the rows reduced away) comes in
-    # as a scalar, ("extent", name), from the whole fusion's sizes
-    bound = {x.name for x in f2.inputs if isinstance(x, Var)}
-    for x in f2.inputs:
-        if isinstance(x, TensorView):
-            for i in x.logical:
-                if isinstance(i.extent, Var):
-                    bound.add(i.extent.name)
+    # sizes: each name once, from a tensor that carries it, else a scalar
+    # input of the fusion, else the whole fusion's sizes (("extent", name):
+    # a mean's row length, the rows a reduction removed)
+    carried = {i.extent.name for x in f2.inputs for i in x.logical if isinstance(i.extent, Var)}
     needed: dict = {}
     for t in f2.used_tvs():
         if t.is_input:
@@ -300,18 +453,26 @@ def _cut(fusion: Fusion, positions: list[int]):
         for x in e.inputs:
             if not isinstance(x, TensorView):
                 free_vars(x, needed)
-    for name, v in needed.items():
-        if name not in bound and name not in f2.derived_extents:
+    bound = set(carried)
+    for j, v in scalars:
+        if v.name in needed and v.name not in bound:
             f2.inputs.append(v)
-            sources.append(("extent", name))
-            bound.add(name)
+            sources.append(("input", j))
+            bound.add(v.name)
     derived = {}
     for name, e in f2.derived_extents.items():
+        if name in bound:
+            continue
         if set(free_vars(e)) <= bound:
             derived[name] = e
             bound.add(name)
         elif name in needed:
             f2.inputs.append(Var(name))
+            sources.append(("extent", name))
+            bound.add(name)
+    for name, v in needed.items():
+        if name not in bound:
+            f2.inputs.append(v)
             sources.append(("extent", name))
             bound.add(name)
     f2.derived_extents = derived
