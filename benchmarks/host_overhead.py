@@ -1,4 +1,6 @@
-"""Where the host time of a cached ``fd.execute`` goes (1024-element x*y+1).
+"""Where the host time of a cached ``fd.execute`` goes (1024-element x*y+1),
+and what a segmented fusion adds: sums of a [32, 32] tensor over both axes
+(two kernels) against one of them (one kernel).
 
 PYTHONPATH=. python benchmarks/host_overhead.py
 """
@@ -47,8 +49,35 @@ def main():
         "torch x*y+1": lambda: a * b + 1,
     }
     print(f"GPU: {torch.cuda.get_device_name()}  host time per call, us")
+    us = {}
     for k, fn in rows.items():
-        print(f"  {k:18s} {host_us_per_call(fn, 5000):7.2f}")
+        us[k] = host_us_per_call(fn, 5000)
+        print(f"  {k:18s} {us[k]:7.2f}")
+    one, two = _reductions()
+    x = torch.randn(32, 32, device="cuda")
+    for fd_ in (one, two):
+        fd_.execute([x])
+    assert len(two._executor.last.kernels) == 2 and len(one._executor.last.kernels) == 1
+    t1 = host_us_per_call(lambda: one.execute([x]), 5000)
+    t2 = host_us_per_call(lambda: two.execute([x]), 5000)
+    print(f"  {'1 kernel: sum(x,1)':18s} {t1:7.2f}")
+    print(f"  {'2 kernels: +sum(x,0)':18s} {t2:7.2f}")
+    print(
+        f"segmented (2 kernels) / one kernel: {t2 / t1:.2f}x vs sum(x,1), {t2 / us['fd.execute']:.2f}x vs x*y+1"
+    )
+
+
+def _reductions():
+    """sum(x, 1) alone (one kernel) and with sum(x, 0) (two segments)."""
+    fds = []
+    for both in (False, True):
+        with cb.FusionDefinition() as fd:
+            x = fd.define_tensor([-1, -1], dtype=D.Float)
+            if both:
+                fd.add_output(fd.ops.sum(x, [0]))
+            fd.add_output(fd.ops.sum(x, [1]))
+        fds.append(fd)
+    return fds
 
 
 if __name__ == "__main__":

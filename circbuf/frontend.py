@@ -131,7 +131,7 @@ class FusionDefinition:
 
     # --------------------------------------------------------- execution
     def _get_executor(self):
-        from .runtime.executor import FusionExecutor
+        from .compiler import FusionExecutor
 
         if self._executor is None:
             self._executor = FusionExecutor(self.fusion)
@@ -145,13 +145,17 @@ class FusionDefinition:
     def compile(self, inputs, arch: str | None = None):
         """Compile without running (no GPU needed when ``arch`` is given).
         ``inputs`` only give dtypes, shapes and strides; CPU tensors are fine.
+        Returns a CompiledKernel, or a CompiledFusion when the fusion runs
+        as several kernels; both list them in ``ck.kernels``.
 
         >>> # ck = fd.compile([torch.empty(4, 8)], arch="sm_90a"); ck.cuda, ck.cubin
+        >>> # print(ck); [k.cuda for k in ck.kernels]
         """
         return self._get_executor().compile(inputs, arch=arch)
 
     def last_params(self):
-        """The scheduler params of the most recent compile or execute."""
+        """The scheduler params of the most recent compile or execute (a list,
+        one per kernel, for a segmented fusion)."""
         ex = self._executor
         return None if ex is None or ex.last is None else ex.last.params
 

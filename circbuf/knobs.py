@@ -1,8 +1,9 @@
 """Environment knobs, read in one place.
 
-- ``CIRCBUF_DUMP=fusion_ir,transforms,params,passes,kernel_ir,cuda,launch``:
+- ``CIRCBUF_DUMP=segments,fusion_ir,transforms,params,passes,kernel_ir,cuda,launch``:
   print those stages as they are produced (``all`` for every one); ``passes``
-  prints the kernel IR after each lowering pass, headed ``after <pass>:``.
+  prints the kernel IR after each lowering pass, headed ``after <pass>:``;
+  ``segments`` the segments of a fusion no one scheduler takes whole.
 - ``CIRCBUF_POISON_OUTPUTS=1``: fill outputs with NaN (all ones for integer
   types) before each launch, so elements a kernel fails to write show up.
 - ``CIRCBUF_DEBUG_HANG=<tries>``: every mbarrier wait gives up after that many
@@ -17,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-DUMP_STAGES = ("fusion_ir", "transforms", "params", "passes", "kernel_ir", "cuda", "launch")
+DUMP_STAGES = ("segments", "fusion_ir", "transforms", "params", "passes", "kernel_ir", "cuda", "launch")
 
 
 def dump_stages() -> set:

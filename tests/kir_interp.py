@@ -234,7 +234,12 @@ def _block(run, env, block):
 def interpret(fd, inputs):
     """Compile ``fd`` for sm_90a on these CPU inputs and run the kernel here.
     Returns what ``fd.execute`` would (outputs poisoned with NaN first)."""
-    ex = fd._get_executor()
+    return interpret_executor(fd._get_executor(), inputs)
+
+
+def interpret_executor(ex, inputs, finish=True):
+    """``interpret`` for a FusionExecutor; ``finish=False``: the tensors the
+    kernel wrote, as a segment hands them to the next one."""
     ck = ex.compile(inputs, arch="sm_90a")
     k = ck.kernel
     info, _ = ex._bind(inputs, need_cuda=False)
@@ -244,7 +249,7 @@ def interpret(fd, inputs):
         if o.is_floating_point() and spec[3] is None:  # not an input written in place
             o.fill_(float("nan"))
     if plan.empty:
-        return plan.finish(inputs, outs) if plan.finish else outs
+        return plan.finish(inputs, outs) if plan.finish and finish else outs
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)] + list(outs)
     env = {}
     glob = {}
@@ -266,4 +271,4 @@ def interpret(fd, inputs):
                 run.shared = {}
                 e = dict(env, **{"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz})
                 _block(run, e, plan.block)
-    return plan.finish(inputs, outs) if plan.finish else outs
+    return plan.finish(inputs, outs) if plan.finish and finish else outs

@@ -107,13 +107,18 @@ def test_unknown_schedule_override():
         fd.compile([torch.randn(8)] * 2, arch="sm_90a")
 
 
-def test_reductions_over_different_axes_are_refused():
+def test_reductions_over_different_axes_are_segmented():
+    """No one scheduler takes them (the reason names both); the fusion runs
+    as two kernels (tests/test_segmentation.py)."""
+    from circbuf.scheduler.registry import Unschedulable, candidates
+
     with cb.FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1], dtype=D.Float)
         fd.add_output(fd.ops.sum(x, [0]))
         fd.add_output(fd.ops.sum(x, [1]))
-    with pytest.raises(cb.CircbufError, match="reduce different axes"):
-        fd.compile([torch.randn(4, 4)], arch="sm_90a")
+    with pytest.raises(Unschedulable, match="reduce different axes"):
+        candidates(fd.fusion)
+    assert len(fd.compile([torch.randn(4, 4)], arch="sm_90a").kernels) == 2
 
 
 def test_unknown_dump_stage(monkeypatch):

@@ -204,20 +204,28 @@ def test_simt_path_for_what_the_tensor_cores_cannot_take():
         fd.compile([torch.randn(64, 96), torch.randn(96, 128)], arch="sm_90a")
 
 
-def test_refused_by_name_until_segmentation():
+def test_reduction_or_second_matmul_gets_its_own_kernel():
+    """The matmul scheduler refuses them by name; segmentation runs them as
+    kernels of their own."""
+    from circbuf.scheduler.matmul import MatmulScheduler
+
     with cb.FusionDefinition() as fd:
         a = fd.define_tensor([-1, -1], dtype=D.BFloat16)
         b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
         c = fd.ops.matmul(a, b)
         fd.add_output(fd.ops.sum(c, [1]))
-    with pytest.raises(cb.CircbufError, match="a reduction .* next to a matmul needs a second kernel"):
-        fd.compile([torch.randn(64, 64, dtype=torch.bfloat16)] * 2, arch="sm_90a")
+    assert re.match(
+        r"a reduction \(T\d+\) next to a matmul needs a kernel", MatmulScheduler.can_schedule(fd.fusion)
+    )
+    ck = fd.compile([torch.randn(64, 64, dtype=torch.bfloat16)] * 2, arch="sm_90a")
+    assert [k.name for k in ck.kernels] == ["circbuf_matmul", "circbuf_normalization"]
     with cb.FusionDefinition() as fd:
         a = fd.define_tensor([-1, -1], dtype=D.BFloat16)
         b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
         fd.add_output(fd.ops.matmul(fd.ops.matmul(a, b), b))
-    with pytest.raises(cb.CircbufError, match="2 matmuls in one fusion"):
-        fd.compile([torch.randn(64, 64, dtype=torch.bfloat16)] * 2, arch="sm_90a")
+    assert MatmulScheduler.can_schedule(fd.fusion).startswith("2 matmuls in one fusion")
+    ck = fd.compile([torch.randn(64, 64, dtype=torch.bfloat16)] * 2, arch="sm_90a")
+    assert [k.name for k in ck.kernels] == ["circbuf_matmul", "circbuf_matmul"]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -267,13 +267,30 @@ def test_keepdim_reduction_added_to_its_input(dtype, rank, dims, variant):
         assert_close(o, r, rtol=1e-4, atol=1e-4 * max(1.0, r.abs().max().item()))
 
 
-def test_reduction_broadcast_to_a_larger_tensor_is_refused_by_name():
+def _reduction_into_larger():
     with cb.FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1], dtype=D.Float)
         y = fd.define_tensor([-1, -1, -1], dtype=D.Float)
         fd.add_output(fd.ops.add(y, fd.ops.sum(x, [1], keepdim=True)))
-    with pytest.raises(cb.CircbufError, match="is not an axis of the reduction"):
-        fd.compile([torch.randn(8, 16), torch.randn(7, 8, 16)], arch="sm_90a")
+    return fd
+
+
+def test_reduction_broadcast_to_a_larger_tensor_is_segmented():
+    """No reduction kernel covers the larger tensor (the reason is named);
+    the sum and the add run as two kernels."""
+    from circbuf.scheduler.reduction import ReductionScheduler
+
+    fd = _reduction_into_larger()
+    assert "is not an axis of the reduction" in ReductionScheduler.can_schedule(fd.fusion)
+    ck = fd.compile([torch.randn(8, 16), torch.randn(7, 8, 16)], arch="sm_90a")
+    assert [k.name for k in ck.kernels] == ["circbuf_normalization", "circbuf_pointwise"]
+
+
+@pytest.mark.gpu
+def test_reduction_broadcast_to_a_larger_tensor_runs():
+    x, y = torch.randn(8, 16, device=DEV), torch.randn(7, 8, 16, device=DEV)
+    (out,) = _reduction_into_larger().execute([x, y])
+    assert_close(out, y.double() + x.double().sum(1, keepdim=True))
 
 
 @pytest.mark.gpu

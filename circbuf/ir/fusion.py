@@ -40,6 +40,23 @@ class Fusion:
         self._caches_added = False
         self._tv_counter = 0
 
+    def clone(self) -> Fusion:
+        """A deep copy (schedulers transform a copy). Copying a DAG recurses
+        along its longest chain of exprs, which passes Python's default
+        recursion limit at about 40 ops; the limit is raised for the copy.
+
+        >>> # f2 = fd.fusion.clone(); f2 is not fd.fusion
+        """
+        import copy
+        import sys
+
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old, 200_000))
+        try:
+            return copy.deepcopy(self)
+        finally:
+            sys.setrecursionlimit(old)
+
     @property
     def manual_schedule(self) -> bool:
         """True once the user transformed, parallelized, inlined or cached any

@@ -1,32 +1,21 @@
-"""FusionExecutor: bind inputs, schedule, lower, compile, cache and launch.
+"""What the runtime launches: a compiled kernel and launch plans for it.
 
-Two caches:
-
-- plans, keyed by the exact inputs' dtypes, shapes, strides and pointer
-  alignment: a ready launch (grid, outputs, packed arguments); a hit costs a
-  dict lookup, output allocation and one ``cuLaunchKernel``;
-- compiled kernels, keyed by heuristic params + layout specialization
-  (contiguity, index type, arch): new shapes with the same params reuse them.
-
-Cubins are also cached on disk by NVRTC source hash (see ``nvrtc.py``).
+A :class:`Plan` is a ready launch for one exact input signature: grid,
+block, shared memory, output specs and the packed argument buffer (tensor
+maps re-encoded only when a tensor's address changes). A hit on the plan
+cache (:mod:`circbuf.compiler`) costs output allocation and one
+``cuLaunchKernel``. The runtime inspects no fusion IR: the compile driver
+builds plans from it.
 """
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import struct
 from dataclasses import dataclass, field
 
 from .. import knobs
-from ..ir import CircbufError, DataType, Fusion, ParallelType, ReshapeOp, TensorView, Var, evaluate
-from ..lowering import codegen, lower
-from ..lowering.kir import target_needs
-from ..scheduler import InputInfo, TensorInfo
-from ..scheduler.registry import check_overrides, compute_params
-from ..scheduler.utils import canonicalize_extents, prepare
-
-_INT32_LIMIT = 2**31 - 1
+from ..ir import CircbufError, DataType
 
 
 def torch_dtype(dt: DataType):
@@ -88,8 +77,76 @@ class CompiledKernel:
 
         return resource_usage(self.cubin)
 
+    @property
+    def kernels(self) -> list:
+        """The fusion's kernels: this one (a segmented fusion has several)."""
+        return [self]
 
-class _Plan:
+    def __str__(self):
+        return f"1 kernel: {self.name} for {self.arch} ({_brief(self.params)})"
+
+
+class CompiledFusion:
+    """A segmented fusion's kernels, in launch order: ``kernels[i]`` is a
+    :class:`CompiledKernel` (``.cuda``, ``.cubin``, ``.params``, ``.sass()``);
+    ``segments`` says which exprs each runs. ``print(ck)`` shows both."""
+
+    def __init__(self, segments, kernels: list[CompiledKernel]):
+        self.segments = segments
+        self.kernels = kernels
+
+    @property
+    def params(self) -> list:
+        return [k.params for k in self.kernels]
+
+    def __getattr__(self, name):
+        if name in ("cuda", "cubin", "kernel", "kernel_ir", "fusion_ir", "transforms", "name", "arch"):
+            raise AttributeError(
+                f"this fusion runs as {len(self.kernels)} kernels (segments): "
+                f"use ck.kernels[i].{name}; print(ck) lists them"
+            )
+        raise AttributeError(name)
+
+    def __str__(self):
+        lines = [f"{len(self.kernels)} kernels (the fusion is segmented):"]
+        for k, (seg, ck) in enumerate(zip(self.segments.segments, self.kernels)):
+            lines.append(f"  kernel {k}: {ck.name} ({_brief(ck.params)})")
+            lines += [f"    {m}" for m in seg.math]
+        return "\n".join(lines)
+
+
+def _brief(params) -> str:
+    brief = getattr(params, "brief", None)
+    return brief() if callable(brief) else "manual schedule" if params is None else str(params)
+
+
+class SegmentedPlan:
+    """A segmented fusion's launch for one exact input signature: each
+    segment's plan in order on torch's current stream.
+
+    Values live in one list per call: the fusion's inputs, then constants
+    (sizes a segment takes as scalars), then a slot per tensor between or
+    out of segments. ``steps[i]`` = [``run(args, finish)`` of its plan (until
+    the first call, one that makes the plan with ``make(i, args)`` and
+    puts the plan's ``run`` here), a getter of its arguments from that list,
+    the slots of its outputs, the slots dead after it (dropped, so torch's
+    caching allocator hands their memory to the next allocation)].
+    ``outs``: the slots of the fusion's outputs."""
+
+    __slots__ = ("steps", "consts", "outs", "finish", "make", "scalar_slots")
+
+    def run(self, inputs):
+        vals = [*inputs, *self.consts]
+        for run, args_of, out_slots, dead in self.steps:
+            for slot, o in zip(out_slots, run(args_of(vals), False)):
+                vals[slot] = o
+            for slot in dead:
+                vals[slot] = None
+        outs = [vals[s] for s in self.outs]
+        return outs if self.finish is None else self.finish(inputs, outs)
+
+
+class Plan:
     """A launch for one exact input signature."""
 
     __slots__ = (
@@ -98,7 +155,10 @@ class _Plan:
         "tmaps", "hang", "name", "finish", "plain_outs",
     )  # fmt: skip
 
-    def run(self, inputs):
+    def run(self, inputs, finish: bool = True):
+        """Launch; returns what ``execute`` returns, or with ``finish=False``
+        the tensors the kernel wrote, one per output (a segment's, for the
+        next segment to read)."""
         import torch
 
         outs = self.new_outputs(inputs)
@@ -106,8 +166,8 @@ class _Plan:
             self.write_args(inputs, outs)
             self.launch(torch._C._cuda_getCurrentRawStream(self.dev_index), self.args_addr)
             if self.hang is not None:
-                _check_hang(self, self.hang)
-        if self.finish is not None:
+                check_hang(self, self.hang)
+        if self.finish is not None and finish:
             return self.finish(inputs, outs)
         return outs
 
@@ -160,7 +220,7 @@ class _Plan:
 
 
 @dataclass
-class _MapSlot:
+class MapSlot:
     spec: object
     input_pos: int
     offset: int
@@ -169,444 +229,10 @@ class _MapSlot:
     output: int = -1  # >= 0: the map describes this output (a TMA store)
 
 
-class FusionExecutor:
-    """Compiles and runs one Fusion; held by a FusionDefinition."""
-
-    MAX_PLANS = 4096
-
-    def __init__(self, fusion: Fusion):
-        self.fusion = fusion
-        self.n_inputs = len(fusion.inputs)
-        self._tpos = [k for k, x in enumerate(fusion.inputs) if isinstance(x, TensorView)]
-        tp = self._tpos
-        self._tensor_inputs = lambda inputs: [inputs[k] for k in tp]
-        self._shape_scalars = _shape_scalar_positions(fusion)
-        self._plans: dict = {}
-        self._compiled: dict = {}
-        self.last: CompiledKernel | None = None
-
-    # ------------------------------------------------------------- bind
-    def _bind(self, inputs, need_cuda: bool):
-        import torch
-
-        f = self.fusion
-        if not isinstance(inputs, (list, tuple)):
-            raise CircbufError("inputs must be a list of tensors and scalars")
-        if len(inputs) != self.n_inputs:
-            names = ", ".join(x.name for x in f.inputs)
-            raise CircbufError(f"expected {self.n_inputs} inputs ({names}), got {len(inputs)}")
-        env: dict = {}
-        where: dict = {}
-        infos = []
-        device = None
-        for k, (d, x) in enumerate(zip(f.inputs, inputs)):
-            if isinstance(d, Var):
-                if isinstance(x, torch.Tensor) or not isinstance(x, (int, float, bool)):
-                    raise CircbufError(f"input {k} ({d.name}) is a scalar; got {type(x).__name__}")
-                if d.dtype.is_int and not isinstance(x, int):
-                    raise CircbufError(f"input {k} ({d.name}) is an integer scalar; got {x!r}")
-                infos.append(None)
-                env[d.name] = x  # sizes may be built from scalars (reshape)
-                continue
-            label = f"input {k} ({d.name})"
-            if not isinstance(x, torch.Tensor):
-                raise CircbufError(f"{label} must be a torch.Tensor, got {type(x).__name__}")
-            if x.dtype != torch_dtype(d.dtype):
-                raise CircbufError(f"{label}: dtype {x.dtype} does not match the definition's {d.dtype.name}")
-            if x.dim() != d.ndim:
-                raise CircbufError(f"{label}: rank {x.dim()} does not match the definition's rank {d.ndim}")
-            if need_cuda and not x.is_cuda:
-                raise CircbufError(
-                    f"{label} is on {x.device}; execute needs CUDA tensors (compile() accepts CPU tensors)"
-                )
-            if device is None:
-                device = x.device
-            elif x.device != device:
-                raise CircbufError(f"{label} is on {x.device} but earlier inputs are on {device}")
-            _check_contiguity(label, d, x)
-            for a, (ax, size) in enumerate(zip(d.logical, x.shape)):
-                if ax.is_broadcast:
-                    if size != 1:
-                        raise CircbufError(
-                            f"{label}: axis {a} is defined as broadcast (1) but has size {size}"
-                        )
-                elif isinstance(ax.extent, Var):
-                    env[ax.extent.name] = size
-                    where[ax.extent.name] = f"axis {a} of {d.name}"
-                elif size != ax.extent.value:
-                    raise CircbufError(
-                        f"{label}: axis {a} has size {size}, the definition fixes {ax.extent.value}"
-                    )
-            align = 16
-            ptr = x.data_ptr()
-            while align > 1 and ptr % align:
-                align //= 2
-            infos.append(TensorInfo(tuple(x.shape), tuple(x.stride()), x.element_size(), align))
-        for name, e in f.derived_extents.items():  # in definition order: later ones may use earlier ones
-            try:
-                env[name] = evaluate(e, env)
-            except ZeroDivisionError:
-                raise CircbufError(f"size {name} = {e} divides by zero for these inputs") from None
-            if env[name] < 0:
-                raise CircbufError(f"size {name} = {e} is {env[name]} for these inputs; sizes are >= 0")
-        for a, b in f.extent_equalities:
-            va, vb = evaluate(a, env), evaluate(b, env)
-            if va != vb:
-                why = f.equality_reasons.get((str(a), str(b)), "the fusion combines them elementwise")
-                raise CircbufError(
-                    f"extent {a} ({where.get(str(a), a)}) = {va} and extent {b} "
-                    f"({where.get(str(b), b)}) = {vb} must be equal: {why}"
-                )
-        sm, smem = 132, 232448
-        if need_cuda and device is None:  # only scalar inputs: run on the current device
-            if not torch.cuda.is_available():
-                raise CircbufError("execute needs a CUDA device (compile() works without one)")
-            device = torch.device("cuda", torch.cuda.current_device())
-        if need_cuda:
-            sm, smem = _device_props(device)
-        return InputInfo(tuple(infos), env, sm, smem), device
-
-    # ---------------------------------------------------------- compile
-    def _layout(self, info: InputInfo, out_shapes):
-        """Per tensor parameter (inputs, then outputs): (memory order of its
-        axes, contiguity per axis) as the kernel is specialized for, and the
-        index type. Inputs' come from their strides; an output's from its
-        stride order, or from the input it is written into."""
-        layouts = []
-        biggest = 0
-        for t in info.tensors:
-            if t is None:
-                continue
-            layouts.append(_layout_of(t.sizes, t.strides))
-            if all(s > 0 for s in t.sizes):
-                biggest = max(biggest, sum((s - 1) * abs(st) for s, st in zip(t.sizes, t.strides)) + 1)
-        for k, (o, shape) in enumerate(zip(self.fusion.outputs, out_shapes)):
-            j = self.fusion.aliases.get(k)
-            if j is not None:
-                t = info.tensors[j]
-                layouts.append(_layout_of(t.sizes, t.strides))
-                continue
-            layouts.append((tuple(o.domain.allocation_order()), tuple(True for _ in shape)))
-            n = 1
-            for s in shape:
-                n *= s
-            biggest = max(biggest, n)
-        index_type = DataType.Int32 if biggest < _INT32_LIMIT // 2 else DataType.Int64
-        return tuple(layouts), index_type
-
-    def _out_shapes(self, env):
-        """Shapes the kernel writes: a broadcast axis is one element wide."""
-        return [tuple(evaluate(i.extent, env) for i in o.domain.no_reductions()) for o in self.fusion.outputs]
-
-    def _out_strides(self, info: InputInfo, out_shapes) -> list:
-        """Strides of each output: dense in its stride order, or those of the
-        input it is written into."""
-        out = []
-        for k, (o, shape) in enumerate(zip(self.fusion.outputs, out_shapes)):
-            j = self.fusion.aliases.get(k)
-            out.append(
-                info.tensors[j].strides
-                if j is not None
-                else _strides_in_order(shape, o.domain.allocation_order())
-            )
-        return out
-
-    def _finish(self, env):
-        """What turns the kernel's outputs into what ``execute`` returns, or
-        None when they are returned as they are. An output with broadcast
-        axes expanded to an extent (``broadcast_in_dim(t, [3, 3], [0])``) is
-        returned as a stride-0 expanded view of the one element the kernel
-        wrote, as torch's ``expand`` and nvFuser return it; a fusion input
-        added as an output is returned itself."""
-        f = self.fusion
-        views = []
-        for o in f.outputs:
-            ids = o.domain.no_reductions()
-            if any(i.is_broadcast and i.expanded_extent is not None for i in ids):
-                views.append(
-                    tuple(
-                        evaluate(
-                            i.expanded_extent
-                            if i.is_broadcast and i.expanded_extent is not None
-                            else i.extent,
-                            env,
-                        )
-                        for i in ids
-                    )
-                )
-            else:
-                views.append(None)
-        # an output written into an input is that input (nvFuser returns it when it is also added plainly)
-        returns = [
-            ("input", f.aliases[k]) if kind == "output" and k in f.aliases else (kind, k)
-            for kind, k in f.returns
-        ]
-        if all(v is None for v in views) and returns == [("output", k) for k in range(len(f.outputs))]:
-            return None
-
-        def finish(inputs, outs):
-            outs = [o if v is None else o.expand(*v) for o, v in zip(outs, views)]
-            return [outs[k] if kind == "output" else inputs[k] for kind, k in returns]
-
-        return finish
-
-    def _compile(self, info: InputInfo, arch: str) -> CompiledKernel:
-        out_shapes = self._out_shapes(info.extents)
-        layouts, index_type = self._layout(info, out_shapes)
-        manual = self.fusion.manual_schedule
-        fusion = self.fusion if manual else copy.deepcopy(self.fusion)
-        overrides = dict(self.fusion.schedule_overrides)
-        if manual:
-            if overrides:
-                raise CircbufError("schedule() overrides do not apply to a manually scheduled fusion")
-            for e in fusion.exprs():
-                if isinstance(e, ReshapeOp) and not e.concrete:
-                    raise CircbufError(
-                        f"{e}: a manually scheduled fusion needs reshapes of fixed sizes "
-                        "(this one depends on the inputs' sizes)"
-                    )
-            sched, params, views = None, None, ()
-            canonicalize_extents(fusion)
-        else:
-            views = prepare(fusion, info.extents)
-            sched, params = compute_params(fusion, info, overrides)
-        key = (
-            params,
-            layouts,
-            views,
-            index_type,
-            arch,
-            id(self.fusion) if manual else None,
-            knobs.debug_hang(),
-        )
-        ck = self._compiled.get(key)
-        if ck is not None:
-            return ck
-        fusion_ir = self.fusion.print_math()
-        knobs.dump("fusion_ir", fusion_ir)
-        if sched is not None:
-            knobs.dump("params", params)
-            sched.schedule(fusion, params)
-        transforms = fusion.print_transforms()
-        knobs.dump("transforms", transforms)
-        name = f"circbuf_{sched.name if sched else 'manual'}"
-        kernel = lower(
-            fusion,
-            contiguity=[c for _, c in layouts],
-            index_type=index_type,
-            name=name,
-            orders=[o for o, _ in layouts],
-            after_pass=_dump_pass,
-        )
-        knobs.dump("kernel_ir", kernel)
-        _check_target(kernel, arch)
-        src = codegen(kernel, debug_hang=knobs.debug_hang())
-        knobs.dump("cuda", src)
-        from .nvrtc import compile_cuda
-
-        cubin = compile_cuda(src, arch, name + ".cu")
-        ck = CompiledKernel(name, arch, params, fusion_ir, transforms, kernel, src, cubin)
-        self._compiled[key] = ck
-        return ck
-
-    def _check_outputs(self):
-        if not self.fusion.outputs and not self.fusion.returns:
-            raise CircbufError("the fusion has no outputs: mark its results with fd.add_output(tensor)")
-
-    def compile(self, inputs, arch: str | None = None) -> CompiledKernel:
-        """Compile for ``inputs`` (CPU tensors are fine) without launching."""
-        self._check_outputs()
-        if not self.fusion.outputs:
-            raise CircbufError("nothing to compile: every output is a fusion input, returned as is")
-        if arch is None:
-            arch = _default_arch()
-        from .nvrtc import parse_arch
-
-        parse_arch(arch)  # a string NVRTC cannot build a cubin for is named before any work
-        info, _ = self._bind(inputs, need_cuda=False)
-        ck = self._compile(info, arch)
-        self.last = ck
-        return ck
-
-    # ---------------------------------------------------------- execute
-    def execute(self, inputs):
-        """Hot path: one tuple for the key, a dict lookup, then the plan's launch."""
-        try:
-            if len(inputs) != self.n_inputs:
-                raise TypeError
-            key = [
-                (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.device)
-                for x in self._tensor_inputs(inputs)
-            ]
-            key.append(self.fusion.schedule_version)
-            for k in self._shape_scalars:  # scalars sizes are built from (full, reshape)
-                key.append(inputs[k])
-            if not self._tpos:  # no tensor names the device: the current one does
-                import torch
-
-                key.append(torch.cuda.current_device() if torch.cuda.is_available() else None)
-            key = tuple(key)
-            plan = self._plans.get(key)
-        except (TypeError, AttributeError):
-            self._bind(inputs, need_cuda=True)  # raises the message naming the bad input
-            raise
-        if plan is None:
-            plan = self._make_plan(inputs)
-            if len(self._plans) >= self.MAX_PLANS:
-                self._plans.clear()
-            self._plans[key] = plan
-        elif plan.scalar_slots:
-            for pos, _, _ in plan.scalar_slots:  # a plan never checked these values
-                if not isinstance(inputs[pos], (int, float, bool)):
-                    self._bind(inputs, need_cuda=True)
-        return plan.run(inputs)
-
-    def _make_plan(self, inputs) -> _Plan:
-        import torch
-
-        self._check_outputs()
-        info, device = self._bind(inputs, need_cuda=True)
-        if not self.fusion.outputs:  # every output is an input, returned as is: nothing to run
-            p = _Plan()
-            p.out_specs, p.poison, p.empty, p.device, p.plain_outs = [], False, True, device, True
-            p.finish = self._finish(info.extents)
-            return p
-        from .driver import device_arch
-
-        with torch.cuda.device(device):
-            ck = self._compile(info, device_arch())
-            ck.loaded()
-        self.last = ck
-        p = self._build_plan(ck, info, device)
-        ck.loaded().ensure_smem(p.smem)
-        p.launch = ck.loaded().launcher(p.grid, p.block, p.smem)
-        p.dev_index = device.index if device.index is not None else torch.cuda.current_device()
-        return p
-
-    def _build_plan(self, ck: CompiledKernel, info: InputInfo, device) -> _Plan:
-        """Launch geometry, output specs and the packed argument buffer for
-        one input signature (no CUDA calls: testable on the CPU)."""
-        k = ck.kernel
-        env = dict(info.extents)
-        p = _Plan()
-        p.ck, p.device, p.poison = ck, device, knobs.poison_outputs()
-        out_shapes = self._out_shapes(env)
-        out_strides = self._out_strides(info, out_shapes)
-        p.out_specs = []
-        for q, (shape, o) in enumerate(zip(out_shapes, self.fusion.outputs)):
-            dt, alias, strides = torch_dtype(o.dtype), self.fusion.aliases.get(q), tuple(out_strides[q])
-            if strides == _strides_in_order(shape, range(len(shape))):
-                p.out_specs.append((shape or ((),), dt, None, alias))
-            else:
-                p.out_specs.append((shape, dt, strides, alias))
-        p.plain_outs = all(st is None and a is None for _, _, st, a in p.out_specs)
-        ev = {name: env[name] for name in env}
-        p.grid = tuple(
-            _launch_dim(k.launch.get(pt), ev)
-            for pt in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)
-        )
-        p.block = tuple(
-            _launch_dim(k.launch.get(pt), ev)
-            for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
-        )
-        p.smem = int(evaluate(k.smem_bytes, ev)) if not isinstance(k.smem_bytes, int) else k.smem_bytes
-        if p.smem > info.smem_per_block:
-            raise CircbufError(
-                f"{ck.name} needs {p.smem} bytes of shared memory; the limit per block is {info.smem_per_block}"
-            )
-        p.empty = _any_output_empty(out_shapes) or 0 in p.grid
-        if max(p.grid[1:]) > 65535 or p.grid[0] > _INT32_LIMIT:
-            raise CircbufError(f"grid {p.grid} exceeds the launch limits")
-        knobs.dump("launch", f"{ck.name}: grid {p.grid} block {p.block} smem {p.smem}")
-        # argument buffer: each tensor param is {T* data; index_t size[N]; index_t stride[N]}
-        ifmt = "i" if k.index_type == DataType.Int32 else "q"
-        blobs, p.ptr_offsets, p.scalar_slots = [], [], []
-        tensors = [t for t in info.tensors if t is not None]
-        sizes_strides = [(t.sizes, t.strides) for t in tensors]
-        sizes_strides += list(zip(out_shapes, out_strides))
-        off = 0
-        for sizes, strides in sizes_strides:
-            blob = struct.pack(f"<Q{len(sizes)}{ifmt}{len(sizes)}{ifmt}", 0, *sizes, *strides)
-            blob += b"\0" * (-len(blob) % 8)
-            p.ptr_offsets.append(off)
-            blobs.append((off, blob))
-            off += len(blob)
-        scal_pos = [i for i, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
-        for pos in scal_pos:
-            v = self.fusion.inputs[pos]
-            fmt = {
-                DataType.Double: "<d",
-                DataType.Float: "<f",
-                DataType.Int64: "<q",
-                DataType.Int32: "<i",
-                DataType.Bool: "<?",
-            }[v.dtype]
-            p.scalar_slots.append((pos, fmt, off))
-            blobs.append((off, b"\0" * 8))
-            off += 8
-        p.tmaps, p.hang, off = self._pack_tensor_maps_and_hang_record(
-            ck, info, out_shapes, out_strides, blobs, off
-        )
-        p.name = ck.name
-        p.argbuf = ctypes.create_string_buffer(max(off, 8) + (-max(off, 8) % 8))
-        for o, blob in blobs:
-            ctypes.memmove(ctypes.addressof(p.argbuf) + o, blob, len(blob))
-        base = ctypes.addressof(p.argbuf)
-        p.argptrs = (ctypes.c_void_p * max(len(blobs), 1))(*[base + o for o, _ in blobs])
-        p.args_addr = ctypes.addressof(p.argptrs)
-        p.ptr_slots = (ctypes.c_uint64 * (len(p.argbuf) // 8)).from_buffer(p.argbuf)
-        p.ptr_offsets = [o // 8 for o in p.ptr_offsets]
-        p.tensor_inputs = self._tensor_inputs
-        p.finish = self._finish(env)
-        return p
-
-    def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, out_strides, blobs, off):
-        """Tensor maps and the hang record follow the scalars in the parameters."""
-        k = ck.kernel
-        maps = []
-        tpos = self._tpos
-        for spec in k.tensor_maps:
-            from .tensormap import check_map, map_geometry
-
-            if spec.param >= len(tpos):  # an output, allocated contiguous by the plan
-                o = spec.param - len(tpos)
-                name = self.fusion.outputs[o].name
-                shape = list(out_shapes[o])
-                strides = list(out_strides[o])
-                item = self.fusion.outputs[o].dtype.size
-                if not _any_output_empty(out_shapes):
-                    dims, gstr, box = map_geometry(spec, shape, strides, item)
-                    check_map(name, 256, dims, gstr, box, item)
-                maps.append(_MapSlot(spec, -1, off, name, output=o))
-            else:
-                name = self.fusion.inputs[tpos[spec.param]].name
-                t = info.tensors[tpos[spec.param]]
-                if not _any_output_empty(out_shapes):
-                    dims, gstr, box = map_geometry(spec, t.sizes, t.strides, t.itemsize)
-                    check_map(name, t.align, dims, gstr, box, t.itemsize)
-                maps.append(_MapSlot(spec, tpos[spec.param], off, name))
-            blobs.append((off, b"\0" * 128))
-            off += 128
-        hang = None
-        if k.hang_record:
-            if not _any_output_empty(out_shapes):  # an empty plan launches nothing: no record to read
-                import torch
-
-                hang = torch.zeros(4, dtype=torch.int32, pin_memory=True)
-            blobs.append((off, struct.pack("<Q", 0 if hang is None else hang.data_ptr())))
-            off += 8
-        return maps, hang, off
-
-
-def _any_output_empty(out_shapes) -> bool:
-    """Some output has no elements: nothing to launch, no tensor map to check."""
-    return any(0 in s for s in out_shapes)
-
-
 _PROPS: dict = {}
 
 
-def _device_props(device):
+def device_props(device):
     """(SM count, opt-in shared memory per block) of a CUDA device, cached."""
     import torch
 
@@ -630,7 +256,7 @@ def _device_props(device):
     return _PROPS[idx]
 
 
-def _check_hang(plan, record):
+def check_hang(plan, record):
     """CIRCBUF_DEBUG_HANG: wait for the kernel; a trapped barrier wait becomes a CircbufError."""
     import torch
 
@@ -649,122 +275,7 @@ def _check_hang(plan, record):
         raise
 
 
-def _check_target(kernel, arch: str):
-    """Refuse, by name, a target without what the kernel's instructions need
-    (TMA and mbarrier waits: sm_90; setmaxnreg: an arch-specific sm_90a)."""
-    from .nvrtc import parse_arch
-
-    sm, suffix = parse_arch(arch)  # the device's arch too: NVRTC may not know a newer GPU
-    unmet: dict = {}  # requirement -> what needs it
-    for need in target_needs(kernel):
-        if not need.allows(sm, suffix):
-            unmet.setdefault(str(need), []).append(need.what)
-    if unmet:
-        uses = "; ".join(
-            f"uses {', '.join(whats)}, which {'needs' if len(whats) == 1 else 'need'} {req}"
-            for req, whats in unmet.items()
-        )
-        raise CircbufError(
-            f"arch={arch!r}: {kernel.name} {uses}; compile for sm_90a, or schedule the fusion "
-            "without them (e.g. fd.fusion.schedule(tma=False))"
-        )
-
-
-def _dump_pass(name, kernel):
-    if "passes" in knobs.dump_stages():  # the kernel IR is printed only when asked for
-        knobs.dump("passes", f"after {name}:\n{kernel}")
-
-
-def _launch_dim(ext, env) -> int:
-    return 1 if ext is None else int(evaluate(ext, env))
-
-
-def _shape_scalar_positions(fusion: Fusion) -> list[int]:
-    """Positions of the scalar inputs some extent is built from: a launch
-    plan holds for their values only."""
-    from ..ir.scalar import free_vars
-
-    names: dict = {}
-    for tv in fusion.tvs:
-        for i in tv.logical + tv.domain.view_ids():
-            free_vars(i.extent, names)
-            if i.expanded_extent is not None:
-                free_vars(i.expanded_extent, names)
-    for e in fusion.derived_extents.values():
-        free_vars(e, names)
-    for a, b in fusion.extent_equalities:
-        free_vars(a, names)
-        free_vars(b, names)
-    return [k for k, x in enumerate(fusion.inputs) if isinstance(x, Var) and x.name in names]
-
-
-def _layout_of(sizes, strides) -> tuple:
-    """(memory order, contiguity) of a tensor with these sizes and strides,
-    as the kernel is specialized for: row-major when the axes of size > 1
-    are in row-major stride order, else those axes by decreasing stride and
-    size-1 axes innermost; an axis is contiguous when its stride is the next
-    inner axis' stride times that axis' size (size-1 axes always are).
-
-    >>> _layout_of((2, 3, 4, 5), (60, 1, 15, 3))   # channels-last
-    ((0, 2, 3, 1), (True, True, True, True))
-    """
-    n = len(sizes)
-    big = [d for d in range(n) if sizes[d] > 1]
-    by_stride = sorted(big, key=lambda d: -strides[d])
-    if by_stride == big:
-        order = tuple(range(n))
-    else:
-        order = tuple(by_stride + [d for d in range(n) if sizes[d] <= 1])
-    contig = [True] * n
-    expect = 1
-    for d in reversed(order):
-        if sizes[d] > 1:
-            contig[d] = strides[d] == expect
-        expect = strides[d] * sizes[d] if sizes[d] > 1 else expect * max(sizes[d], 1)
-    return order, tuple(contig)
-
-
-def _strides_in_order(shape, order) -> tuple:
-    """Dense strides of ``shape`` laid out in ``order`` (outermost first)."""
-    out = [0] * len(shape)
-    s = 1
-    for d in reversed(order):
-        out[d] = s
-        s *= max(shape[d], 1)
-    return tuple(out)
-
-
-def _check_contiguity(label, d: TensorView, x) -> None:
-    """The tensor's strides keep the definition's promises: each axis declared
-    contiguous (contiguity is in stride order, outermost first) has the next
-    inner axis' stride times that axis' size (1 for the innermost)."""
-    order = d.domain.allocation_order()
-    contig = d.domain.contiguity
-    expect = 1
-    for pos in range(len(order) - 1, -1, -1):
-        a = order[pos]
-        size = x.shape[a]
-        if contig[pos] is True and size > 1 and x.stride(a) != expect:
-            where = f" (contiguity[{pos}], in stride order)" if d.domain.stride_order is not None else ""
-            raise CircbufError(
-                f"{label}: axis {a} is defined contiguous but its stride is {x.stride(a)}, "
-                f"not {expect}{where}"
-            )
-        if size > 1:
-            expect = x.stride(a) * size
-
-
-def _default_arch() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            from .driver import device_arch
-
-            return device_arch()
-    except Exception:  # noqa: BLE001 - no usable GPU: build for Hopper
-        pass
-    return "sm_90a"
-
-
-__all__ = ["FusionExecutor", "CompiledKernel", "TensorView", "check_overrides"]
+__all__ = [
+    "CompiledFusion", "CompiledKernel", "MapSlot", "Plan", "SegmentedPlan", "check_hang", "device_props",
+    "torch_dtype",
+]  # fmt: skip

@@ -31,8 +31,6 @@ reduction scheduler: correct, not fast.
 
 from __future__ import annotations
 
-import copy
-
 from ..ir import (
     ELEMENTWISE,
     BinaryOp,
@@ -88,13 +86,10 @@ class MatmulScheduler:
         if not cs:
             return "fusion has no matmul"
         if len(cs) > 1:
-            return f"{len(cs)} matmuls in one fusion (each needs its own kernel: fusion segmentation, not built yet)"
+            return f"{len(cs)} matmuls in one fusion (each runs in a kernel of its own)"
         for e in fusion.exprs():
             if isinstance(e, ReductionOp):
-                return (
-                    f"a reduction ({e.out.name}) next to a matmul needs a second kernel "
-                    "(fusion segmentation, not built yet)"
-                )
+                return f"a reduction ({e.out.name}) next to a matmul needs a kernel of its own"
             if not isinstance(e, (*_EPILOGUE, MatmulOp, LinearOp)):
                 return f"{type(e).__name__} {e.out.name} cannot be part of a matmul's epilogue"
         return None
@@ -115,7 +110,7 @@ class MatmulScheduler:
             )
         from .reduction import ReductionScheduler
 
-        f2 = copy.deepcopy(fusion)
+        f2 = fusion.clone()
         decompose(f2)
         why2 = ReductionScheduler.can_schedule(f2)
         if why2:

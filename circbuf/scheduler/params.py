@@ -12,6 +12,15 @@ class Params:
         body = "\n".join(f"  {f.name}: {getattr(self, f.name)}" for f in fields(self))
         return f"===== {self.name} =====\n{body}\n"
 
+    def brief(self) -> str:
+        """One line, per-tensor flags left out.
+
+        >>> PointwiseParams(vectorize=8, vectorize_inputs=(True,)).brief()
+        'Pointwise params: vectorize=8, unroll=1, threads=128'
+        """
+        vals = [(f.name, getattr(self, f.name)) for f in fields(self)]
+        return f"{self.name}: " + ", ".join(f"{k}={v}" for k, v in vals if not isinstance(v, tuple))
+
 
 @dataclass(frozen=True)
 class PointwiseParams(Params):

@@ -26,8 +26,13 @@ SCHEDULERS = [
 ]
 
 
+class Unschedulable(CircbufError):
+    """No one scheduler takes the whole fusion (the compile driver segments it)."""
+
+
 def candidates(fusion: Fusion):
-    """Schedulers that accept the fusion's structure, in order of preference."""
+    """Schedulers that accept the fusion's structure, in order of preference;
+    raises :class:`Unschedulable` when none does."""
     reasons, out = [], []
     for sched, overrides in SCHEDULERS:
         why = sched.can_schedule(fusion)
@@ -36,7 +41,7 @@ def candidates(fusion: Fusion):
         else:
             reasons.append(f"{sched.name}: {why}")
     if not out:
-        raise CircbufError("no scheduler can take this fusion (" + "; ".join(reasons) + ")")
+        raise Unschedulable("no scheduler can take this fusion (" + "; ".join(reasons) + ")")
     return out
 
 
@@ -101,8 +106,8 @@ def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
     with the overrides it does not know dropped (e.g. ``stages`` when the rows
     cannot be staged by TMA)."""
     check_distinct_axes(fusion)
+    cands = candidates(fusion)  # first: a fusion no one scheduler takes is segmented, each segment checked
     check_aliases(fusion)
-    cands = candidates(fusion)
     overrides, notes = _rename(cands, overrides)  # fusions not built by a FusionDefinition
     for note in notes:
         warnings.warn(note, DeprecationWarning, stacklevel=2)

@@ -120,9 +120,9 @@ def bind_axis_extents(fusion: Fusion, env: dict) -> None:
     unified (the kernel is compiled for them being equal; every new input
     signature is checked here again). Two outputs of different extents that
     share a broadcast input (an [1, 2, 3] tensor added to both an
-    [1, 4, 2, 3] and an [1, 5, 2, 3] one) break that; until fusion
-    segmentation runs them as separate kernels, that is an error naming
-    both axes, never a kernel sized for one of them.
+    [1, 4, 2, 3] and an [1, 5, 2, 3] one) break that: an error naming
+    both axes, never a kernel sized for one of them (segmentation splits a
+    fusion by its structure, before sizes are known).
 
     >>> # bind_axis_extents(fusion, {"i0": 4, "i3": 4})   # i3 becomes i0
     """
@@ -142,8 +142,7 @@ def bind_axis_extents(fusion: Fusion, env: dict) -> None:
                 raise CircbufError(
                     f"axis {first[2]} of {first[1].name} (extent {first[0]}) and axis {d} of {tv.name} "
                     f"(extent {v}) are one axis of the fusion, joined through a broadcast, but their "
-                    "extents differ: one kernel cannot cover both (this needs fusion segmentation, "
-                    "not built yet; define them in separate fusions)"
+                    "extents differ: one kernel cannot cover both (define them in separate fusions)"
                 )
             if ext != first[3] and isinstance(ext, Var) and isinstance(first[3], Var):
                 fusion.extent_equalities.append((first[3], ext))

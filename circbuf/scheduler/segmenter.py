@@ -1,0 +1,488 @@
+"""Fusion segmentation: a fusion no one scheduler takes, split into the
+fewest segments the schedulers can take, each a standalone Fusion whose
+inputs are fusion inputs or tensors an earlier segment writes to global
+memory.
+
+>>> import circbuf as cb
+>>> with cb.FusionDefinition() as fd:
+...     x = fd.define_tensor([-1, -1])
+...     fd.add_output(fd.ops.sum(x, [0]))
+...     fd.add_output(fd.ops.sum(x, [1]))
+>>> print(segment(fd.fusion))
+segment 0 (outer_reduction): T1 = sum(T0, dims=[0], init=0.0)
+segment 1 (normalization): T2 = sum(T0, dims=[1], init=0.0)
+
+The merge, in the spirit of nvFuser's FusionSegmenter: start from one group
+per expr; repeatedly merge the pair of neighbouring groups whose merge saves
+the most global traffic (a producer and its consumer save a write and a
+read of the tensor between them; two consumers of one tensor save a read)
+while some scheduler's ``can_schedule`` takes the merged group and the
+group graph stays acyclic. Ties go to the earlier exprs, so the result is
+deterministic for a fusion. Structural only: no input sizes are needed.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from ..ir import CircbufError, Fusion, TensorView, Var
+from ..ir.fusion import _elementwise_layout
+from ..ir.nodes import ELEMENTWISE, MemoryType, TensorDomain
+from ..ir.scalar import free_vars
+from .utils import check_aliases
+
+
+@dataclass
+class Segment:
+    """One kernel's worth of a fusion.
+
+    ``fusion``: standalone, scheduled and compiled like any fusion;
+    ``inputs[k]``: where its input ``k`` comes from, ``("input", j)`` (the
+    original fusion's input ``j``), ``("tensor", name)`` (an earlier
+    segment's output, by its name in the original fusion) or
+    ``("extent", name)`` (a size of the whole fusion none of the segment's
+    tensors carries, passed as a scalar);
+    ``outputs[k]``: the original fusion's name of its output ``k``;
+    ``scheduler``: the first scheduler that takes it (a later one may run
+    it when the first declines the input sizes)."""
+
+    fusion: Fusion
+    inputs: list
+    outputs: list
+    scheduler: str
+    math: list  # its exprs, printed
+
+    def __str__(self):
+        return f"({self.scheduler}): " + "; ".join(self.math)
+
+
+class SegmentedFusion:
+    """Segments in execution order, and how the original fusion's returns
+    come out of them: ``returns[k]`` is ``("input", j)`` or ``("tensor", name)``.
+    ``last_use[name]``: the segment after which an intermediate is dead."""
+
+    def __init__(self, fusion: Fusion, segments: list[Segment]):
+        self.segments = segments
+        self.returns = [
+            ("tensor", fusion.outputs[k].name) if kind == "output" else (kind, k)
+            for kind, k in fusion.returns
+        ]
+        keep = {name for kind, name in self.returns if kind == "tensor"}
+        keep |= {fusion.outputs[k].name for k in fusion.aliases}
+        self.last_use: dict[str, int] = {}
+        for s, seg in enumerate(segments):
+            for kind, name in seg.inputs:
+                if kind == "tensor" and name not in keep:
+                    self.last_use[name] = s
+
+    def __len__(self):
+        return len(self.segments)
+
+    def __str__(self):
+        return "\n".join(f"segment {k} {seg}" for k, seg in enumerate(self.segments))
+
+
+def schedulers_taking(fusion: Fusion) -> list:
+    """Names of the schedulers whose ``can_schedule`` takes ``fusion``."""
+    from .registry import SCHEDULERS
+
+    return [s.name for s, _ in SCHEDULERS if s.can_schedule(fusion) is None]
+
+
+def segment(fusion: Fusion) -> SegmentedFusion:
+    """Partition ``fusion`` into segments the schedulers take (see the module
+    docstring). Raises CircbufError naming an expr no scheduler takes even
+    alone."""
+    exprs = fusion.exprs()
+    n = len(exprs)
+    pos = {id(e): k for k, e in enumerate(exprs)}
+    made_by = {id(t): pos[id(e)] for e in exprs for t in e.outputs}
+    # tensor edges: (producer expr or None for an input, consumer expr, tensor)
+    reads: list[tuple] = []
+    for k, e in enumerate(exprs):
+        for t in e.tv_inputs():
+            reads.append((made_by.get(id(t)), k, t))
+
+    # an input written in place: every other reader of it runs before the writer
+    in_place = [(j, pos[id(fusion.outputs[k].definition)]) for k, j in fusion.aliases.items()]
+
+    verdicts: dict[tuple, list] = {}
+
+    def takers(group: frozenset, outputs=None) -> list:
+        key = (group, outputs)
+        if key not in verdicts:
+            f2 = _view(fusion, exprs, sorted(group), outputs)
+            ok = schedulers_taking(f2)
+            if ok and f2.aliases:
+                try:
+                    check_aliases(f2)  # an in-place output no kernel can write with these readers
+                except CircbufError:
+                    ok = []
+            verdicts[key] = ok
+        return verdicts[key]
+
+    for k, e in enumerate(exprs):
+        if not schedulers_taking(_view(fusion, exprs, [k])):
+            from .registry import SCHEDULERS
+
+            f1 = _view(fusion, exprs, [k])
+            why = "; ".join(f"{s.name}: {s.can_schedule(f1)}" for s, _ in SCHEDULERS)
+            raise CircbufError(f"no scheduler can take this fusion (nor {e} as a kernel of its own: {why})")
+
+    group_of = list(range(n))  # expr -> group id (the group's first expr)
+    members = {k: frozenset([k]) for k in range(n)}
+
+    rank = {id(t): _size_rank(t) for _, _, t in reads}
+    readers: dict[int, list] = {}
+    for _, c, t in reads:
+        readers.setdefault(id(t), []).append(c)
+
+    def group_edges():
+        """(group a, group b) pairs whose merge saves traffic, most first
+        (ties: earlier groups first)."""
+        best: dict[tuple, tuple] = {}
+        for p, c, t in reads:
+            if p is not None and group_of[p] != group_of[c]:
+                key = (min(group_of[p], group_of[c]), max(group_of[p], group_of[c]))
+                best[key] = max(best.get(key, (0, 0, 0)), (2,) + rank[id(t)])
+        for tid, cs in readers.items():  # readers of one tensor: one read less (neighbours in order)
+            gs = sorted({group_of[c] for c in cs})
+            for a, b in zip(gs, gs[1:]):
+                best[(a, b)] = max(best.get((a, b), (0, 0, 0)), (1,) + rank[tid])
+        return sorted(best, key=lambda ab: (tuple(-x for x in best[ab]), ab))
+
+    def successors() -> dict:
+        """Group -> groups that must run after it (data, and readers before an in-place writer)."""
+        succ: dict[int, set] = {}
+        for p, c, _ in reads:
+            if p is not None and group_of[p] != group_of[c]:
+                succ.setdefault(group_of[p], set()).add(group_of[c])
+        for j, w in in_place:
+            for p, c, t in reads:
+                if p is None and t is fusion.inputs[j] and group_of[c] != group_of[w]:
+                    succ.setdefault(group_of[c], set()).add(group_of[w])
+        return succ
+
+    def reaches(succ: dict, a: int, b: int) -> bool:
+        """A path from group a to group b through some other group."""
+        todo = [x for x in succ.get(a, ()) if x != b]
+        seen = set(todo)
+        while todo:
+            x = todo.pop()
+            if x == b:
+                return True
+            for y in succ.get(x, ()):
+                if y not in seen:
+                    seen.add(y)
+                    todo.append(y)
+        return False
+
+    merged = True
+    while merged:
+        merged = False
+        succ = successors()
+        for a, b in group_edges():
+            if reaches(succ, a, b) or reaches(succ, b, a):
+                continue  # merging would put a group between the two halves of one segment
+            group = members[a] | members[b]
+            if not takers(group):
+                continue
+            keep, drop = min(a, b), max(a, b)
+            members[keep] = group
+            del members[drop]
+            for k in group:
+                group_of[k] = keep
+            merged = True
+            break
+
+    order = _order(fusion, exprs, reads, members, group_of)
+    extra = _forward(fusion, exprs, made_by, members, group_of, takers)
+    segments = []
+    for g in order:
+        outs = _outputs(fusion, exprs, reads, members, group_of, extra, g)
+        if not outs:
+            continue  # every reader of what it makes recomputes it
+        f2, ins, out_names = _cut(fusion, sorted(members[g] | extra[g]), outs)
+        math = [
+            str(exprs[k]) + (" (recomputed from an input)" if k in extra[g] else "")
+            for k in sorted(members[g] | extra[g])
+        ]
+        segments.append(Segment(f2, ins, out_names, takers(members[g] | extra[g], outs)[0], math))
+    return SegmentedFusion(fusion, segments)
+
+
+def _forward(fusion: Fusion, exprs, made_by: dict, members: dict, group_of: list, takers) -> dict:
+    """Input forwarding: elementwise exprs of one fusion input (a cast to
+    fp32, an exp) are recomputed in each segment that reads their result
+    when the input is no bigger per element, instead of that segment reading
+    a tensor another segment wrote. Returns group -> exprs it recomputes (a
+    group keeps none when it would then not be schedulable)."""
+    written = {j for j in fusion.aliases.values()}  # in place: read before the write only
+    root: dict[int, int] = {}  # forwardable expr -> bytes per element of its fusion input
+    for k, e in enumerate(exprs):
+        tvs = e.tv_inputs()
+        if isinstance(e, ELEMENTWISE) and len(tvs) == 1 and len(e.outputs) == 1:
+            src = tvs[0]
+            if src.definition is None:
+                if any(src is fusion.inputs[j] for j in written):
+                    continue
+                root[k] = src.dtype.size
+            elif made_by[id(src)] in root:
+                root[k] = root[made_by[id(src)]]
+    extra: dict[int, frozenset] = {}
+    for g, mem in members.items():
+        want: set = set()
+        todo = [
+            made_by[id(t)]
+            for k in mem
+            for t in exprs[k].tv_inputs()
+            if id(t) in made_by and made_by[id(t)] not in mem
+        ]
+        todo = [p for p in todo if p in root and root[p] <= exprs[p].outputs[0].dtype.size]
+        while todo:
+            p = todo.pop()
+            if p in want or p in mem:
+                continue
+            want.add(p)
+            src = exprs[p].tv_inputs()[0]
+            if src.definition is not None:
+                todo.append(made_by[id(src)])
+        extra[g] = frozenset(want)
+    for g in members:
+        if extra[g] and not takers(
+            members[g] | extra[g], _outputs(fusion, exprs, None, members, group_of, extra, g)
+        ):
+            extra[g] = frozenset()
+    return extra
+
+
+def _outputs(fusion: Fusion, exprs, reads, members: dict, group_of: list, extra: dict, g: int) -> frozenset:
+    """Names of the tensors group ``g`` writes: those its own exprs make that
+    the fusion returns, or that an expr of another group reads without
+    recomputing them."""
+    returned = {t.name for t in fusion.outputs}
+    own = {t.name for k in members[g] for t in exprs[k].outputs}
+    out = own & returned
+    for h, mem in members.items():
+        if h == g:
+            continue
+        made_there = {t.name for k in mem | extra.get(h, frozenset()) for t in exprs[k].outputs}
+        for k in mem | extra.get(h, frozenset()):
+            for t in exprs[k].tv_inputs():
+                if t.name in own and t.name not in made_there:
+                    out.add(t.name)
+    return frozenset(out)
+
+
+def _size_rank(t: TensorView) -> tuple:
+    """How big a tensor is, without sizes: (axes that are neither broadcast
+    nor reduced, bytes per element)."""
+    return (sum(not i.is_broadcast for i in t.domain.no_reductions()), t.dtype.size)
+
+
+def _order(fusion: Fusion, exprs, reads, members: dict, group_of: list) -> list[int]:
+    """Groups in execution order: each after the groups it reads from, and a
+    group that writes an output in place into an input after every other
+    group that reads that input; earlier exprs first among the ready ones."""
+    before: dict[int, set] = {g: set() for g in members}
+    for p, c, _ in reads:
+        if p is not None and group_of[p] != group_of[c]:
+            before[group_of[c]].add(group_of[p])
+    readers: dict[int, set] = {}
+    for p, c, t in reads:
+        if p is None and t in fusion.inputs:
+            readers.setdefault(fusion.inputs.index(t), set()).add(group_of[c])
+    writes: dict[int, int] = {}
+    for k, j in fusion.aliases.items():
+        d = fusion.outputs[k].definition
+        writes[j] = group_of[exprs.index(d)]
+        before[writes[j]] |= readers.get(j, set()) - {writes[j]}
+    order: list[int] = []
+    while len(order) < len(members):
+        ready = [g for g in sorted(members) if g not in order and before[g] <= set(order)]
+        if not ready:
+            j = next(j for j, w in writes.items() if w not in order)
+            raise CircbufError(
+                f"{fusion.inputs[j].name} is written in place (alias_input) by a kernel whose "
+                f"inputs need another kernel that reads {fusion.inputs[j].name}: no order of the "
+                "segments reads it before it is written; add that output without alias_input"
+            )
+        order.append(ready[0])
+    return order
+
+
+def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None) -> Fusion:
+    """What ``_cut`` makes, for asking the schedulers' ``can_schedule`` only:
+    new TensorViews and exprs for the group, sharing the original's axes (no
+    deep copy, so a verdict costs the group's size, not the fusion's; nothing
+    here may be scheduled or lowered)."""
+    group = [exprs[k] for k in positions]
+    gid = {id(e) for e in group}
+    live = {id(e) for e in exprs}
+    returned = {id(t) for t in fusion.outputs}
+    f2 = Fusion()
+    new: dict[int, TensorView] = {}
+
+    def tv(t: TensorView) -> TensorView:
+        if id(t) not in new:
+            t2 = copy.copy(t)
+            t2.uses, t2.definition, t2.fusion = [], None, f2
+            if t.definition is not None and id(t.definition) not in gid:  # from another segment
+                t2.is_input = True
+                t2.memory_type = MemoryType.Global
+                t2.domain = TensorDomain(t.domain.no_reductions(), stride_order=_layout(t))
+            new[id(t)] = t2
+        return new[id(t)]
+
+    for e in group:
+        e2 = copy.copy(e)
+        e2.inputs = [tv(x) if isinstance(x, TensorView) else x for x in e.inputs]
+        e2.outputs = [tv(o) for o in e.outputs]
+        for o in e2.outputs:
+            o.definition = e2
+        for x in e2.tv_inputs():
+            x.uses.append(e2)
+    alias_of = {id(fusion.outputs[k]): fusion.inputs[j] for k, j in fusion.aliases.items()}
+    outs = []
+    for e in group:
+        for o in e.outputs:
+            if outputs is None:
+                wanted = id(o) in returned or any(id(u) in live and id(u) not in gid for u in o.uses)
+            else:
+                wanted = o.name in outputs
+            if wanted:
+                outs.append(o)
+    f2.inputs = [
+        new[id(x)] if id(x) in new else x for x in fusion.inputs if isinstance(x, Var) or id(x) in new
+    ]
+    f2.inputs += [t2 for t2 in new.values() if t2.is_input and t2 not in f2.inputs]
+    for o in outs:
+        o2 = new[id(o)]
+        o2.memory_type = MemoryType.Global
+        f2.outputs.append(o2)
+        f2.returns.append(("output", len(f2.outputs) - 1))
+        if id(o) in alias_of:
+            x = alias_of[id(o)]
+            if id(x) not in new:  # written in place, not read: still a parameter
+                new[id(x)] = tv(x)
+                f2.inputs.append(new[id(x)])
+            f2.aliases[len(f2.outputs) - 1] = f2.inputs.index(new[id(x)])
+    f2.tvs = f2.used_tvs()
+    f2.extent_vars = fusion.extent_vars
+    f2.extent_equalities = fusion.extent_equalities
+    f2.derived_extents = fusion.derived_extents
+    return f2
+
+
+def _cut(fusion: Fusion, positions: list[int], outputs=None):
+    """A standalone copy of ``fusion`` holding the exprs at ``positions`` of
+    ``fusion.exprs()``: tensors they read from other exprs become inputs
+    (reduced axes dropped, dense, in the producer's layout); the tensors named
+    in ``outputs`` (default: those read by other exprs or returned) become
+    outputs; sizes its math or shapes use that no input tensor carries come
+    in as scalars. Returns (fusion, input sources, output names)."""
+    orig_exprs = fusion.exprs()
+    f2 = fusion.clone()
+    f2.check_overrides = None
+    ex2 = f2.exprs()
+    group = [ex2[k] for k in sorted(positions)]
+    gid = {id(e) for e in group}
+    live = {id(e) for e in ex2}
+    orig_outputs = {t.name for t in fusion.outputs}
+    layouts = {t.name: t for e in orig_exprs for t in e.outputs}
+
+    boundary, used_inputs = [], set()
+    for e in group:
+        for t in e.tv_inputs():
+            if t.definition is None:
+                used_inputs.add(id(t))
+            elif id(t.definition) not in gid and all(t is not b for b in boundary):
+                boundary.append(t)
+    alias_of = {f2.outputs[k].name: f2.inputs[j] for k, j in f2.aliases.items()}
+    outs = []
+    for e in group:
+        for t in e.outputs:
+            if outputs is None:
+                wanted = t.name in orig_outputs or any(id(u) in live and id(u) not in gid for u in t.uses)
+            else:
+                wanted = t.name in outputs
+            if wanted:
+                outs.append(t)
+                if t.name in alias_of:
+                    used_inputs.add(id(alias_of[t.name]))
+
+    # inputs: the original tensors it reads, the tensors of other segments,
+    # then scalars (below)
+    scalars = [(j, x) for j, x in enumerate(f2.inputs) if isinstance(x, Var)]
+    sources = [("input", j) for j, x in enumerate(f2.inputs) if id(x) in used_inputs]
+    new_inputs = [x for x in f2.inputs if id(x) in used_inputs]
+    for t in boundary:
+        orig = layouts[t.name]
+        t.definition = None
+        t.is_input = True
+        t.memory_type = MemoryType.Global
+        t.domain = TensorDomain(t.domain.no_reductions(), stride_order=_layout(orig))
+        new_inputs.append(t)
+        sources.append(("tensor", t.name))
+    f2.inputs = new_inputs
+    f2.outputs, f2.returns, f2.aliases = [], [], {}
+    for t in outs:
+        if t.name in alias_of:
+            f2.add_output(t, alias_input=alias_of[t.name])
+        else:
+            f2.add_output(t)
+            t.domain.stride_order = _layout(layouts[t.name])  # as the next segment reads it
+    for t in f2.used_tvs():
+        t.uses = [u for u in t.uses if id(u) in gid]
+    f2.tvs = f2.used_tvs()
+
+    # sizes: each name once, from a tensor that carries it, else a scalar
+    # input of the fusion, else the whole fusion's sizes (("extent", name):
+    # a mean's row length, the rows a reduction removed)
+    carried = {i.extent.name for x in f2.inputs for i in x.logical if isinstance(i.extent, Var)}
+    needed: dict = {}
+    for t in f2.used_tvs():
+        if t.is_input:
+            continue
+        for i in t.logical + t.domain.view_ids():
+            free_vars(i.extent, needed)
+            if i.expanded_extent is not None:
+                free_vars(i.expanded_extent, needed)
+    for e in group:
+        for x in e.inputs:
+            if not isinstance(x, TensorView):
+                free_vars(x, needed)
+    bound = set(carried)
+    for j, v in scalars:
+        if v.name in needed and v.name not in bound:
+            f2.inputs.append(v)
+            sources.append(("input", j))
+            bound.add(v.name)
+    derived = {}
+    for name, e in f2.derived_extents.items():
+        if name in bound:
+            continue
+        if set(free_vars(e)) <= bound:
+            derived[name] = e
+            bound.add(name)
+        elif name in needed:
+            f2.inputs.append(Var(name))
+            sources.append(("extent", name))
+            bound.add(name)
+    for name, v in needed.items():
+        if name not in bound:
+            f2.inputs.append(v)
+            sources.append(("extent", name))
+            bound.add(name)
+    f2.derived_extents = derived
+    f2.extent_equalities = [
+        (a, b) for a, b in f2.extent_equalities if set(free_vars(a)) | set(free_vars(b)) <= bound
+    ]
+    return f2, sources, [t.name for t in f2.outputs]
+
+
+def _layout(t: TensorView):
+    """The stride order a tensor between segments is written and read in:
+    its own, else the one it inherits elementwise from the fusion's inputs."""
+    return t.domain.stride_order if t.domain.stride_order is not None else _elementwise_layout(t)
