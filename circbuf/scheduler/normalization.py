@@ -22,6 +22,8 @@ plain reduction scheduler.
 
 from __future__ import annotations
 
+import os
+
 from ..ir import (
     BroadcastOp,
     CircbufError,
@@ -54,7 +56,9 @@ from .utils import (
     tma_ring,
 )
 
-OVERRIDES = ("stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "rows_in_registers")
+OVERRIDES = (
+    "stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "rows_in_registers", "blocks_per_sm",
+)  # fmt: skip
 MAX_REGISTER_ROW = 32  # row elements a thread keeps in registers (64 spilled at 512 threads)
 SMEM_BUDGET = 200 * 1024  # leave room for reduction scratch and barriers
 MAX_BOX = 256
@@ -105,7 +109,11 @@ class NormalizationScheduler:
         threads = overrides.get("threads")
         if threads is None:
             threads = 32
-            while threads < 512 and threads * vec * 4 < R:
+            # up to 1024 threads: a row of 32768 bf16 elements is 32 per thread, held in registers
+            # (seen spilling 16 bytes at the 64-register cap of 1024 threads: layer_norm, whose
+            # weight and bias add live values per element; such fusions stay at 512)
+            most = 1024 if len(fusion.inputs) - len(cands) <= 1 else 512
+            while threads < (512 if os.environ.get("CIRCBUF_NORM_OLD") else most) and threads * vec * 4 < R:
                 threads *= 2
         y = overrides.get("rows")
         if y is None:
@@ -137,8 +145,38 @@ class NormalizationScheduler:
                     f"schedule(stages={stages}): {stages} x {stage_bytes} bytes of row buffers exceed shared memory"
                 )
             return None
-        per_sm = max(1, min(228 * 1024 // (stages * stage_bytes + 2048), 2048 // (threads * y)))
+        # CTAs per SM: shared memory, threads, and registers (a row in registers takes
+        # about one register per element on top of ~32 for indices and reductions;
+        # __launch_bounds__ caps the kernel at this many, so the grid is all resident)
+        regs = (
+            (per_thread * 3 // 2 + 32 if in_regs else 56)
+            if not (os.environ.get("CIRCBUF_NORM_NOBOUND") or os.environ.get("CIRCBUF_NORM_OLD"))
+            else 8
+        )
+        regs = -(-regs // 8) * 8
+        per_sm = max(
+            1,
+            min(
+                228 * 1024 // (stages * stage_bytes + 2048),
+                2048 // (threads * y),
+                65536 // (threads * y * regs),
+            ),
+        )
+        bound = 0 if os.environ.get("CIRCBUF_NORM_NOBOUND") or os.environ.get("CIRCBUF_NORM_OLD") else per_sm
+        if "blocks_per_sm" in overrides:
+            per_sm = bound = overrides["blocks_per_sm"]
+            if not isinstance(per_sm, int) or not 1 <= per_sm * threads * y <= 2048:
+                raise CircbufError(
+                    f"schedule(blocks_per_sm={per_sm}): {threads * y} threads per CTA allow 1 to {2048 // (threads * y)}"
+                )
+            if per_sm * (stages * stage_bytes + 2048) > 228 * 1024:
+                raise CircbufError(
+                    f"schedule(blocks_per_sm={per_sm}): {per_sm} x {stages} x {stage_bytes} bytes of row buffers "
+                    "exceed an SM's shared memory"
+                )
         grid = max(1, min(-(-rows // y), info.sm_count * per_sm))
+        if grid < info.sm_count * per_sm and "blocks_per_sm" not in overrides:
+            bound = 0  # fewer row blocks than CTA slots: no register cap needed
         vin = []
         for t in info.tensors:
             ok = (
@@ -158,6 +196,7 @@ class NormalizationScheduler:
             stages=stages,
             prefetch=prefetch,
             grid=grid,
+            blocks_per_sm=bound,
             war=overrides.get("war", "block_sync"),
             warp_specialized=bool(overrides.get("warp_specialized", False)),
             row_length=R if in_regs else 0,
@@ -176,6 +215,8 @@ class NormalizationScheduler:
     @staticmethod
     def schedule(fusion: Fusion, params: NormalizationParams):
         hoist_broadcasts(fusion)
+        # the grid holds blocks_per_sm CTAs per SM: registers are capped so that they all fit
+        fusion.launch_min_blocks = 0 if params.warp_specialized else params.blocks_per_sm
         ref0 = _reductions(fusion)[0]
         if params.row_length:
             ext = [i for i in ref0.logical if i.is_reduction][0].extent
