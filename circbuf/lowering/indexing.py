@@ -19,7 +19,6 @@ After::
 from __future__ import annotations
 
 import itertools
-import os
 
 from ..ir import (
     Bin,
@@ -392,9 +391,7 @@ class _Indexer:
                 ops,
                 # an update reading only registers: out-of-range rows accumulate
                 # junk nothing stores (every global write keeps its own guard)
-                pred=predicate_terms(
-                    out, ids, reduced_only=red and not glob and _all_local(ops) and not _old()
-                ),
+                pred=predicate_terms(out, ids, reduced_only=red and not glob and _all_local(ops)),
                 touches_global=glob,
                 accumulate=red,
             )
@@ -408,10 +405,6 @@ class _Indexer:
             node.ref = self.ref_out(out, node.index, ids)
             return node
         return None
-
-
-def _old():  # TEMPORARY measurement toggle (benchmarks/normalization.py --variants); remove after
-    return bool(os.environ.get("CIRCBUF_NORM_OLD"))
 
 
 def _all_local(ops) -> bool:

@@ -22,8 +22,6 @@ plain reduction scheduler.
 
 from __future__ import annotations
 
-import os
-
 from ..ir import (
     BroadcastOp,
     CircbufError,
@@ -110,10 +108,9 @@ class NormalizationScheduler:
         if threads is None:
             threads = 32
             # up to 1024 threads: a row of 32768 bf16 elements is 32 per thread, held in registers
-            # (seen spilling 16 bytes at the 64-register cap of 1024 threads: layer_norm, whose
-            # weight and bias add live values per element; such fusions stay at 512)
-            most = 1024 if len(fusion.inputs) - len(cands) <= 1 else 512
-            while threads < (512 if os.environ.get("CIRCBUF_NORM_OLD") else most) and threads * vec * 4 < R:
+            # (layer_norm there spills 16 bytes at the 64-register cap and still runs at 0.78 of
+            # copy against 0.50 at 512 threads re-reading shared memory, H100)
+            while threads < 1024 and threads * vec * 4 < R:
                 threads *= 2
         y = overrides.get("rows")
         if y is None:
@@ -145,24 +142,16 @@ class NormalizationScheduler:
                     f"schedule(stages={stages}): {stages} x {stage_bytes} bytes of row buffers exceed shared memory"
                 )
             return None
-        # CTAs per SM: shared memory, threads, and registers (a row in registers takes
-        # about one register per element on top of ~32 for indices and reductions;
-        # __launch_bounds__ caps the kernel at this many, so the grid is all resident)
-        regs = (
-            (per_thread * 3 // 2 + 32 if in_regs else 56)
-            if not (os.environ.get("CIRCBUF_NORM_NOBOUND") or os.environ.get("CIRCBUF_NORM_OLD"))
-            else 8
-        )
-        regs = -(-regs // 8) * 8
-        per_sm = max(
-            1,
-            min(
-                228 * 1024 // (stages * stage_bytes + 2048),
-                2048 // (threads * y),
-                65536 // (threads * y * regs),
-            ),
-        )
-        bound = 0 if os.environ.get("CIRCBUF_NORM_NOBOUND") or os.environ.get("CIRCBUF_NORM_OLD") else per_sm
+        # CTAs per SM (measured on H100, issue 10, benchmarks/normalization.py --variants):
+        # one CTA leaves its reduction barriers and row hand-offs unhidden (softmax 8192x16384
+        # 0.70 of copy at 1, 0.91 at 2); CTAs of <= 256 threads run best at 3 (rows of 1024,
+        # 4096, 5000 columns: +1-8% over 2), when the register cap of 3 (>= 80) leaves
+        # ~40 registers beyond a row held in registers; 4 spill. __launch_bounds__ caps the
+        # registers so that the whole grid is resident.
+        cta = threads * y
+        want = 3 if cta <= 256 and 65536 // (3 * cta) // 8 * 8 >= (per_thread if in_regs else 24) + 40 else 2
+        per_sm = max(1, min(want, 228 * 1024 // (stages * stage_bytes + 2048), 2048 // cta))
+        bound = per_sm
         if "blocks_per_sm" in overrides:
             per_sm = bound = overrides["blocks_per_sm"]
             if not isinstance(per_sm, int) or not 1 <= per_sm * threads * y <= 2048:
