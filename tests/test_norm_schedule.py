@@ -126,6 +126,10 @@ def test_rows_of_32768_are_held_in_registers_by_1024_threads(kind):
     ck = fd.compile(norm_inputs(kind, 8, 32768, torch.bfloat16, "cpu"), arch="sm_90a")
     p = fd.last_params()
     assert p.threads == 1024 and p.row_length == 32768
+    fd = norm_fusion(kind, D.BFloat16)
+    fd.fusion.schedule(warp_specialized=True)  # the producer row doubles the threads: 512 + 512
+    fd.compile(norm_inputs(kind, 8, 32768, torch.bfloat16, "cpu"), arch="sm_90a")
+    assert fd.last_params().threads == 512 and fd.last_params().warp_specialized
     if kind == "layer_norm":  # weight and bias: an 8-byte spill at the 64-register cap, measured 0.78 vs 0.50
         return
     use = ck.resource_usage()

@@ -109,8 +109,10 @@ class NormalizationScheduler:
             threads = 32
             # up to 1024 threads: a row of 32768 bf16 elements is 32 per thread, held in registers
             # (layer_norm there spills 16 bytes at the 64-register cap and still runs at 0.78 of
-            # copy against 0.50 at 512 threads re-reading shared memory, H100)
-            while threads < 1024 and threads * vec * 4 < R:
+            # copy against 0.50 at 512 threads re-reading shared memory, H100); warp
+            # specialization adds a producer row of as many threads, so it stops at 512
+            most = 512 if overrides.get("warp_specialized") else 1024
+            while threads < most and threads * vec * 4 < R:
                 threads *= 2
         y = overrides.get("rows")
         if y is None:
