@@ -185,12 +185,21 @@ def main():
                 fd = norm_fusion(kind, D.BFloat16)
                 if ov:
                     fd.fusion.schedule(**ov)
-                (out,) = fd.execute(ins)
+                try:
+                    (o,) = fd.execute(ins)
+                except Exception as e:  # noqa: BLE001 - a variant that does not fit (ws, plain) is reported
+                    if variant == "tma":
+                        raise
+                    print(f"{kind} {r}x{c} {variant}: {e}")
+                    res[f"{variant}_ms"] = float("nan")
+                    continue
+                if variant == "tma":
+                    out = o
                 res[f"{variant}_params"] = type(fd.last_params()).__name__
                 res[f"{variant}_ms"] = bench_ms(lambda fd=fd, ins=ins: fd.execute(ins))
             fn = torch_fn(kind)
             ref = fn(*ins)
-            res["max_err"] = (out.float() - ref.float()).abs().max().item()
+            res["max_err"] = (out.float() - ref.float()).abs().max().item()  # the default (tma) kernel's
             comp = static_compile(fn)
             comp(*ins)
             res["eager_ms"] = bench_ms(lambda fn=fn, ins=ins: fn(*ins))
