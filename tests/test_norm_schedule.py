@@ -130,7 +130,7 @@ def test_rows_of_32768_are_held_in_registers_by_1024_threads(kind):
     fd.fusion.schedule(warp_specialized=True)  # the producer row doubles the threads: 512 + 512
     fd.compile(norm_inputs(kind, 8, 32768, torch.bfloat16, "cpu"), arch="sm_90a")
     assert fd.last_params().threads == 512 and fd.last_params().warp_specialized
-    if kind == "layer_norm":  # weight and bias: an 8-byte spill at the 64-register cap, measured 0.78 vs 0.50
+    if kind == "layer_norm":  # weight and bias: an 8-16 byte spill at 64 registers, measured 0.78 vs 0.50
         return
     use = ck.resource_usage()
     assert use["STACK"] == 0 and use["LOCAL"] == 0
