@@ -165,4 +165,12 @@ def test_hypothesis_pointwise_compiles(shape, dtype, transpose):
 )
 def test_hypothesis_norms_compile(rows, cols, kind):
     fd = norm_fusion(kind, D.BFloat16)
-    check_clean(fd.compile(norm_inputs(kind, rows, cols, torch.bfloat16, "cpu"), arch="sm_90a"))
+    ck = fd.compile(norm_inputs(kind, rows, cols, torch.bfloat16, "cpu"), arch="sm_90a")
+    if kind == "layer_norm" and cols == 32768:
+        # the one spill accepted by measurement (issue 10, H100): 1024 threads holding the row in
+        # registers spill 8-16 bytes at the 64-register limit and still run at 0.78 of copy,
+        # against 0.50 for 512 threads re-reading shared memory every pass
+        use = ck.resource_usage()
+        assert fd.last_params().threads == 1024 and use["LOCAL"] == 0 and use["STACK"] <= 16, use
+        return
+    check_clean(ck)

@@ -92,11 +92,14 @@ def logical_to_ids(tv: TensorView, logical_index: dict) -> dict:
     return idx
 
 
-def predicate_terms(tv: TensorView, ids: dict) -> list[Scalar]:
+def predicate_terms(tv: TensorView, ids: dict, reduced_only: bool = False) -> list[Scalar]:
     """``index < extent`` for each split that may overrun its input.
 
     A split whose input is the outer output of another predicated split is
-    implied by that one and skipped.
+    implied by that one and skipped. ``reduced_only``: only the splits of
+    reduced axes (a reduction update that reads registers alone may run at an
+    out-of-range row: it fills an accumulator that only that row's guarded
+    stores read, and the update needs no branch per element).
     """
     hist = [t for t in transform_history(tv) if isinstance(t, Split)]
     guarded = set()
@@ -107,7 +110,7 @@ def predicate_terms(tv: TensorView, ids: dict) -> list[Scalar]:
         if t.in_.id in guarded:
             guarded.add(t.outer.id)
             continue
-        if t.in_.is_broadcast:
+        if t.in_.is_broadcast or (reduced_only and not t.in_.is_reduction):
             continue
         terms.append(ids[t.in_.id].lt(t.in_.loop_extent))
         guarded.add(t.outer.id)
@@ -386,7 +389,9 @@ class _Indexer:
                 lhs,
                 e,
                 ops,
-                pred=predicate_terms(out, ids),
+                # an update reading only registers: out-of-range rows accumulate
+                # junk nothing stores (every global write keeps its own guard)
+                pred=predicate_terms(out, ids, reduced_only=red and not glob and _all_local(ops)),
                 touches_global=glob,
                 accumulate=red,
             )
@@ -400,6 +405,10 @@ class _Indexer:
             node.ref = self.ref_out(out, node.index, ids)
             return node
         return None
+
+
+def _all_local(ops) -> bool:
+    return all(not isinstance(o, TensorRef) or o.tv.memory_type == MemoryType.Local for o in ops)
 
 
 def swizzle_index(tv: TensorView, idx: Scalar) -> Scalar:

@@ -203,6 +203,8 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
         extent_bindings=bindings,
         strides={},
         max_threads=threads,
+        # a scheduler that sizes its grid for n resident CTAs per SM caps the registers to fit them
+        min_blocks=getattr(fusion, "launch_min_blocks", 0),
     )
     for tv in fusion.used_tvs():
         if tv.circular is not None:

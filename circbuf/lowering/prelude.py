@@ -94,6 +94,19 @@ template <typename T> __device__ __forceinline__ T maximum(T a, T b) {
 template <typename T> __device__ __forceinline__ T minimum(T a, T b) {
   return (a != a) ? a : ((b != b) ? b : (a < b ? a : b));
 }
+// fp32: one FMNMX.NAN (PTX max.NaN / min.NaN, sm_80 on: a NaN operand gives NaN) instead of four instructions
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ float maximum(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float minimum(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+#endif
 
 
 // ---- the rest of fd.ops: CUDA's math library in float and double (16-bit floats

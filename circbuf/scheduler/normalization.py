@@ -54,7 +54,9 @@ from .utils import (
     tma_ring,
 )
 
-OVERRIDES = ("stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "rows_in_registers")
+OVERRIDES = (
+    "stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "rows_in_registers", "blocks_per_sm",
+)  # fmt: skip
 MAX_REGISTER_ROW = 32  # row elements a thread keeps in registers (64 spilled at 512 threads)
 SMEM_BUDGET = 200 * 1024  # leave room for reduction scratch and barriers
 MAX_BOX = 256
@@ -105,7 +107,12 @@ class NormalizationScheduler:
         threads = overrides.get("threads")
         if threads is None:
             threads = 32
-            while threads < 512 and threads * vec * 4 < R:
+            # up to 1024 threads: a row of 32768 bf16 elements is 32 per thread, held in registers
+            # (layer_norm there spills 16 bytes at the 64-register cap and still runs at 0.78 of
+            # copy against 0.50 at 512 threads re-reading shared memory, H100); warp
+            # specialization adds a producer row of as many threads, so it stops at 512
+            most = 512 if overrides.get("warp_specialized") else 1024
+            while threads < most and threads * vec * 4 < R:
                 threads *= 2
         y = overrides.get("rows")
         if y is None:
@@ -137,8 +144,30 @@ class NormalizationScheduler:
                     f"schedule(stages={stages}): {stages} x {stage_bytes} bytes of row buffers exceed shared memory"
                 )
             return None
-        per_sm = max(1, min(228 * 1024 // (stages * stage_bytes + 2048), 2048 // (threads * y)))
+        # CTAs per SM (measured on H100, issue 10, benchmarks/normalization.py --variants):
+        # one CTA leaves its reduction barriers and row hand-offs unhidden (softmax 8192x16384
+        # 0.70 of copy at 1, 0.91 at 2); CTAs of <= 256 threads run best at 3 (rows of 1024,
+        # 4096, 5000 columns: +1-8% over 2), when the register cap of 3 (>= 80) leaves
+        # ~40 registers beyond a row held in registers; 4 spill. __launch_bounds__ caps the
+        # registers so that the whole grid is resident.
+        cta = threads * y
+        want = 3 if cta <= 256 and 65536 // (3 * cta) // 8 * 8 >= (per_thread if in_regs else 24) + 40 else 2
+        per_sm = max(1, min(want, 228 * 1024 // (stages * stage_bytes + 2048), 2048 // cta))
+        bound = per_sm
+        if "blocks_per_sm" in overrides:
+            per_sm = bound = overrides["blocks_per_sm"]
+            if not isinstance(per_sm, int) or not 1 <= per_sm * threads * y <= 2048:
+                raise CircbufError(
+                    f"schedule(blocks_per_sm={per_sm}): {threads * y} threads per CTA allow 1 to {2048 // (threads * y)}"
+                )
+            if per_sm * (stages * stage_bytes + 2048) > 228 * 1024:
+                raise CircbufError(
+                    f"schedule(blocks_per_sm={per_sm}): {per_sm} x {stages} x {stage_bytes} bytes of row buffers "
+                    "exceed an SM's shared memory"
+                )
         grid = max(1, min(-(-rows // y), info.sm_count * per_sm))
+        if grid < info.sm_count * per_sm and "blocks_per_sm" not in overrides:
+            bound = 0  # fewer row blocks than CTA slots: no register cap needed
         vin = []
         for t in info.tensors:
             ok = (
@@ -158,6 +187,7 @@ class NormalizationScheduler:
             stages=stages,
             prefetch=prefetch,
             grid=grid,
+            blocks_per_sm=bound,
             war=overrides.get("war", "block_sync"),
             warp_specialized=bool(overrides.get("warp_specialized", False)),
             row_length=R if in_regs else 0,
@@ -176,6 +206,8 @@ class NormalizationScheduler:
     @staticmethod
     def schedule(fusion: Fusion, params: NormalizationParams):
         hoist_broadcasts(fusion)
+        # the grid holds blocks_per_sm CTAs per SM: registers are capped so that they all fit
+        fusion.launch_min_blocks = 0 if params.warp_specialized else params.blocks_per_sm
         ref0 = _reductions(fusion)[0]
         if params.row_length:
             ext = [i for i in ref0.logical if i.is_reduction][0].extent

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 
 class Params:
     name = "params"
 
     def __str__(self):
-        body = "\n".join(f"  {f.name}: {getattr(self, f.name)}" for f in fields(self))
+        shown = [
+            f
+            for f in fields(self)
+            if not (f.metadata.get("hide_default") and getattr(self, f.name) == f.default)
+        ]
+        body = "\n".join(f"  {f.name}: {getattr(self, f.name)}" for f in shown)
         return f"===== {self.name} =====\n{body}\n"
 
     def brief(self) -> str:
@@ -43,6 +48,9 @@ class PointwiseParams(Params):
     threads: int = 128
     vectorize_inputs: tuple = ()
     vectorize_outputs: tuple = ()
+    # why a fusion that asked for the TMA variant (``schedule(stages=N)``) got this kernel;
+    # printed only when set
+    tma_declined: str = field(default="", metadata={"hide_default": True})
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,9 @@ class NormalizationParams(Params):
     stages: int = 2
     prefetch: int = 1
     grid: int = 132
+    blocks_per_sm: int = (
+        0  # CTAs per SM the grid is sized for; > 0: __launch_bounds__ caps registers to fit them
+    )
     war: str = "block_sync"
     warp_specialized: bool = False
     row_length: int = 0  # > 0: rows live in registers, the kernel is compiled for this length

@@ -17,6 +17,7 @@ and each TMA buffer::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ..ir import (
@@ -27,7 +28,7 @@ from ..ir import (
     evaluate,
 )
 from .info import InputInfo
-from .params import PointwiseTmaParams
+from .params import PointwiseParams, PointwiseTmaParams
 from .pointwise import PointwiseScheduler, _vector_candidates
 from .utils import (
     LogicalMap,
@@ -66,7 +67,15 @@ class PointwiseTmaScheduler:
             return None
         ref = PointwiseScheduler.reference(fusion)
         if ref.ndim < 2:
-            return None
+            # tiles are [rows x cols] boxes of a tensor map over the logical axes; a
+            # 1-D fusion has no rows to stage: the plain kernel (already at copy
+            # bandwidth), with params that say so rather than a silent fallback
+            plain = PointwiseScheduler.compute_params(fusion, info, {})
+            why = (
+                f"a {ref.ndim}-D fusion has no rows for [tile_rows x tile_cols] TMA tiles "
+                "(reshape it to 2-D for the TMA variant): plain pointwise kernel"
+            )
+            return dataclasses.replace(plain, tma_declined=why)
         row_major = list(range(ref.ndim))
         if any(o.domain.allocation_order() != row_major for o in fusion.outputs):
             return None  # tiles are row-major: outputs in another order take the plain kernel
@@ -137,6 +146,8 @@ class PointwiseTmaScheduler:
 
     @staticmethod
     def schedule(fusion: Fusion, params: PointwiseTmaParams):
+        if isinstance(params, PointwiseParams):  # declined (``tma_declined`` says why)
+            return PointwiseScheduler.schedule(fusion, params)
         hoist_broadcasts(fusion)
         ref_index = PointwiseScheduler.reference_index(fusion)
         ref_out = fusion.outputs[ref_index]
