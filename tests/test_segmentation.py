@@ -16,6 +16,11 @@ from tests.util import D, assert_close
 F = torch.nn.functional
 
 
+def close(out, ref):
+    """fp32 sums of up to a few hundred terms in another order than torch's."""
+    assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
 # ------------------------------------------------------------- fusions
 # each: (definition, inputs(m, n, dtype, device), float64 reference, expected schedulers)
 
@@ -394,30 +399,30 @@ def sums_and_in_place_add():
 def test_interpreted_segmented_runs_match_torch():
     torch.manual_seed(0)
     x = torch.randn(5, 7)
-    assert_close(run_here(two_axes(), [x])[1], x.double().sum(1))
+    close(run_here(two_axes(), [x])[1], x.double().sum(1))
     (out,) = run_here(row_sum_back_then_column_sum(), [x])
-    assert_close(out, (x.double() - x.double().sum(1, keepdim=True)).sum(0))
+    close(out, (x.double() - x.double().sum(1, keepdim=True)).sum(0))
     x3 = torch.randn(2, 3, 4)
     a, b = run_here(reshape_across_boundary(), [x3])
     e = x3.double().reshape(6, 4).exp()
-    assert_close(a, e.sum(0))
-    assert_close(b, e.sum(1))
+    close(a, e.sum(0))
+    close(b, e.sum(1))
     x = torch.randn(3, 8)
     a, b = run_here(scalar_reshape_of_a_reduction(), [x, 4])
-    assert_close(a, x.double().sum(0).reshape(4, 2).sum(1))
-    assert_close(b, x.double().sum(1))
+    close(a, x.double().sum(0).reshape(4, 2).sum(1))
+    close(b, x.double().sum(1))
     rm0 = torch.randn(8)
     rm = rm0.clone()
     a, b = run_here(running_mean_and_two_row_sums(), [x, rm])
     m = x.double().mean(0)
-    assert_close(rm, 0.9 * rm0.double() + 0.1 * m)
-    assert_close(a, (x.double() - m).sum(1))
-    assert_close(b, (x.double() * rm0.double()).sum(1))
+    close(rm, 0.9 * rm0.double() + 0.1 * m)
+    close(a, (x.double() - m).sum(1))
+    close(b, (x.double() * rm0.double()).sum(1))
     x0 = x.clone()
     a, b = run_here(sums_and_in_place_add(), [x])
-    assert_close(a, x0.double().sum(1))
-    assert_close(b, x0.double().sum(0))
-    assert_close(x, x0.double() + 1)
+    close(a, x0.double().sum(1))
+    close(b, x0.double().sum(0))
+    close(x, x0.double() + 1)
 
 
 def test_cast_of_an_input_is_recomputed_not_passed():
@@ -466,10 +471,10 @@ def test_gpu_one_kernel_cases_match_torch():
     dy = torch.randn(300, 136, device="cuda")
     (bn,) = batch_norm().execute([x])
     xd = x.double()
-    assert_close(bn, (xd - xd.mean(0)) * torch.rsqrt(xd.var(0, correction=0) + 1e-5))
+    close(bn, (xd - xd.mean(0)) * torch.rsqrt(xd.var(0, correction=0) + 1e-5))
     (dx,) = softmax_backward().execute([x, dy])
     y = torch.softmax(xd, 1)
-    assert_close(dx, y * (dy.double() - (dy.double() * y).sum(1, keepdim=True)))
+    close(dx, y * (dy.double() - (dy.double() * y).sum(1, keepdim=True)))
 
 
 @pytest.mark.gpu
@@ -477,12 +482,12 @@ def test_gpu_boundary_cases():
     x3 = torch.randn(5, 6, 40, device="cuda")
     a, b = reshape_across_boundary().execute([x3])
     e = x3.double().reshape(30, 40).exp()
-    assert_close(a, e.sum(0))
-    assert_close(b, e.sum(1))
+    close(a, e.sum(0))
+    close(b, e.sum(1))
     x = torch.randn(33, 64, device="cuda")
     a, b = scalar_reshape_of_a_reduction().execute([x, 8])
-    assert_close(a, x.double().sum(0).reshape(8, 8).sum(1))
-    assert_close(b, x.double().sum(1))
+    close(a, x.double().sum(0).reshape(8, 8).sum(1))
+    close(b, x.double().sum(1))
     with cb.FusionDefinition() as fd:  # a segment with no inputs
         y = fd.define_tensor([-1], dtype=D.Float)
         f = fd.ops.full([4, 8], 2.0, D.Float)
@@ -491,21 +496,21 @@ def test_gpu_boundary_cases():
         fd.add_output(fd.ops.sum(y, [0]))
     y = torch.randn(50, device="cuda")
     a, b, c = fd.execute([y])
-    assert_close(a, torch.full((8,), 8.0, dtype=torch.float64))
-    assert_close(b, torch.full((4,), 16.0, dtype=torch.float64))
-    assert_close(c, y.double().sum())
+    close(a, torch.full((8,), 8.0, dtype=torch.float64))
+    close(b, torch.full((4,), 16.0, dtype=torch.float64))
+    close(c, y.double().sum())
     rm0 = torch.randn(64, device="cuda")
     rm = rm0.clone()
     a, b = running_mean_and_two_row_sums().execute([x, rm])
     m = x.double().mean(0)
-    assert_close(rm, 0.9 * rm0.double() + 0.1 * m)
-    assert_close(a, (x.double() - m).sum(1))
-    assert_close(b, (x.double() * rm0.double()).sum(1))
+    close(rm, 0.9 * rm0.double() + 0.1 * m)
+    close(a, (x.double() - m).sum(1))
+    close(b, (x.double() * rm0.double()).sum(1))
     x0 = x.clone()
     a, b = sums_and_in_place_add().execute([x])
-    assert_close(a, x0.double().sum(1))
-    assert_close(b, x0.double().sum(0))
-    assert_close(x, x0.double() + 1)
+    close(a, x0.double().sum(1))
+    close(b, x0.double().sum(0))
+    close(x, x0.double() + 1)
 
 
 @pytest.mark.gpu
@@ -515,13 +520,13 @@ def test_gpu_in_place_after_readers():
     rm = torch.randn(72, device="cuda")
     old = rm.clone()
     (rows,) = fd.execute([x, rm])
-    assert_close(rows, (x.double() + old.double()).sum(1))
-    assert_close(rm, old.double() + x.double().sum(0))
+    close(rows, (x.double() + old.double()).sum(1))
+    close(rm, old.double() + x.double().sum(0))
     rm = old.clone()
     (rows,) = new_and_old_running_sum().execute([x, rm])
     new = old.double() + x.double().sum(0)
-    assert_close(rm, new)
-    assert_close(rows, (x.double() * (new + old.double())).sum(1))
+    close(rm, new)
+    close(rows, (x.double() * (new + old.double())).sum(1))
 
 
 @pytest.mark.gpu

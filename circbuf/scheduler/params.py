@@ -8,13 +8,16 @@ from dataclasses import dataclass, field, fields
 class Params:
     name = "params"
 
-    def __str__(self):
-        shown = [
+    def _shown(self) -> list:
+        """Fields printed: all but those marked hide_default while at their default."""
+        return [
             f
             for f in fields(self)
             if not (f.metadata.get("hide_default") and getattr(self, f.name) == f.default)
         ]
-        body = "\n".join(f"  {f.name}: {getattr(self, f.name)}" for f in shown)
+
+    def __str__(self):
+        body = "\n".join(f"  {f.name}: {getattr(self, f.name)}" for f in self._shown())
         return f"===== {self.name} =====\n{body}\n"
 
     def brief(self) -> str:
@@ -23,7 +26,7 @@ class Params:
         >>> PointwiseParams(vectorize=8, vectorize_inputs=(True,)).brief()
         'Pointwise params: vectorize=8, unroll=1, threads=128'
         """
-        vals = [(f.name, getattr(self, f.name)) for f in fields(self)]
+        vals = [(f.name, getattr(self, f.name)) for f in self._shown()]
         return f"{self.name}: " + ", ".join(f"{k}={v}" for k, v in vals if not isinstance(v, tuple))
 
 
