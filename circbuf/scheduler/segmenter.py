@@ -16,9 +16,15 @@ The merge, in the spirit of nvFuser's FusionSegmenter: start from one group
 per expr; repeatedly merge the pair of neighbouring groups whose merge saves
 the most global traffic (a producer and its consumer save a write and a
 read of the tensor between them; two consumers of one tensor save a read)
-while some scheduler's ``can_schedule`` takes the merged group and the
-group graph stays acyclic. Ties go to the earlier exprs, so the result is
-deterministic for a fusion. Structural only: no input sizes are needed.
+while some scheduler's ``can_schedule`` takes the merged group (asked of a
+light view, :func:`_view`), its in-place outputs pass ``check_aliases``, and
+the group graph stays acyclic (counting "every reader of an input runs
+before the segment writing it in place"). Ties go to the earlier exprs, so
+the result is deterministic for a fusion. Then one-input elementwise chains
+(a cast of a bf16 input) are recomputed in each segment that reads them
+rather than passed through memory (:func:`_forward`), and each group is cut
+out as a standalone Fusion (:func:`_cut`). Structural only: no input sizes
+are needed.
 """
 
 from __future__ import annotations
