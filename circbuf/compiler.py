@@ -42,8 +42,8 @@ from .runtime.executor import (
     torch_dtype,
 )
 from .scheduler import InputInfo, TensorInfo
-from .scheduler.registry import SCHEDULERS, Unschedulable, compute_params
-from .scheduler.segmenter import schedulers_taking, segment
+from .scheduler.registry import Unschedulable, compute_params
+from .scheduler.segmenter import segment
 from .scheduler.utils import canonicalize_extents, prepare
 
 _INT32_LIMIT = 2**31 - 1
@@ -331,13 +331,8 @@ class FusionExecutor:
         seg, subs = self._segments
         asked = self.fusion.schedule_overrides
         taken = set()
-        for sub in subs:
-            names = set()
-            takers = schedulers_taking(sub.fusion)
-            for sched, allowed in SCHEDULERS:
-                if sched.name in takers:
-                    names |= set(allowed)
-            mine = {k: v for k, v in asked.items() if k in names}
+        for s, sub in zip(seg.segments, subs):
+            mine = {k: v for k, v in asked.items() if k in s.overrides}
             taken |= set(mine)
             if sub.fusion.schedule_overrides != mine:
                 sub.fusion.schedule_overrides = mine

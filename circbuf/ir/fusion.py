@@ -37,6 +37,9 @@ class Fusion:
         # names no scheduler of this fusion takes (the ir cannot ask the schedulers)
         self.check_overrides = None
         self.schedule_version = 0
+        # CTAs per SM the schedule's grid counts on being resident (0: none);
+        # lowering turns it into __launch_bounds__(threads, n), capping registers
+        self.launch_min_blocks = 0
         self._caches_added = False
         self._tv_counter = 0
 

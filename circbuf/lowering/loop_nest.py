@@ -204,7 +204,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
         strides={},
         max_threads=threads,
         # a scheduler that sizes its grid for n resident CTAs per SM caps the registers to fit them
-        min_blocks=getattr(fusion, "launch_min_blocks", 0),
+        min_blocks=fusion.launch_min_blocks,
     )
     for tv in fusion.used_tvs():
         if tv.circular is not None:

@@ -51,13 +51,15 @@ class Segment:
     tensors carries, passed as a scalar);
     ``outputs[k]``: the original fusion's name of its output ``k``;
     ``scheduler``: the first scheduler that takes it (a later one may run
-    it when the first declines the input sizes)."""
+    it when the first declines the input sizes); ``overrides``: the
+    ``schedule()`` names its schedulers take."""
 
     fusion: Fusion
     inputs: list
     outputs: list
     scheduler: str
     math: list  # its exprs, printed
+    overrides: frozenset = frozenset()
 
     def __str__(self):
         return f"({self.scheduler}): " + "; ".join(self.math)
@@ -89,6 +91,13 @@ class SegmentedFusion:
         return "\n".join(f"segment {k} {seg}" for k, seg in enumerate(self.segments))
 
 
+def _override_names(schedulers: list) -> frozenset:
+    """The ``schedule()`` names the schedulers called ``schedulers`` take."""
+    from .registry import SCHEDULERS
+
+    return frozenset(k for s, allowed in SCHEDULERS if s.name in schedulers for k in allowed)
+
+
 def schedulers_taking(fusion: Fusion) -> list:
     """Names of the schedulers whose ``can_schedule`` takes ``fusion``."""
     from .registry import SCHEDULERS
@@ -118,7 +127,7 @@ def segment(fusion: Fusion) -> SegmentedFusion:
     def takers(group: frozenset, outputs=None) -> list:
         key = (group, outputs)
         if key not in verdicts:
-            f2 = _view(fusion, exprs, sorted(group), outputs)
+            f2 = _view(fusion, exprs, sorted(group), outputs)[0]
             ok = schedulers_taking(f2)
             if ok and f2.aliases:
                 try:
@@ -129,10 +138,10 @@ def segment(fusion: Fusion) -> SegmentedFusion:
         return verdicts[key]
 
     for k, e in enumerate(exprs):
-        if not schedulers_taking(_view(fusion, exprs, [k])):
+        if not schedulers_taking(_view(fusion, exprs, [k])[0]):
             from .registry import SCHEDULERS
 
-            f1 = _view(fusion, exprs, [k])
+            f1 = _view(fusion, exprs, [k])[0]
             why = "; ".join(f"{s.name}: {s.can_schedule(f1)}" for s, _ in SCHEDULERS)
             raise CircbufError(f"no scheduler can take this fusion (nor {e} as a kernel of its own: {why})")
 
@@ -214,7 +223,8 @@ def segment(fusion: Fusion) -> SegmentedFusion:
             str(exprs[k]) + (" (recomputed from an input)" if k in extra[g] else "")
             for k in sorted(members[g] | extra[g])
         ]
-        segments.append(Segment(f2, ins, out_names, takers(members[g] | extra[g], outs)[0], math))
+        names = takers(members[g] | extra[g], outs)
+        segments.append(Segment(f2, ins, out_names, names[0], math, _override_names(names)))
     return SegmentedFusion(fusion, segments)
 
 
@@ -318,17 +328,22 @@ def _order(fusion: Fusion, exprs, reads, members: dict, group_of: list) -> list[
     return order
 
 
-def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None) -> Fusion:
-    """What ``_cut`` makes, for asking the schedulers' ``can_schedule`` only:
-    new TensorViews and exprs for the group, sharing the original's axes (no
-    deep copy, so a verdict costs the group's size, not the fusion's; nothing
-    here may be scheduled or lowered)."""
-    group = [exprs[k] for k in positions]
+def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None):
+    """The exprs at ``positions`` of ``exprs`` (``fusion.exprs()``) as a
+    fusion of their own: new TensorViews and exprs sharing the original's
+    axes (no deep copy: a ``can_schedule`` verdict costs the group's size, not
+    the fusion's; :func:`_cut` deep-copies it before anything is scheduled).
+    Tensors read from other exprs become inputs (reduced axes dropped, dense,
+    in the producer's layout); the tensors named in ``outputs`` (default: those
+    read by other exprs or returned) become outputs. Returns (fusion, where
+    each input comes from: ``("input", j)`` or ``("tensor", name)``)."""
+    group = [exprs[k] for k in sorted(positions)]
     gid = {id(e) for e in group}
     live = {id(e) for e in exprs}
     returned = {id(t) for t in fusion.outputs}
     f2 = Fusion()
     new: dict[int, TensorView] = {}
+    boundary: list = []
 
     def tv(t: TensorView) -> TensorView:
         if id(t) not in new:
@@ -338,6 +353,7 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None) -> Fu
                 t2.is_input = True
                 t2.memory_type = MemoryType.Global
                 t2.domain = TensorDomain(t.domain.no_reductions(), stride_order=_layout(t))
+                boundary.append(t)
             new[id(t)] = t2
         return new[id(t)]
 
@@ -359,94 +375,49 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None) -> Fu
                 wanted = o.name in outputs
             if wanted:
                 outs.append(o)
-    f2.inputs = [
-        new[id(x)] if id(x) in new else x for x in fusion.inputs if isinstance(x, Var) or id(x) in new
-    ]
-    f2.inputs += [t2 for t2 in new.values() if t2.is_input and t2 not in f2.inputs]
+                if id(o) in alias_of:  # written in place: a parameter even when not read
+                    tv(alias_of[id(o)])
+    sources = []
+    for j, x in enumerate(fusion.inputs):
+        if id(x) in new:
+            f2.inputs.append(new[id(x)])
+            sources.append(("input", j))
+    for t in boundary:
+        f2.inputs.append(new[id(t)])
+        sources.append(("tensor", t.name))
     for o in outs:
         o2 = new[id(o)]
         o2.memory_type = MemoryType.Global
         f2.outputs.append(o2)
-        f2.returns.append(("output", len(f2.outputs) - 1))
-        if id(o) in alias_of:
-            x = alias_of[id(o)]
-            if id(x) not in new:  # written in place, not read: still a parameter
-                new[id(x)] = tv(x)
-                f2.inputs.append(new[id(x)])
-            f2.aliases[len(f2.outputs) - 1] = f2.inputs.index(new[id(x)])
+        if id(o) in alias_of:  # written in place, not returned (as add_output(alias_input=...))
+            f2.aliases[len(f2.outputs) - 1] = f2.inputs.index(new[id(alias_of[id(o)])])
+        else:
+            f2.returns.append(("output", len(f2.outputs) - 1))
     f2.tvs = f2.used_tvs()
     f2.extent_vars = fusion.extent_vars
     f2.extent_equalities = fusion.extent_equalities
     f2.derived_extents = fusion.derived_extents
-    return f2
+    f2.schedule_overrides = fusion.schedule_overrides
+    f2._tv_counter = fusion._tv_counter  # tensors a scheduler adds get names not taken here
+    return f2, sources
 
 
 def _cut(fusion: Fusion, positions: list[int], outputs=None):
-    """A standalone copy of ``fusion`` holding the exprs at ``positions`` of
-    ``fusion.exprs()``: tensors they read from other exprs become inputs
-    (reduced axes dropped, dense, in the producer's layout); the tensors named
-    in ``outputs`` (default: those read by other exprs or returned) become
-    outputs; sizes its math or shapes use that no input tensor carries come
-    in as scalars. Returns (fusion, input sources, output names)."""
-    orig_exprs = fusion.exprs()
-    f2 = fusion.clone()
-    f2.check_overrides = None
-    ex2 = f2.exprs()
-    group = [ex2[k] for k in sorted(positions)]
-    gid = {id(e) for e in group}
-    live = {id(e) for e in ex2}
-    orig_outputs = {t.name for t in fusion.outputs}
-    layouts = {t.name: t for e in orig_exprs for t in e.outputs}
-
-    boundary, used_inputs = [], set()
-    for e in group:
-        for t in e.tv_inputs():
-            if t.definition is None:
-                used_inputs.add(id(t))
-            elif id(t.definition) not in gid and all(t is not b for b in boundary):
-                boundary.append(t)
-    alias_of = {f2.outputs[k].name: f2.inputs[j] for k, j in f2.aliases.items()}
-    outs = []
-    for e in group:
-        for t in e.outputs:
-            if outputs is None:
-                wanted = t.name in orig_outputs or any(id(u) in live and id(u) not in gid for u in t.uses)
-            else:
-                wanted = t.name in outputs
-            if wanted:
-                outs.append(t)
-                if t.name in alias_of:
-                    used_inputs.add(id(alias_of[t.name]))
-
-    # inputs: the original tensors it reads, the tensors of other segments,
-    # then scalars (below)
-    scalars = [(j, x) for j, x in enumerate(f2.inputs) if isinstance(x, Var)]
-    sources = [("input", j) for j, x in enumerate(f2.inputs) if id(x) in used_inputs]
-    new_inputs = [x for x in f2.inputs if id(x) in used_inputs]
-    for t in boundary:
-        orig = layouts[t.name]
-        t.definition = None
-        t.is_input = True
-        t.memory_type = MemoryType.Global
-        t.domain = TensorDomain(t.domain.no_reductions(), stride_order=_layout(orig))
-        new_inputs.append(t)
-        sources.append(("tensor", t.name))
-    f2.inputs = new_inputs
-    f2.outputs, f2.returns, f2.aliases = [], [], {}
-    for t in outs:
-        if t.name in alias_of:
-            f2.add_output(t, alias_input=alias_of[t.name])
-        else:
-            f2.add_output(t)
-            t.domain.stride_order = _layout(layouts[t.name])  # as the next segment reads it
-    for t in f2.used_tvs():
-        t.uses = [u for u in t.uses if id(u) in gid]
-    f2.tvs = f2.used_tvs()
+    """:func:`_view`, deep-copied to be scheduled on its own: outputs in the
+    layout the next segment reads them in, and the sizes its math or shapes
+    use that no input tensor carries as scalar inputs. Returns (fusion, input
+    sources, output names)."""
+    view, sources = _view(fusion, fusion.exprs(), positions, outputs)
+    f2 = view.clone()
+    written = {t.name: t for e in fusion.exprs() for t in e.outputs}
+    for k, t in enumerate(f2.outputs):
+        if k not in f2.aliases:
+            t.domain.stride_order = _layout(written[t.name])  # as the next segment reads it
 
     # sizes: each name once, from a tensor that carries it, else a scalar
     # input of the fusion, else the whole fusion's sizes (("extent", name):
     # a mean's row length, the rows a reduction removed)
-    carried = {i.extent.name for x in f2.inputs for i in x.logical if isinstance(i.extent, Var)}
+    bound = {i.extent.name for x in f2.inputs for i in x.logical if isinstance(i.extent, Var)}
     needed: dict = {}
     for t in f2.used_tvs():
         if t.is_input:
@@ -455,13 +426,12 @@ def _cut(fusion: Fusion, positions: list[int], outputs=None):
             free_vars(i.extent, needed)
             if i.expanded_extent is not None:
                 free_vars(i.expanded_extent, needed)
-    for e in group:
+    for e in f2.exprs():
         for x in e.inputs:
             if not isinstance(x, TensorView):
                 free_vars(x, needed)
-    bound = set(carried)
-    for j, v in scalars:
-        if v.name in needed and v.name not in bound:
+    for j, v in enumerate(fusion.inputs):
+        if isinstance(v, Var) and v.name in needed and v.name not in bound:
             f2.inputs.append(v)
             sources.append(("input", j))
             bound.add(v.name)
