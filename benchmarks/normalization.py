@@ -2,8 +2,9 @@
 torch eager, a static per-shape torch.compile (benchmarks.common.static_compile) and a device-to-device copy, with circbuf's TMA
 circular-buffered and plain (tma=False) variants side by side.
 
-    PYTHONPATH=. python benchmarks/normalization.py              # the table
-    PYTHONPATH=. python benchmarks/normalization.py --variants   # CTAs per SM, threads, stages around the defaults
+    PYTHONPATH=. python benchmarks/normalization.py              # the table (bf16)
+    PYTHONPATH=. python benchmarks/normalization.py --dtype float32   # or float16
+    PYTHONPATH=. python benchmarks/normalization.py --variants   # staging, CTAs per SM, rows per CTA around the defaults
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ SHAPES = [
 # the targets (issue 10): each shape >= 0.90 of copy and >= 1.0x a static torch.compile; geomean >= 1.15x
 TARGET_COPY, TARGET_X, TARGET_GEO = 0.90, 1.0, 1.15
 KINDS = ("softmax", "layer_norm", "rms_norm")
+DTYPES = {
+    "bfloat16": (torch.bfloat16, D.BFloat16),
+    "float16": (torch.float16, D.Half),
+    "float32": (torch.float32, D.Float),
+}
+# the table's variants: the default (rows in registers where they fit), the TMA ring
+# (persistent, pipelined; the default before issue 10's register staging), the TMA ring
+# warp-specialized, the plain reduction kernel
+VARIANTS = (
+    ("default", {}),
+    ("tma", {"staging": "tma"}),
+    ("ws", {"warp_specialized": True}),
+    ("plain", {"tma": False}),
+)
 
 
 def torch_fn(kind):
@@ -75,31 +90,30 @@ def sweep():
 
 
 def _variant_list(kind, r, c):
-    """(tag, overrides) per variant for --variants: CTAs per SM around the default,
-    the other thread count for long rows, a third stage."""
+    """(tag, overrides) per variant for --variants: the TMA ring where the default loads
+    rows into registers, CTAs per SM around the default, half the rows per CTA for short rows."""
     out = [("default", {})]
     fd = norm_fusion(kind, D.BFloat16)
     fd.compile(norm_inputs(kind, r, c, torch.bfloat16, "cpu"), arch="sm_90a")
     p = fd.last_params()
-    for b in (1, 2, 3, 4):
-        if b != p.blocks_per_sm and b * p.threads * p.rows <= 2048:
+    if p.staging == "registers":
+        out.append(("tma", {"staging": "tma"}))
+    for b in (p.blocks_per_sm - 1, p.blocks_per_sm + 1):
+        if b >= 1 and b * p.threads * p.rows <= 2048:
             out.append((f"b{b}", {"blocks_per_sm": b}))
-    if c >= 16384:
-        out.append(
-            (f"t{512 if p.threads == 1024 else 1024}", {"threads": 512 if p.threads == 1024 else 1024})
-        )
-    if p.stages == 2:
-        out.append(("s3", {"stages": 3}))
+    if c <= 1024:  # fewer rows per CTA: more CTAs, the same bytes per thread
+        out.append(("y_half", {"rows": max(1, p.rows // 2)}))
     return out
 
 
 def _precompile_one(job):
-    kind, r, c, ov = job
-    fd = norm_fusion(kind, D.BFloat16)
+    kind, r, c, ov = job[:4]
+    tdt, ddt = DTYPES[job[4] if len(job) > 4 else "bfloat16"]
+    fd = norm_fusion(kind, ddt)
     if ov:
         fd.fusion.schedule(**ov)
     try:
-        fd.compile(norm_inputs(kind, r, c, torch.bfloat16, "cpu"), arch="sm_90a")
+        fd.compile(norm_inputs(kind, r, c, tdt, "cpu"), arch="sm_90a")
     except Exception as e:  # noqa: BLE001 - reported; the timing loop skips it
         return f"{kind} {r}x{c} {ov}: {e}"
     return None
@@ -166,69 +180,69 @@ def main():
         return sweep()
     if "--variants" in sys.argv:
         return variants()
-    _precompile(
-        [
-            (k, r, c, ov)
-            for k in KINDS
-            for r, c in SHAPES
-            for ov in ({}, {"warp_specialized": True}, {"tma": False})
-        ]
-    )
+    dname = sys.argv[sys.argv.index("--dtype") + 1] if "--dtype" in sys.argv else "bfloat16"
+    tdt, ddt = DTYPES[dname]
+    item = torch.empty((), dtype=tdt).element_size()
+    _precompile([(k, r, c, ov, dname) for k in KINDS for r, c in SHAPES for _, ov in VARIANTS])
     copy_gbs = copy_bandwidth_gbs(1 << 30)
     rows = []
     for kind in ("softmax", "layer_norm", "rms_norm"):
         for r, c in SHAPES:
-            ins = norm_inputs(kind, r, c, torch.bfloat16, "cuda")
-            nbytes = 2 * r * c * 2  # read x, write y
-            res = {"kind": kind, "shape": f"{r}x{c}"}
-            for variant, ov in (("tma", {}), ("ws", {"warp_specialized": True}), ("plain", {"tma": False})):
-                fd = norm_fusion(kind, D.BFloat16)
+            ins = norm_inputs(kind, r, c, tdt, "cuda")
+            nbytes = 2 * r * c * item  # read x, write y
+            res = {"kind": kind, "shape": f"{r}x{c}", "dtype": dname}
+            for variant, ov in VARIANTS:
+                fd = norm_fusion(kind, ddt)
                 if ov:
                     fd.fusion.schedule(**ov)
                 try:
                     (o,) = fd.execute(ins)
-                except Exception as e:  # noqa: BLE001 - a variant that does not fit (ws, plain) is reported
-                    if variant == "tma":
+                except Exception as e:  # noqa: BLE001 - a variant that does not fit (tma, ws, plain) is reported
+                    if variant == "default":
                         raise
                     print(f"{kind} {r}x{c} {variant}: {e}")
                     res[f"{variant}_ms"] = float("nan")
                     continue
-                if variant == "tma":
+                if variant == "default":
                     out = o
-                res[f"{variant}_params"] = type(fd.last_params()).__name__
+                    res["params"] = fd.last_params().brief()
                 res[f"{variant}_ms"] = bench_ms(lambda fd=fd, ins=ins: fd.execute(ins))
             fn = torch_fn(kind)
-            ref = fn(*ins)
-            res["max_err"] = (out.float() - ref.float()).abs().max().item()  # the default (tma) kernel's
+            ref = norm_reference(kind, ins)
+            res["rel_err"] = ((out.double() - ref).norm() / ref.norm()).item()  # the default kernel's
             comp = static_compile(fn)
             comp(*ins)
             res["eager_ms"] = bench_ms(lambda fn=fn, ins=ins: fn(*ins))
             res["compile_ms"] = bench_ms(lambda comp=comp, ins=ins: comp(*ins))
-            best = min(res["tma_ms"], res["plain_ms"])
-            res["of_copy"] = nbytes / res["tma_ms"] / 1e6 / copy_gbs
+            res["of_copy"] = nbytes / res["default_ms"] / 1e6 / copy_gbs
             res["compile_of_copy"] = nbytes / res["compile_ms"] / 1e6 / copy_gbs
-            res["vs_compile"] = res["compile_ms"] / res["tma_ms"]
-            res["vs_eager"] = res["eager_ms"] / res["tma_ms"]
-            res["best_ms"] = best
+            res["vs_compile"] = res["compile_ms"] / res["default_ms"]
+            res["vs_eager"] = res["eager_ms"] / res["default_ms"]
             rows.append(res)
-    print(f"GPU: {gpu_name()}  bf16  copy bandwidth {copy_gbs:.0f} GB/s (bytes read + written)")
+    print(f"GPU: {gpu_name()}  {dname}  copy bandwidth {copy_gbs:.0f} GB/s (bytes read + written)")
     print(
         f"targets: of copy >= {TARGET_COPY:.2f} and x compile >= {TARGET_X:.2f} on each shape, "
-        f"geomean x compile >= {TARGET_GEO:.2f}; '<' marks a miss"
+        f"geomean x compile >= {TARGET_GEO:.2f}; '<' marks a miss. 'ms' is circbuf's default kernel; "
+        "tma / ws / plain: the TMA ring, warp-specialized, the plain reduction kernel"
     )
     hdr = (
-        f"{'op':10s} {'shape':11s} {'tma ms':>8s} {'ws ms':>7s} {'plain ms':>8s} {'eager':>7s} {'compile':>7s}"
-        f" {'of copy':>8s} {'comp of copy':>12s} {'x comp':>7s} {'x eager':>7s}"
+        f"{'op':10s} {'shape':11s} {'ms':>7s} {'tma ms':>7s} {'ws ms':>7s} {'plain ms':>8s} {'eager':>7s} {'compile':>7s}"
+        f" {'of copy':>8s} {'comp of copy':>12s} {'x comp':>7s} {'x eager':>7s}  staging"
     )
     print(hdr)
     for x in rows:
-        tag = "" if x["tma_params"] == "NormalizationParams" else " (tma declined)"
         c_miss = "<" if x["of_copy"] < TARGET_COPY else " "
         x_miss = "<" if x["vs_compile"] < TARGET_X else " "
+        staging = (
+            x["params"].split("staging=")[1].split(",")[0]
+            if "staging=" in x["params"]
+            else x["params"].split(":")[0]
+        )
         print(
-            f"{x['kind']:10s} {x['shape']:11s} {x['tma_ms']:8.3f} {x['ws_ms']:7.3f} {x['plain_ms']:8.3f} {x['eager_ms']:7.3f} "
-            f"{x['compile_ms']:7.3f} {x['of_copy']:7.3f}{c_miss} {x['compile_of_copy']:12.3f} "
-            f"{x['vs_compile']:6.2f}{x_miss} {x['vs_eager']:7.2f}{tag}"
+            f"{x['kind']:10s} {x['shape']:11s} {x['default_ms']:7.3f} {x['tma_ms']:7.3f} {x['ws_ms']:7.3f} "
+            f"{x['plain_ms']:8.3f} {x['eager_ms']:7.3f} {x['compile_ms']:7.3f} {x['of_copy']:7.3f}{c_miss} "
+            f"{x['compile_of_copy']:12.3f} {x['vs_compile']:6.2f}{x_miss} {x['vs_eager']:7.2f}  {staging}"
+            + (f"  rel err {x['rel_err']:.1e}!" if x["rel_err"] > 1e-2 else "")
         )
     geo = math.exp(sum(math.log(x["vs_compile"]) for x in rows) / len(rows))
     n_copy = sum(x["of_copy"] >= TARGET_COPY for x in rows)
@@ -238,7 +252,10 @@ def main():
         f"min x compile: {min(x['vs_compile'] for x in rows):.3f}   min of copy: {min(x['of_copy'] for x in rows):.3f}   "
         f">= {TARGET_COPY:.2f} of copy: {n_copy}/{len(rows)}   >= {TARGET_X:.1f}x compile: {n_x}/{len(rows)}"
     )
-    write_json("normalization.json", {"gpu": gpu_name(), "copy_GBs": copy_gbs, "rows": rows, "geomean": geo})
+    suffix = "" if dname == "bfloat16" else f"_{dname}"
+    write_json(
+        f"normalization{suffix}.json", {"gpu": gpu_name(), "copy_GBs": copy_gbs, "rows": rows, "geomean": geo}
+    )
 
 
 if __name__ == "__main__":

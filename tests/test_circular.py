@@ -99,7 +99,7 @@ def test_pipelined_structure(stages, war):
 
 
 def test_tma_sass_and_no_local_memory():
-    ck = compile_norm("layer_norm", 1024, 8192)
+    ck = compile_norm("layer_norm", 1024, 8192, staging="tma")
     sass = ck.sass()
     for op in ("UTMALDG", "SYNCS.ARRIVE.TRANS", "SYNCS.PHASECHK.TRANS", "LDS.128", "STG.E.128"):
         assert op in sass, op
@@ -111,7 +111,7 @@ def test_tma_sass_and_no_local_memory():
 @pytest.mark.parametrize("kind", ["softmax", "layer_norm", "rms_norm"])
 @pytest.mark.parametrize("cols", [8, 1000, 4104, 16384])
 def test_norm_tma_kernels_compile(kind, cols):
-    ck = compile_norm(kind, 513, cols)
+    ck = compile_norm(kind, 513, cols, staging="tma")
     assert type(ck.params).__name__ == "NormalizationParams"
     assert "UTMALDG" in ck.sass()
     assert ck.resource_usage()["LOCAL"] == 0
@@ -231,7 +231,7 @@ def test_tensor_map_rules_are_named(args, match):
 
 def test_debug_hang_knob_bounds_every_wait(monkeypatch):
     monkeypatch.setenv("CIRCBUF_DEBUG_HANG", "1000")
-    ck = compile_norm()
+    ck = compile_norm(staging="tma")
     assert "cb::mbar_wait_bounded(" in ck.cuda and "unsigned* cb_hang" in ck.cuda
     assert not re.search(r"cb::mbar_wait\(", ck.cuda.split("end of prelude")[1])
 

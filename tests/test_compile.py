@@ -122,6 +122,7 @@ def test_dump_passes_prints_the_kernel_after_every_pass(capsys, monkeypatch):
 
     monkeypatch.setenv("CIRCBUF_DUMP", "passes")
     fd = norm_fusion("softmax", D.BFloat16)
+    fd.fusion.schedule(staging="tma")  # a TMA ring: the circular_buffer pass has work to show
     ck = fd.compile(norm_inputs("softmax", 64, 1024, torch.bfloat16, "cpu"), arch="sm_90a")
     out = capsys.readouterr().out
     sections = {}
@@ -167,9 +168,9 @@ def test_hypothesis_norms_compile(rows, cols, kind):
     fd = norm_fusion(kind, D.BFloat16)
     ck = fd.compile(norm_inputs(kind, rows, cols, torch.bfloat16, "cpu"), arch="sm_90a")
     if kind == "layer_norm" and cols == 32768:
-        # the one spill accepted by measurement (issue 10, H100): 1024 threads holding the row in
-        # registers spill 8-16 bytes at the 64-register limit and still run at 0.78 of copy,
-        # against 0.50 for 512 threads re-reading shared memory every pass
+        # a spill accepted by measurement (issue 10, H100; see test_norm_schedule.ACCEPTED_SPILL):
+        # 1024 threads holding the row in registers spill 8-16 bytes at the 64-register limit and
+        # still run at 0.94 of copy, against 0.50 for 512 threads re-reading shared memory
         use = ck.resource_usage()
         assert fd.last_params().threads == 1024 and use["LOCAL"] == 0 and use["STACK"] <= 16, use
         return

@@ -150,6 +150,7 @@ def test_zero_size_gives_empty_outputs(shape, monkeypatch):
     monkeypatch.setenv("CIRCBUF_DEBUG_HANG", "1000")
     with cb.FusionDefinition() as fd:
         fd.add_output(fd.ops.sum(fd.define_tensor([-1, -1], dtype=D.Float), [1]))
+    fd.fusion.schedule(staging="tma")
     x = torch.randn(0, 64)
     ck, plan = _plan(fd, [x])
     (out,) = plan.run([x])
@@ -249,12 +250,19 @@ def test_unknown_arch_is_named(arch, match):
         fd.compile([torch.randn(8)] * 2, arch=arch)
 
 
+def fd_params(fd, inputs, arch):
+    return fd.compile(inputs, arch=arch).params
+
+
 def test_arch_without_the_features_a_kernel_uses():
     from tests.util import manual_ws_exp, norm_fusion, norm_inputs
 
-    # TMA and mbarrier waits: sm_90 or later; the plain kernel (tma=False) builds for sm_80
-    fd = norm_fusion("softmax", D.BFloat16)
+    # TMA and mbarrier waits: sm_90 or later; the plain kernel (tma=False) and rows loaded
+    # straight into registers (the default for this row) build for sm_80
     inputs = norm_inputs("softmax", 64, 1024, torch.bfloat16, "cpu")
+    assert fd_params(norm_fusion("softmax", D.BFloat16), inputs, "sm_80").staging == "registers"
+    fd = norm_fusion("softmax", D.BFloat16)
+    fd.fusion.schedule(staging="tma")
     with pytest.raises(
         cb.CircbufError,
         match=r"arch='sm_80': circbuf_normalization uses .*TMA loads \(cp.async.bulk.tensor\).*, "

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import circbuf as cb
@@ -19,6 +19,8 @@ TOL = {D.Float: 1e-4, D.Half: 4e-3, D.BFloat16: 3e-2}
 
 
 def run_norm(kind, rows, cols, dtype=D.BFloat16, expect_tma=True, **overrides):
+    """Run and compare with float64 torch; ``expect_tma``: the normalization scheduler took it
+    (with ``staging`` in overrides: that staging)."""
     fd = norm_fusion(kind, dtype)
     if overrides:
         fd.fusion.schedule(**overrides)
@@ -27,6 +29,8 @@ def run_norm(kind, rows, cols, dtype=D.BFloat16, expect_tma=True, **overrides):
     kind_used = type(fd.last_params()).__name__
     if expect_tma:
         assert kind_used == "NormalizationParams", fd.last_params()
+        if "staging" in overrides:
+            assert fd.last_params().staging == overrides["staging"]
     assert_close(out, norm_reference(kind, inputs), rtol=TOL[dtype], atol=TOL[dtype])
     return fd
 
@@ -87,17 +91,20 @@ def test_fewer_iterations_than_stages(rows):
 
 @pytest.mark.parametrize("cols", [8, 24, 136, 1000, 4104, 3000, 16384])
 @pytest.mark.parametrize("kind", ["softmax", "layer_norm", "rms_norm"])
-def test_row_lengths_not_multiples_of_the_box(kind, cols):
-    run_norm(kind, 301, cols)
+@pytest.mark.parametrize("staging", ["tma", "registers"])
+def test_row_lengths_not_multiples_of_the_box(kind, cols, staging):
+    run_norm(kind, 301, cols, staging=staging)
 
 
 @pytest.mark.parametrize("dtype", [D.Float, D.Half, D.BFloat16])
-def test_dtypes(dtype):
-    run_norm("layer_norm", 777, 2048, dtype)
+@pytest.mark.parametrize("staging", ["tma", "registers"])
+def test_dtypes(dtype, staging):
+    run_norm("layer_norm", 777, 2048, dtype, staging=staging)
 
 
 def test_huge_and_fallback_shapes():
-    run_norm("softmax", 65536, 1024)  # many row blocks per CTA
+    run_norm("softmax", 65536, 1024, staging="tma")  # many row blocks per CTA
+    run_norm("softmax", 65536, 1024, staging="registers")  # 8192 CTAs
     run_norm("softmax", 8, 131072, expect_tma=False)  # rows too long for shared memory
     run_norm("rms_norm", 100, 1001, expect_tma=False)  # row stride not a multiple of 16 bytes
     run_norm("layer_norm", 100, 4096, tma=False, expect_tma=False)
@@ -114,6 +121,7 @@ def test_misaligned_view_takes_the_plain_path():
 
 def test_tensor_map_follows_new_pointers():
     fd = norm_fusion("rms_norm", D.BFloat16)
+    fd.fusion.schedule(staging="tma")
     for _ in range(3):  # same shape: same plan, new addresses each call
         inputs = norm_inputs("rms_norm", 512, 2048, torch.bfloat16, DEV)
         (out,) = fd.execute(inputs)
@@ -135,6 +143,30 @@ def test_hypothesis_tma_norms(rows, cols, stages, war, kind):
         run_norm(kind, rows, cols, stages=stages, war=war)
 
 
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking: each example compiles a kernel
+)
+@given(
+    rows=st.sampled_from([1, 3, 7, 64, 1000, 4099, 10000]),
+    cols=st.sampled_from([8, 64, 200, 512, 1000, 2056, 5000, 8192, 16384, 32768]),
+    dtype=st.sampled_from([D.Float, D.Half, D.BFloat16]),
+    kind=st.sampled_from(["softmax", "layer_norm", "rms_norm"]),
+    blocks=st.sampled_from([None, 1, 2]),
+)
+def test_hypothesis_register_staged_norms(rows, cols, dtype, kind, blocks, monkeypatch):
+    """Rows loaded straight into registers (the default where a row fits), outputs poisoned
+    with NaN first: every element must be written."""
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    ov = {"staging": "registers"}
+    if blocks:
+        ov["blocks_per_sm"] = blocks
+    fd = run_norm(kind, rows, cols, dtype, **ov)
+    assert fd.last_params().staging == "registers"
+
+
 BROKEN = textwrap.dedent(
     """
     import importlib, torch, circbuf as cb
@@ -149,6 +181,7 @@ BROKEN = textwrap.dedent(
         return nodes
     cbp._issue = broken
     fd = norm_fusion("softmax", D.BFloat16)
+    fd.fusion.schedule(staging="tma")
     try:
         fd.execute(norm_inputs("softmax", 256, 1024, torch.bfloat16, "cuda"))
         print("NO ERROR")

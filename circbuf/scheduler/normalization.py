@@ -1,22 +1,34 @@
 """Normalization scheduler: inner-persistent softmax / layer_norm / rms_norm
-(any fusion whose reductions reduce the innermost axes) with each CTA's rows
-staged through a TMA circular buffer in shared memory.
+(any fusion whose reductions reduce the innermost axes), the whole row in one CTA.
 
-Every tensor after scheduling (I = rows, R = row length; G = persistent grid)::
+Every tensor after scheduling (I = rows, R = row length; G = grid)::
 
     [iS{ceilDiv(ceilDiv(I, Y), G)}, iblockIdx.x{G}, ithreadIdx.y{Y},      <- row loop, row position 3
      rS{ceilDiv(R, T*V)}, rthreadIdx.x{T}, rV{V}]                         <- a row pass
 
-The TMA buffer of each input row block (loaded once, read by every pass)::
+Two ways to bring the rows in (``NormalizationParams.staging``):
+
+``registers`` (the default wherever a row fits in registers, <= 32 elements per
+thread): each input row is read once from global memory with 16-byte loads into a
+register copy that every pass reads; G = ceilDiv(I, Y), one row block per CTA, and
+the hardware overlaps the loads of the CTAs resident on an SM. __launch_bounds__ asks
+for enough CTAs per SM to keep ROW_BYTES_IN_FLIGHT of rows loading::
+
+    x_l[iS{1}, iblockIdx.x{G}, ithreadIdx.y{Y}, iS{R/(T*V)}, ithreadIdx.x{T}, iV{V}] ca_pos(3)
+
+``tma`` (longer rows, or asked for: staging="tma", stages=, warp_specialized=): a
+persistent grid; the TMA buffer of each input row block (loaded once, read by every
+pass)::
 
     Ts_s[iS{row loop}, iblockIdx.x{G}, iS{ceilDiv(R, B)}, iB{Y}, iB{B}] ca_pos(2)
         circular_buffer(stages)
 
 so ``row loop`` is the circular-buffer loop: while a CTA reduces and writes
 rows ``i``, the copies for rows ``i + prefetch`` are in flight. Each pass
-reads the rows from shared memory with 16-byte vector loads; reductions are
-warp shuffles + a shared-memory step per row (threadIdx.y). Inputs a tensor map
-cannot describe, rows too long for shared memory, and ``tma=False`` go to the
+reads the rows from shared memory with 16-byte vector loads (or once into
+registers). Reductions are warp shuffles + a shared-memory step per row
+(threadIdx.y). Inputs a tensor map cannot describe (16-byte loads could not
+follow them either), rows too long for shared memory, and ``tma=False`` go to the
 plain reduction scheduler.
 """
 
@@ -56,6 +68,7 @@ from .utils import (
 
 OVERRIDES = (
     "stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "rows_in_registers", "blocks_per_sm",
+    "staging",
 )  # fmt: skip
 MAX_REGISTER_ROW = 32  # row elements a thread keeps in registers (64 spilled at 512 threads)
 SMEM_BUDGET = 200 * 1024  # leave room for reduction scratch and barriers
@@ -97,7 +110,11 @@ class NormalizationScheduler:
             return None
         item = max(fusion.inputs[k].dtype.size for k in cands)
         for k in cands:
-            if tma_describable(info.tensors[k], rows_dims):
+            why = tma_describable(info.tensors[k], rows_dims)
+            if why and "staging" in overrides:
+                # both stagings read rows in 16-byte pieces: a tensor map's rules are theirs
+                raise CircbufError(f"schedule(staging={overrides['staging']!r}): input {k}: {why}")
+            if why:
                 return None
         vec = 16 // item
         box = MAX_BOX if R >= MAX_BOX else R
@@ -135,6 +152,63 @@ class NormalizationScheduler:
         in_regs = overrides.get(
             "rows_in_registers", per_thread <= MAX_REGISTER_ROW and isinstance(r_ext, (Var, Const))
         )
+        vin = []
+        for t in info.tensors:
+            ok = (
+                t is not None
+                and R % vec == 0
+                and vec * t.itemsize <= 16  # an fp32 weight next to bf16 rows: 8 floats are 32 bytes
+                and t.align % 16 == 0
+                and t.sizes
+                and t.strides[-1] == 1
+            )
+            vin.append(bool(ok))
+        staging = overrides.get("staging")
+        if staging not in (None, "tma", "registers"):
+            raise CircbufError(f"schedule(staging={staging!r}): 'tma' or 'registers'")
+        asks_tma = [k for k in ("stages", "prefetch", "war", "warp_specialized") if k in overrides]
+        if staging is None:
+            # a row held in registers is loaded straight into them: measured on H100 (issue 10,
+            # --variants) 0.93-0.98 of copy on every listed shape against 0.78-0.93 through the
+            # TMA ring, whose one-CTA-at-a-time pipeline keeps fewer bytes in flight per SM
+            staging = "registers" if in_regs and not asks_tma and all(vin[k] for k in cands) else "tma"
+        if staging == "registers":
+            why = None
+            if not in_regs:
+                why = f"a row of {R} is not held in registers ({per_thread} elements per thread)"
+            elif asks_tma:
+                why = f"{', '.join(asks_tma)} describe the TMA ring"
+            elif not all(vin[k] for k in cands):
+                why = "the rows cannot be read in 16-byte vectors"
+            if why:
+                raise CircbufError(f"schedule(staging='registers'): {why}")
+            if "rows" not in overrides:
+                # CTAs of <= 256 threads: rows of 512 as 8 per CTA, not 16 (H100, --variants:
+                # +0.2-2%, more CTAs per SM under the same 64-register cap)
+                while y > 1 and y * threads > 256:
+                    y //= 2
+            return NormalizationParams(
+                staging=staging,
+                rows=y,
+                threads=threads,
+                vectorize=vec,
+                box_cols=box,
+                stages=1,
+                prefetch=0,
+                grid=max(1, -(-rows // y)),
+                blocks_per_sm=_register_bound(
+                    overrides,
+                    threads * y,
+                    y * R * sum(fusion.inputs[k].dtype.size for k in cands),
+                    info,
+                    -(-rows // y),
+                ),
+                war="block_sync",
+                warp_specialized=False,
+                row_length=R,
+                vectorize_inputs=tuple(vin),
+                vectorize_outputs=_vectorize_outputs(fusion, info, lmap, ref, R, vec),
+            )
         stage_bytes = y * padded * item * len(cands)
         stages = overrides.get("stages", 3 if stage_bytes >= (32768 if in_regs else 16384) else 2)
         prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
@@ -168,18 +242,8 @@ class NormalizationScheduler:
         grid = max(1, min(-(-rows // y), info.sm_count * per_sm))
         if grid < info.sm_count * per_sm and "blocks_per_sm" not in overrides:
             bound = 0  # fewer row blocks than CTA slots: no register cap needed
-        vin = []
-        for t in info.tensors:
-            ok = (
-                t is not None
-                and R % vec == 0
-                and vec * t.itemsize <= 16  # an fp32 weight next to bf16 rows: 8 floats are 32 bytes
-                and t.align % 16 == 0
-                and t.sizes
-                and t.strides[-1] == 1
-            )
-            vin.append(bool(ok))
         return NormalizationParams(
+            staging=staging,
             rows=y,
             threads=threads,
             vectorize=vec,
@@ -192,15 +256,7 @@ class NormalizationScheduler:
             warp_specialized=bool(overrides.get("warp_specialized", False)),
             row_length=R if in_regs else 0,
             vectorize_inputs=tuple(vin),
-            # an fp32 output of bf16 rows cannot take 8-element (32-byte) stores
-            vectorize_outputs=tuple(
-                R % vec == 0
-                and vec * o.dtype.size <= 16
-                and o.ndim == len(ref.logical)  # a full row, not a reduction's result
-                and aligned(lmap, o, ref)
-                and output_vectorizable(fusion, info, k, o.ndim - 1, vec)
-                for k, o in enumerate(fusion.outputs)
-            ),
+            vectorize_outputs=_vectorize_outputs(fusion, info, lmap, ref, R, vec),
         )
 
     @staticmethod
@@ -217,6 +273,9 @@ class NormalizationScheduler:
         smem = []
         for k in cands:
             x = fusion.inputs[k]
+            if params.staging == "registers":
+                smem.append((None, x.cache_after()))  # registers, 16-byte loads from global memory
+                continue
             xs = x.cache_after(op="tma")
             xl = xs.cache_after()  # registers, 16-byte vector reads of shared memory
             smem.append((xs, xl))
@@ -227,7 +286,7 @@ class NormalizationScheduler:
         ref = _reductions(fusion)[0]
         row_scalar = once_per_row(lmap, ref)
 
-        shared = {id(xs) for xs, _ in smem}
+        shared = {id(xs) for xs, _ in smem if xs is not None}
         if params.row_length:  # the register copy of the row is made once and read by every pass
             shared |= {id(xl) for _, xl in smem}
         recompute_multi_use(
@@ -248,6 +307,8 @@ class NormalizationScheduler:
 
         inline_intermediates(fusion, 3, row_scalar)
         for xs, _ in smem:
+            if xs is None:
+                continue
 
             def box(t):
                 _row_transforms(t, params)
@@ -281,6 +342,41 @@ class NormalizationScheduler:
             for _, xl in smem:
                 xl.inline_at(3)
                 xl.axis(5).parallelize(ParallelType.Vectorize)
+
+
+def _vectorize_outputs(fusion, info, lmap, ref, R, vec):
+    """Per output: stored in 16-byte vectors (a full row, aligned, contiguous)."""
+    return tuple(
+        R % vec == 0
+        and vec * o.dtype.size <= 16  # an fp32 output of bf16 rows cannot take 8-element (32-byte) stores
+        and o.ndim == len(ref.logical)  # a full row, not a reduction's result
+        and aligned(lmap, o, ref)
+        and output_vectorizable(fusion, info, k, o.ndim - 1, vec)
+        for k, o in enumerate(fusion.outputs)
+    )
+
+
+# Bytes of rows in flight per SM that hide HBM latency when each CTA loads its rows
+# straight into registers (H100, issue 10 --variants, one row block per CTA): 30 KB ->
+# 0.76 of copy (layer_norm 10000x5000, 3 CTAs of 10 KB), 32 KB -> 0.77 (layer_norm
+# 8192x16384, 1 CTA), 48 KB -> 0.98 (layer_norm 32768x4096, 3 CTAs of 16 KB), 50 KB ->
+# 0.92, 64 KB -> 0.97-0.98.
+ROW_BYTES_IN_FLIGHT = 48 * 1024
+MIN_REGISTER_CAP = 64  # below it, layer_norm at 5000 columns spills 64+ bytes
+
+
+def _register_bound(overrides, cta, cta_bytes, info, grid):
+    """CTAs per SM for __launch_bounds__ of the register-staged kernel: enough for
+    ROW_BYTES_IN_FLIGHT, never a register cap below MIN_REGISTER_CAP; 0 (no cap) when
+    the grid does not fill the SMs at that count."""
+    if "blocks_per_sm" in overrides:
+        b = overrides["blocks_per_sm"]
+        if not isinstance(b, int) or not 1 <= b * cta <= 2048:
+            raise CircbufError(f"schedule(blocks_per_sm={b}): {cta} threads per CTA allow 1 to {2048 // cta}")
+        return b
+    want = -(-ROW_BYTES_IN_FLIGHT // cta_bytes)
+    b = min(want, 2048 // cta, 65536 // (MIN_REGISTER_CAP * cta))
+    return b if b >= 1 and grid >= info.sm_count * b else 0
 
 
 def _row_transforms(tv, params):

@@ -78,28 +78,38 @@ class PointwiseTmaParams(Params):
 
 @dataclass(frozen=True)
 class NormalizationParams(Params):
-    """Inner-persistent normalization: rows staged through a TMA circular buffer.
+    """Inner-persistent normalization. ``staging="tma"``: rows staged through a TMA
+    circular buffer by a persistent grid; ``"registers"``: each CTA loads its row block
+    straight into registers (16-byte loads), one row block per CTA.
 
     Loop domain of the reduction: [row_iter, BIDx{grid}, TIDy{rows}, r_o, TIDx{threads}, V{vectorize}];
-    the shared buffer: [row_iter, BIDx, box_iter, Bulk{rows}, Bulk{box_cols}].
+    the shared buffer (tma): [row_iter, BIDx, box_iter, Bulk{rows}, Bulk{box_cols}].
+
+    >>> NormalizationParams(staging="registers", rows=2, grid=16384, row_length=4096).brief()
+    'Normalization params: staging=registers, rows=2, threads=128, vectorize=8, grid=16384, blocks_per_sm=0, row_length=4096'
     """
 
     name = "Normalization params"
+    staging: str = "tma"  # "registers": rows loaded from global memory straight into registers
     rows: int = 1
     threads: int = 128
     vectorize: int = 8
-    box_cols: int = 256
-    stages: int = 2
-    prefetch: int = 1
+    box_cols: int = field(default=256, metadata={"tma": True})
+    stages: int = field(default=2, metadata={"tma": True})
+    prefetch: int = field(default=1, metadata={"tma": True})
     grid: int = 132
     blocks_per_sm: int = (
         0  # CTAs per SM the grid is sized for; > 0: __launch_bounds__ caps registers to fit them
     )
-    war: str = "block_sync"
-    warp_specialized: bool = False
+    war: str = field(default="block_sync", metadata={"tma": True})
+    warp_specialized: bool = field(default=False, metadata={"tma": True})
     row_length: int = 0  # > 0: rows live in registers, the kernel is compiled for this length
     vectorize_inputs: tuple = ()
     vectorize_outputs: tuple = ()
+
+    def _shown(self) -> list:
+        """The TMA ring's fields only where there is one."""
+        return [f for f in super()._shown() if self.staging == "tma" or not f.metadata.get("tma")]
 
 
 @dataclass(frozen=True)
