@@ -10,13 +10,14 @@ Two ways to bring the rows in (``NormalizationParams.staging``):
 
 ``registers`` (the default wherever a row fits in registers, <= 32 elements per
 thread): each input row is read once from global memory with 16-byte loads into a
-register copy that every pass reads; G = ceilDiv(I, Y), one row block per CTA, and
+register copy that every pass reads (vectors of 16 bytes of the widest input dtype); G = ceilDiv(I, Y), one row block per CTA, and
 the hardware overlaps the loads of the CTAs resident on an SM. __launch_bounds__ asks
 for enough CTAs per SM to keep ROW_BYTES_IN_FLIGHT of rows loading::
 
     x_l[iS{1}, iblockIdx.x{G}, ithreadIdx.y{Y}, iS{R/(T*V)}, ithreadIdx.x{T}, iV{V}] ca_pos(3)
 
-``tma`` (longer rows, or asked for: staging="tma", stages=, warp_specialized=): a
+``tma`` (longer rows, or asked for: staging="tma", stages=, prefetch=, war=,
+warp_specialized=): a
 persistent grid; the TMA buffer of each input row block (loaded once, read by every
 pass)::
 
@@ -91,14 +92,17 @@ class NormalizationScheduler:
 
     @staticmethod
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
-        """Params, or None to hand the fusion to the plain reduction scheduler."""
+        """Params, or None to hand the fusion to the plain reduction scheduler (an error
+        naming why instead when a ``staging`` was asked for)."""
+        if overrides.get("staging") not in (None, "tma", "registers"):
+            raise CircbufError(f"schedule(staging={overrides['staging']!r}): 'tma' or 'registers'")
         if overrides.get("tma", True) is False:
-            return None
+            return _decline(overrides, "tma=False asks for the plain reduction kernel")
         ref = _reductions(fusion)[0]
         n_red = sum(i.is_reduction for i in ref.logical)
         rows_dims = len(ref.logical) - n_red
         if rows_dims == 0 or n_red != 1:
-            return None
+            return _decline(overrides, "rows and one reduced innermost axis are needed")
         R = evaluate([i for i in ref.logical if i.is_reduction][0].extent, info.extents)
         rows = 1
         for i in ref.logical:
@@ -107,19 +111,16 @@ class NormalizationScheduler:
         lmap = LogicalMap(fusion)
         cands = full_shape_inputs(fusion, ref, lmap)
         if not cands:
-            return None
+            return _decline(overrides, "no input has the rows' full shape")
         item = max(fusion.inputs[k].dtype.size for k in cands)
         for k in cands:
             why = tma_describable(info.tensors[k], rows_dims)
-            if why and "staging" in overrides:
-                # both stagings read rows in 16-byte pieces: a tensor map's rules are theirs
-                raise CircbufError(f"schedule(staging={overrides['staging']!r}): input {k}: {why}")
-            if why:
-                return None
+            if why:  # both stagings read rows in 16-byte pieces: a tensor map's rules are theirs
+                return _decline(overrides, f"input {k}: {why}")
         vec = 16 // item
         box = MAX_BOX if R >= MAX_BOX else R
         if (box * item) % 16:
-            return None
+            return _decline(overrides, f"a row of {R} x {item} bytes is not a multiple of 16 bytes")
         padded = -(-R // box) * box
         threads = overrides.get("threads")
         if threads is None:
@@ -142,9 +143,11 @@ class NormalizationScheduler:
                 and y < rows
             ):
                 y *= 2
-        # measured on H200 (benchmarks/normalization.py --sweep): a third stage pays
-        # once a stage holds >= 16 KB when passes re-read the stage, >= 32 KB when
-        # the row is copied to registers at once (the stage is freed early)
+        producer = threads if overrides.get("warp_specialized") else 0
+        if threads * y + producer > 1024:
+            raise CircbufError(
+                f"schedule(rows={y}, threads={threads}): {threads * y + producer} threads per CTA exceed 1024"
+            )
         per_thread = -(-R // (threads * vec)) * vec  # row elements each thread holds
         # a row kept in registers is compiled for its length: an extent the kernel
         # computes (a reshape's) cannot be specialized
@@ -164,13 +167,18 @@ class NormalizationScheduler:
             )
             vin.append(bool(ok))
         staging = overrides.get("staging")
-        if staging not in (None, "tma", "registers"):
-            raise CircbufError(f"schedule(staging={staging!r}): 'tma' or 'registers'")
-        asks_tma = [k for k in ("stages", "prefetch", "war", "warp_specialized") if k in overrides]
+        # the TMA ring's names, given a value other than their default, ask for the ring
+        ring_defaults = {"war": "block_sync", "warp_specialized": False}
+        asks_tma = [
+            k
+            for k in ("stages", "prefetch", "war", "warp_specialized")
+            if k in overrides and (k not in ring_defaults or overrides[k] != ring_defaults[k])
+        ]
         if staging is None:
             # a row held in registers is loaded straight into them: measured on H100 (issue 10,
-            # --variants) 0.93-0.98 of copy on every listed shape against 0.78-0.93 through the
-            # TMA ring, whose one-CTA-at-a-time pipeline keeps fewer bytes in flight per SM
+            # benchmarks/normalization.py) 0.85-0.98 of copy on the 21 listed bf16 shapes, each
+            # faster than through the TMA ring (0.78-0.93), whose persistent pipeline keeps
+            # fewer bytes in flight per SM
             staging = "registers" if in_regs and not asks_tma and all(vin[k] for k in cands) else "tma"
         if staging == "registers":
             why = None
@@ -179,7 +187,7 @@ class NormalizationScheduler:
             elif asks_tma:
                 why = f"{', '.join(asks_tma)} describe the TMA ring"
             elif not all(vin[k] for k in cands):
-                why = "the rows cannot be read in 16-byte vectors"
+                why = "the rows cannot be read in vectors"
             if why:
                 raise CircbufError(f"schedule(staging='registers'): {why}")
             if "rows" not in overrides:
@@ -209,6 +217,9 @@ class NormalizationScheduler:
                 vectorize_inputs=tuple(vin),
                 vectorize_outputs=_vectorize_outputs(fusion, info, lmap, ref, R, vec),
             )
+        # measured on H200 (benchmarks/normalization.py --sweep): a third stage pays
+        # once a stage holds >= 16 KB when passes re-read the stage, >= 32 KB when
+        # the row is copied to registers at once (the stage is freed early)
         stage_bytes = y * padded * item * len(cands)
         stages = overrides.get("stages", 3 if stage_bytes >= (32768 if in_regs else 16384) else 2)
         prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
@@ -217,7 +228,7 @@ class NormalizationScheduler:
                 raise CircbufError(
                     f"schedule(stages={stages}): {stages} x {stage_bytes} bytes of row buffers exceed shared memory"
                 )
-            return None
+            return _decline(overrides, f"{stages} x {stage_bytes} bytes of row buffers exceed shared memory")
         # CTAs per SM (measured on H100, issue 10, benchmarks/normalization.py --variants):
         # one CTA leaves its reduction barriers and row hand-offs unhidden (softmax 8192x16384
         # 0.70 of copy at 1, 0.91 at 2); CTAs of <= 256 threads run best at 3 (rows of 1024,
@@ -229,11 +240,7 @@ class NormalizationScheduler:
         per_sm = max(1, min(want, 228 * 1024 // (stages * stage_bytes + 2048), 2048 // cta))
         bound = per_sm
         if "blocks_per_sm" in overrides:
-            per_sm = bound = overrides["blocks_per_sm"]
-            if not isinstance(per_sm, int) or not 1 <= per_sm * threads * y <= 2048:
-                raise CircbufError(
-                    f"schedule(blocks_per_sm={per_sm}): {threads * y} threads per CTA allow 1 to {2048 // (threads * y)}"
-                )
+            per_sm = bound = _blocks_override(overrides["blocks_per_sm"], threads * y)
             if per_sm * (stages * stage_bytes + 2048) > 228 * 1024:
                 raise CircbufError(
                     f"schedule(blocks_per_sm={per_sm}): {per_sm} x {stages} x {stage_bytes} bytes of row buffers "
@@ -262,7 +269,7 @@ class NormalizationScheduler:
     @staticmethod
     def schedule(fusion: Fusion, params: NormalizationParams):
         hoist_broadcasts(fusion)
-        # the grid holds blocks_per_sm CTAs per SM: registers are capped so that they all fit
+        # __launch_bounds__(threads, blocks_per_sm): registers capped so that that many CTAs fit
         fusion.launch_min_blocks = 0 if params.warp_specialized else params.blocks_per_sm
         ref0 = _reductions(fusion)[0]
         if params.row_length:
@@ -365,15 +372,27 @@ ROW_BYTES_IN_FLIGHT = 48 * 1024
 MIN_REGISTER_CAP = 64  # below it, layer_norm at 5000 columns spills 64+ bytes
 
 
+def _decline(overrides, why):
+    """None (the plain reduction kernel takes the fusion), or an error naming why when a
+    staging was asked for: an override is never dropped silently."""
+    if "staging" in overrides:
+        raise CircbufError(f"schedule(staging={overrides['staging']!r}): {why}")
+    return None
+
+
+def _blocks_override(b, cta):
+    """The ``blocks_per_sm`` override, checked: CTAs per SM of ``cta`` threads."""
+    if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b * cta <= 2048:
+        raise CircbufError(f"schedule(blocks_per_sm={b!r}): {cta} threads per CTA allow 1 to {2048 // cta}")
+    return b
+
+
 def _register_bound(overrides, cta, cta_bytes, info, grid):
     """CTAs per SM for __launch_bounds__ of the register-staged kernel: enough for
     ROW_BYTES_IN_FLIGHT, never a register cap below MIN_REGISTER_CAP; 0 (no cap) when
     the grid does not fill the SMs at that count."""
     if "blocks_per_sm" in overrides:
-        b = overrides["blocks_per_sm"]
-        if not isinstance(b, int) or not 1 <= b * cta <= 2048:
-            raise CircbufError(f"schedule(blocks_per_sm={b}): {cta} threads per CTA allow 1 to {2048 // cta}")
-        return b
+        return _blocks_override(overrides["blocks_per_sm"], cta)
     want = -(-ROW_BYTES_IN_FLIGHT // cta_bytes)
     b = min(want, 2048 // cta, 65536 // (MIN_REGISTER_CAP * cta))
     return b if b >= 1 and grid >= info.sm_count * b else 0

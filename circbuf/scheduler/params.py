@@ -98,9 +98,7 @@ class NormalizationParams(Params):
     stages: int = field(default=2, metadata={"tma": True})
     prefetch: int = field(default=1, metadata={"tma": True})
     grid: int = 132
-    blocks_per_sm: int = (
-        0  # CTAs per SM the grid is sized for; > 0: __launch_bounds__ caps registers to fit them
-    )
+    blocks_per_sm: int = 0  # > 0: __launch_bounds__ caps registers so that this many CTAs fit per SM (tma: the grid holds that many)
     war: str = field(default="block_sync", metadata={"tma": True})
     warp_specialized: bool = field(default=False, metadata={"tma": True})
     row_length: int = 0  # > 0: rows live in registers, the kernel is compiled for this length
