@@ -180,6 +180,12 @@ class NormalizationScheduler:
             # faster than through the TMA ring (0.78-0.93), whose persistent pipeline keeps
             # fewer bytes in flight per SM
             staging = "registers" if in_regs and not asks_tma and all(vin[k] for k in cands) else "tma"
+        common = dict(  # the fields both stagings set alike
+            threads=threads,
+            vectorize=vec,
+            vectorize_inputs=tuple(vin),
+            vectorize_outputs=_vectorize_outputs(fusion, info, lmap, ref, R, vec),
+        )
         if staging == "registers":
             why = None
             if not in_regs:
@@ -195,27 +201,17 @@ class NormalizationScheduler:
                 # +0.2-2%, more CTAs per SM under the same 64-register cap)
                 while y > 1 and y * threads > 256:
                     y //= 2
+            blocks = -(-rows // y)  # one row block per CTA
+            cta_bytes = y * R * sum(fusion.inputs[k].dtype.size for k in cands)
             return NormalizationParams(
-                staging=staging,
+                staging="registers",
                 rows=y,
-                threads=threads,
-                vectorize=vec,
-                box_cols=box,
                 stages=1,
                 prefetch=0,
-                grid=max(1, -(-rows // y)),
-                blocks_per_sm=_register_bound(
-                    overrides,
-                    threads * y,
-                    y * R * sum(fusion.inputs[k].dtype.size for k in cands),
-                    info,
-                    -(-rows // y),
-                ),
-                war="block_sync",
-                warp_specialized=False,
+                grid=max(1, blocks),
+                blocks_per_sm=_register_bound(overrides, threads * y, cta_bytes, info, blocks),
                 row_length=R,
-                vectorize_inputs=tuple(vin),
-                vectorize_outputs=_vectorize_outputs(fusion, info, lmap, ref, R, vec),
+                **common,
             )
         # measured on H200 (benchmarks/normalization.py --sweep): a third stage pays
         # once a stage holds >= 16 KB when passes re-read the stage, >= 32 KB when
@@ -250,10 +246,8 @@ class NormalizationScheduler:
         if grid < info.sm_count * per_sm and "blocks_per_sm" not in overrides:
             bound = 0  # fewer row blocks than CTA slots: no register cap needed
         return NormalizationParams(
-            staging=staging,
+            staging="tma",
             rows=y,
-            threads=threads,
-            vectorize=vec,
             box_cols=box,
             stages=stages,
             prefetch=prefetch,
@@ -262,8 +256,7 @@ class NormalizationScheduler:
             war=overrides.get("war", "block_sync"),
             warp_specialized=bool(overrides.get("warp_specialized", False)),
             row_length=R if in_regs else 0,
-            vectorize_inputs=tuple(vin),
-            vectorize_outputs=_vectorize_outputs(fusion, info, lmap, ref, R, vec),
+            **common,
         )
 
     @staticmethod
