@@ -12,4 +12,4 @@ for ((i = 0; i < jobs; i++)); do
     > "$OUT/fuzz_$((s0 + i)).log" 2>&1 &
 done
 wait
-for ((i = 0; i < jobs; i++)); do echo "== seed $((s0 + i))"; sed -n "/^cases:/,$p" "$OUT/fuzz_$((s0 + i)).log" | head -n ${TAIL:-40}; done
+for ((i = 0; i < jobs; i++)); do echo "== seed $((s0 + i))"; sed -n '/^cases:/,$p' "$OUT/fuzz_$((s0 + i)).log" | head -n ${TAIL:-40}; done
