@@ -322,3 +322,136 @@ def test_eps_may_be_a_fusion_scalar():
     (out,) = interpret(fd, [X, 1e-6])
     ref = X.double() * torch.rsqrt(X.double().pow(2).mean(-1, keepdim=True) + 1e-6)
     assert_close(out, ref)
+
+
+# --------------------------------------------- 1: reductions over an axis of extent 0
+# (sum 0, prod 1, mean NaN as torch; max/min the init -inf/+inf, as nvFuser's
+# empty-reduction pass gives: torch raises there)
+ZERO_CASES = [
+    ((5, 0), [1]),
+    ((0, 96), [0]),
+    ((3, 0), [0, 1]),
+    ((8, 0, 64), [1]),
+    ((0,), [0]),
+    ((4096, 0), [1]),
+]
+ZERO_REFS = {
+    "sum": lambda x, d: x.sum(d),
+    "prod": lambda x, d: torch.ones_like(x.sum(d)),
+    "mean": lambda x, d: x.mean(d),
+    "max": lambda x, d: torch.full_like(x.sum(d), -float("inf")),
+    "min": lambda x, d: torch.full_like(x.sum(d), float("inf")),
+}
+
+
+def _zero_reduction(op, rank, dims, dtype=D.Float, keepdim=False):
+    with cb.FusionDefinition() as fd:
+        fd.add_output(getattr(fd.ops, op)(fd.define_tensor([-1] * rank, dtype=dtype), dims, keepdim))
+    return fd
+
+
+def _mean_sub_sum():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        t1 = fd.ops.mean(x, [1], keepdim=True)
+        fd.add_output(fd.ops.sum(fd.ops.sub(x, t1), [0]))
+    return fd
+
+
+@pytest.mark.parametrize("shape, dims", ZERO_CASES)
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])  # the interpreter has no prod
+def test_reduction_over_an_empty_axis_gives_the_identity(op, shape, dims):
+    x = torch.randn(*shape)
+    (out,) = interpret(_zero_reduction(op, len(shape), dims), [x])
+    assert_close(out, ZERO_REFS[op](x.double(), dims))
+
+
+def _interpret_segments(fd, inputs):
+    """``interpret`` for a fusion that runs as several kernels: each segment in turn."""
+    from tests.kir_interp import interpret_executor
+
+    ex = fd._get_executor()
+    fd.compile(inputs, arch="sm_90a")
+    seg, subs = ex._segments
+    vals = {}
+    info, _ = ex._bind(inputs, need_cuda=False)
+    for s, sub in zip(seg.segments, subs):
+        args = [
+            inputs[k] if kind == "input" else vals[k] if kind == "tensor" else info.extents[k]
+            for kind, k in s.inputs
+        ]
+        for name, o in zip(s.outputs, interpret_executor(sub, args, finish=False)):
+            vals[name] = o
+    return [vals[o.name] for o in ex.fusion.outputs]
+
+
+def test_reductions_over_empty_axes_from_the_issue():
+    (out,) = _interpret_segments(_mean_sub_sum(), [torch.randn(0, 96)])
+    assert torch.equal(out, torch.zeros(96))
+    x = torch.randn(3, 0, dtype=torch.bfloat16)
+    (out,) = interpret(_zero_reduction("sum", 2, [0, 1], D.BFloat16, keepdim=True), [x])
+    assert out.shape == (1, 1) and torch.equal(out.float(), torch.zeros(1, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, dims", ZERO_CASES)
+@pytest.mark.parametrize("op", ["sum", "prod", "mean", "max", "min"])
+def test_reduction_over_an_empty_axis_on_the_gpu(op, shape, dims, poison):
+    x = torch.randn(*shape, device=DEV)
+    (out,) = _zero_reduction(op, len(shape), dims).execute([x])
+    assert_close(out, ZERO_REFS[op](x.double(), dims))
+
+
+@pytest.mark.gpu
+def test_reductions_over_empty_axes_from_the_issue_on_the_gpu(poison):
+    (out,) = _mean_sub_sum().execute([torch.randn(0, 96, device=DEV)])
+    assert_close(out, torch.zeros(96, dtype=torch.float64))
+    x = torch.randn(3, 0, dtype=torch.bfloat16, device=DEV)
+    (out,) = _zero_reduction("sum", 2, [0, 1], D.BFloat16, keepdim=True).execute([x])
+    assert_close(out, torch.zeros(1, 1, dtype=torch.float64))
+
+
+# ------------------------------------------------- 7: views over extents of 0
+def _empty_view_fusion():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([1, -1, -1, -1], dtype=D.Float)
+        r = fd.ops.reshape(x, [-1, 64, 31])
+        b = fd.ops.broadcast(r, [True, False, False, False])
+        fd.add_output(fd.ops.expand(b, [4, 0, 64, 31]))
+        fd.add_output(fd.ops.mul(b, 2.0))
+    fd.fusion.schedule(vectorize=4)
+    return fd
+
+
+def test_views_over_extents_of_0_compile():
+    """An index of the empty view divides by a constant 0: left to run time
+    (no thread reaches it), once a ZeroDivisionError when folding it."""
+    from circbuf.ir.scalar import Bin, Const
+
+    assert isinstance(Const(5) // Const(0), Bin) and isinstance(Const(5) % Const(0), Bin)
+    fd = _empty_view_fusion()
+    x = torch.randn(1, 0, 64, 31)
+    assert fd.compile([x], arch="sm_90a").cubin
+    outs = interpret(fd, [x])
+    assert [tuple(o.shape) for o in outs] == [(4, 0, 64, 31), (1, 0, 64, 31)]
+
+
+@pytest.mark.gpu
+def test_views_over_extents_of_0_on_the_gpu(poison):
+    outs = _empty_view_fusion().execute([torch.randn(1, 0, 64, 31, device=DEV)])
+    assert [tuple(o.shape) for o in outs] == [(4, 0, 64, 31), (1, 0, 64, 31)]
+
+
+# ----------------------------------------------- 10: manual schedules of a matmul
+@pytest.mark.parametrize("op", ["matmul", "linear"])
+def test_manual_schedule_of_a_matmul_is_refused_by_name(op):
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        c = getattr(fd.ops, op)(a, b)
+        fd.add_output(c)
+    c.split(0, 64)
+    w = torch.randn(128, 64) if op == "linear" else torch.randn(64, 128)
+    x = [torch.randn(128, 64, dtype=torch.bfloat16), w.to(torch.bfloat16)]
+    with pytest.raises(cb.CircbufError, match=f"{op} T2: manual scheduling of a fusion with a matmul"):
+        fd.compile(x, arch="sm_90a")
