@@ -455,3 +455,83 @@ def test_manual_schedule_of_a_matmul_is_refused_by_name(op):
     x = [torch.randn(128, 64, dtype=torch.bfloat16), w.to(torch.bfloat16)]
     with pytest.raises(cb.CircbufError, match=f"{op} T2: manual scheduling of a fusion with a matmul"):
         fd.compile(x, arch="sm_90a")
+
+
+# ------------------------------------------ 6: matmul of 1-D and small operands
+MM_SHAPES = [
+    ((64,), (64, 32)),  # [K] @ [K, N]
+    ((32, 64), (64,)),  # [M, K] @ [K]
+    ((64,), (64,)),  # [K] @ [K]
+    ((1, 64), (64, 1)),
+    ((2, 3), (3, 5)),
+    ((3,), (2, 3, 5)),
+    ((2, 3, 64), (64,)),
+    ((8, 8), (8, 8)),
+    ((1, 256), (256, 512)),
+]
+LINEAR_SHAPES = [
+    ((64,), (32, 64), (32,)),
+    ((64,), (32, 64), None),
+    ((64,), (64,), None),
+    ((3, 64), (32, 64), (32,)),
+]
+MM_DTYPES = [D.BFloat16, D.Half, D.Float]
+
+
+def _mm_fusion(op, shapes, dtype, fixed):
+    with cb.FusionDefinition() as fd:
+        xs = [
+            None if s is None else fd.define_tensor(list(s) if fixed else [-1] * len(s), dtype=dtype)
+            for s in shapes
+        ]
+        fd.add_output(fd.ops.matmul(*xs) if op == "matmul" else fd.ops.linear(*xs))
+    return fd
+
+
+def _mm_inputs(shapes, dtype, device="cpu"):
+    return [torch.randn(*s, dtype=TORCH[dtype], device=device) for s in shapes if s is not None]
+
+
+def _mm_ref(op, xs):
+    xs = [x.double() for x in xs]
+    return xs[0] @ xs[1] if op == "matmul" else torch.nn.functional.linear(*xs)
+
+
+def _single_k_step_mma(shapes, dtype):
+    """A tensor-core matmul (16-bit, 2-D operands, M and N > 1) whose K fits one k step."""
+    a, b = shapes[0], shapes[1]
+    return dtype != D.Float and len(a) >= 2 and len(b) >= 2 and a[-1] <= 64 and 1 not in (a[-2], b[0], b[-1])
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+@pytest.mark.parametrize("dtype", MM_DTYPES)
+def test_small_and_vector_matmuls_compile(dtype, fixed):
+    for op, cases in [("matmul", MM_SHAPES), ("linear", LINEAR_SHAPES)]:
+        for shapes in cases:
+            if fixed and _single_k_step_mma(shapes, dtype):
+                continue  # test_fixed_single_k_step_matmul below
+            fd = _mm_fusion(op, shapes, dtype, fixed)
+            assert fd.compile(_mm_inputs(shapes, dtype), arch="sm_90a").cubin, (op, shapes)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=cb.CircbufError,
+    reason="K fixed at one k step (64) in the definition: the circular_buffer pass finds the readers' "
+    "k loop (extent 4) unlike the ring's (extent 1); dynamic K compiles",
+)
+def test_fixed_single_k_step_matmul():
+    shapes = ((3, 64), (64, 32))
+    _mm_fusion("matmul", shapes, D.BFloat16, True).compile(_mm_inputs(shapes, D.BFloat16), arch="sm_90a")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", MM_DTYPES)
+def test_small_and_vector_matmuls_match_torch(dtype, poison):
+    for op, cases in [("matmul", MM_SHAPES), ("linear", LINEAR_SHAPES)]:
+        for shapes in cases:
+            xs = _mm_inputs(shapes, dtype, DEV)
+            (out,) = _mm_fusion(op, shapes, dtype, False).execute(xs)
+            tol = 1e-4 if dtype == D.Float else None  # fp32 accumulation over K = 256
+            assert out.dtype == TORCH[dtype]
+            assert_close(out, _mm_ref(op, xs).to(out.dtype), rtol=tol, atol=tol)
