@@ -29,7 +29,18 @@ import operator
 import struct
 
 from . import knobs
-from .ir import CircbufError, DataType, Fusion, ParallelType, ReshapeOp, TensorView, Var, evaluate
+from .ir import (
+    CircbufError,
+    DataType,
+    Fusion,
+    LinearOp,
+    MatmulOp,
+    ParallelType,
+    ReshapeOp,
+    TensorView,
+    Var,
+    evaluate,
+)
 from .lowering import codegen, lower
 from .lowering.kir import target_needs
 from .runtime.executor import (
@@ -242,6 +253,13 @@ class FusionExecutor:
             if overrides:
                 raise CircbufError("schedule() overrides do not apply to a manually scheduled fusion")
             for e in fusion.exprs():
+                if isinstance(e, (MatmulOp, LinearOp)):
+                    # a matmul lowers only through the matmul scheduler's MMA (or SIMT) translation
+                    raise CircbufError(
+                        f"{type(e).__name__[:-2].lower()} {e.out.name}: manual scheduling of a fusion with a "
+                        "matmul is not supported (its schedule comes from the matmul scheduler); leave its "
+                        "tensors untransformed, or tune it with fd.fusion.schedule(tile=..., stages=...)"
+                    )
                 if isinstance(e, ReshapeOp) and not e.concrete:
                     raise CircbufError(
                         f"{e}: a manually scheduled fusion needs reshapes of fixed sizes "

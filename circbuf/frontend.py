@@ -741,7 +741,12 @@ class Ops:
         if _is_tv(cond) and cond.dtype != DataType.Bool:
             cond = self.cast(cond, DataType.Bool)
         # a selection computes nothing: fp16 operands give an fp16 result (torch, nvFuser)
-        dt = self._result_dtype([a, b]) if _is_tv(a) or _is_tv(b) else DataType.Float
+        # two scalars: their promoted type, as nvFuser (a Python float is Double, an int Int64)
+        dt = (
+            self._result_dtype([a, b])
+            if _is_tv(a) or _is_tv(b)
+            else promote(_scalar_dtype(a), _scalar_dtype(b))
+        )
         a, b = self._cast_to(a, dt), self._cast_to(b, dt)
         out = self._new(ids, dt)
         TernaryOp(out, cond, a, b)
@@ -773,7 +778,13 @@ class Ops:
                     i.extent = ext
                     i.iter_type = IterType.Broadcast
                     i.expanded_extent = ext
-            elif isinstance(s, int) and s not in (-1,) and not i.is_broadcast:
+            elif i.is_broadcast:
+                # an axis of extent 1 placed at a wider extent is expanded to it (torch's expand,
+                # nvFuser's broadcast_in_dim): [1, 0] -> [0, 0], [2, 1, 4] -> [2, 3, 4]
+                ext = s if isinstance(s, Scalar) else Const(s) if isinstance(s, int) and s >= 0 else None
+                if ext is not None and not is_const(ext, 1):
+                    i.expanded_extent = ext
+            elif isinstance(s, int) and s not in (-1,):
                 if isinstance(i.extent, Const) and i.extent.value != s:
                     raise CircbufError(
                         f"broadcast_in_dim: axis {k} of {t.name} has extent {i.extent}, shape says {s}"
@@ -1031,12 +1042,18 @@ class Ops:
     def _dims(self, t, dims, what):
         if not _is_tv(t):
             raise CircbufError(f"{what}: operand must be a tensor")
-        if isinstance(dims, int):
+        if isinstance(dims, int) and not isinstance(dims, bool):
             dims = [dims]
         n = t.ndim
+        try:
+            dims = list(dims)
+        except TypeError:
+            raise CircbufError(
+                f"{what}: dims must be an int or a list of ints (axes of {t.name}), got {dims!r}"
+            ) from None
         out = []
         for d in dims:
-            if not isinstance(d, int) or not -n <= d < n:
+            if not isinstance(d, int) or isinstance(d, bool) or not -n <= d < n:
                 raise CircbufError(f"{what}: dim {d} out of range for {t.name} with {n} axes")
             out.append(d % n)
         if len(set(out)) != len(out):
@@ -1047,6 +1064,14 @@ class Ops:
         self._check(t)
         if not _is_tv(t):
             raise CircbufError(f"{op}: operand must be a tensor")
+        if isinstance(dims, DataType):  # nvFuser's op(t, dtype): over every axis
+            if dtype is not None:
+                raise CircbufError(f"{op}: dtype given twice ({dims.name} in place of dims, and {dtype})")
+            dims, dtype = list(range(t.ndim)), dims
+        if dtype is not None and not isinstance(dtype, DataType):
+            raise CircbufError(f"{op}: dtype must be a DataType, got {dtype!r}")
+        if not isinstance(keepdim, bool):
+            raise CircbufError(f"{op}: keepdim must be a bool, got {keepdim!r}")
         dims = self._dims(t, dims, op)
         acc = compute_type(t.dtype)
         if op in ("sum", "prod") and not acc.is_float:
@@ -1090,6 +1115,10 @@ class Ops:
         return n
 
     def mean(self, t, dims, keepdim=False, dtype=None):
+        if dtype is not None and not isinstance(dtype, DataType):
+            raise CircbufError(f"mean: dtype must be a DataType, got {dtype!r}")
+        if not isinstance(keepdim, bool):
+            raise CircbufError(f"mean: keepdim must be a bool, got {keepdim!r}")
         dims = self._dims(t, dims, "mean")
         s = self.sum(t, dims, keepdim)
         if not s.dtype.is_float:
@@ -1103,7 +1132,7 @@ class Ops:
 
         >>> # ops.var(x, [1], correction=0)
         """
-        return self.var_mean(t, dims, correction, keepdim)[0]
+        return self._var_mean(t, dims, correction, keepdim, "var")[0]
 
     def welford(self, t, dims):
         """``(avg, var_sum, n)`` over ``dims``, as nvFuser's welford: the mean, the
@@ -1120,7 +1149,14 @@ class Ops:
 
     def var_mean(self, t, dims, correction=1, keepdim=False):
         """(variance, mean) over ``dims``, ``correction`` as in torch."""
-        m, ss, dims = self._moments(t, dims, keepdim, "var_mean")
+        return self._var_mean(t, dims, correction, keepdim, "var_mean")
+
+    def _var_mean(self, t, dims, correction, keepdim, what):
+        if isinstance(correction, bool) or not isinstance(correction, (int, float)) or not correction >= 0:
+            raise CircbufError(f"{what}: correction must be a number >= 0 (torch's), got {correction!r}")
+        if not isinstance(keepdim, bool):
+            raise CircbufError(f"{what}: keepdim must be a bool, got {keepdim!r}")
+        m, ss, dims = self._moments(t, dims, keepdim, what)
         return self.div(ss, self._count(t, dims) - correction), m
 
     def _moments(self, t, dims, keepdim, what):
@@ -1136,46 +1172,110 @@ class Ops:
         return (mk if keepdim else m), self.sum(self.mul(d, d), dims, keepdim), dims
 
     # ------------------------------------------------------- composites
-    def softmax(self, x, dim):
-        """Numerically stable softmax in fp32; output in x's dtype."""
+    def _tensor_arg(self, x, what, arg, optional=False, float_only=False):
+        """``x`` is a tensor of this fusion (or None where ``optional``)."""
+        if x is None and optional:
+            return
+        if not _is_tv(x):
+            raise CircbufError(f"{what}: {arg} must be a tensor{' or None' if optional else ''}, got {x!r}")
         self._check(x)
+        if float_only and not x.dtype.is_float:
+            raise CircbufError(f"{what}: {arg} {x.name} must be floating point, it is {x.dtype.name}")
+
+    @staticmethod
+    def _eps(eps, what):
+        """A number or a fusion scalar (nvFuser's eps): never None, a string or a bool."""
+        if isinstance(eps, Scalar):
+            if eps.dtype == DataType.Bool:
+                raise CircbufError(f"{what}: eps must be a number, got a Bool scalar")
+            return eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            raise CircbufError(f"{what}: eps must be a number or a fusion scalar, got {eps!r}")
+        if not eps >= 0:
+            raise CircbufError(f"{what}: eps must be >= 0, got {eps!r}")
+        return float(eps)
+
+    def _affine_args(self, what, x, k, **params):
+        """weight/bias of a norm over the last ``k`` axes of ``x``: their
+        extents must be those axes' (as torch's normalized_shape)."""
+        tail = x.domain.no_reductions()[x.ndim - k :]
+        for arg, p in params.items():
+            self._tensor_arg(p, what, arg, optional=True, float_only=True)
+            if p is None:
+                continue
+            if p.ndim != k:
+                raise CircbufError(
+                    f"{what}: {arg} {p.name} has {p.ndim} axes; it must have the {k} normalized axes of {x.name}"
+                )
+            for j, (a, b) in enumerate(zip(p.domain.no_reductions(), tail)):
+                self._require_same(
+                    a.extent,
+                    b.extent,
+                    f"{what}: axis {j} of {arg} {p.name} ({a.extent}) differs from normalized axis {j} of "
+                    f"{x.name} ({b.extent})",
+                    f"{what}: {arg} {p.name} axis {j} == {x.name} axis {x.ndim - k + j}",
+                )
+
+    def softmax(self, x, dim):
+        """Numerically stable softmax in fp32 (Double stays); output in x's dtype."""
+        self._tensor_arg(x, "softmax", "x")
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise CircbufError(f"softmax: dim must be an int (an axis of {x.name}), got {dim!r}")
         (d,) = self._dims(x, [dim], "softmax")
         xf = self._cast_to(x, compute_type(x.dtype) if x.dtype.is_float else DataType.Float)
         m = self.max(xf, [d], keepdim=True)
-        # exp(x - m) as exp2((x - m) * log2(e)): exp2f is a few instructions
-        # cheaper than expf at the same accuracy (<= 2 ulp), and softmax is
-        # instruction-bound on Hopper once its input is in shared memory
-        e = self.exp2(self.mul(self.sub(xf, m), 1.4426950408889634))
+        if xf.dtype == DataType.Double:  # exact exp: exp2 of a rounded product loses bits in Double
+            e = self.exp(self.sub(xf, m))
+        else:
+            # exp(x - m) as exp2((x - m) * log2(e)): exp2f is a few instructions
+            # cheaper than expf at the same accuracy (<= 2 ulp), and softmax is
+            # instruction-bound on Hopper once its input is in shared memory
+            e = self.exp2(self.mul(self.sub(xf, m), 1.4426950408889634))
         s = self.sum(e, [d], keepdim=True)
         # one reciprocal per row, a multiply per element (a division per element is ~10 instructions)
         y = self.mul(e, self.reciprocal(s))
         return self._cast_to(y, x.dtype if x.dtype.is_float else DataType.Float)
 
     def layer_norm(self, x, weight=None, bias=None, eps=1e-5, normalized_ndim=None):
-        """LayerNorm over the last ``normalized_ndim`` axes (default: weight's rank, or 1)."""
-        self._check(x, weight, bias)
-        k = normalized_ndim or (weight.ndim if weight is not None else 1)
+        """LayerNorm over the last ``normalized_ndim`` axes (default: weight's rank, or 1);
+        fp32 math (Double stays Double), output in x's dtype."""
+        self._tensor_arg(x, "layer_norm", "x", float_only=True)
+        eps = self._eps(eps, "layer_norm")
+        if normalized_ndim is not None and (
+            isinstance(normalized_ndim, bool) or not isinstance(normalized_ndim, int)
+        ):
+            raise CircbufError(f"layer_norm: normalized_ndim must be an int, got {normalized_ndim!r}")
+        given = weight if _is_tv(weight) else bias if _is_tv(bias) else None
+        k = normalized_ndim if normalized_ndim is not None else given.ndim if given is not None else 1
         if not 1 <= k <= x.ndim:
             raise CircbufError(f"layer_norm: cannot normalize {k} axes of {x.name} ({x.ndim} axes)")
+        self._affine_args("layer_norm", x, k, weight=weight, bias=bias)
         dims = list(range(x.ndim - k, x.ndim))
         var, mean = self.var_mean(x, dims, correction=0, keepdim=True)
         xf = self._cast_to(x, compute_type(x.dtype))
-        y = self.mul(self.sub(xf, mean), self.rsqrt(self.add(var, float(eps))))
+        y = self.mul(self.sub(xf, mean), self.rsqrt(self.add(var, eps)))
+        # weight and bias in their compute type: a Double one is never rounded through Float
         if weight is not None:
-            y = self.mul(y, self._cast_to(weight, DataType.Float))
+            y = self.mul(y, self._cast_to(weight, compute_type(weight.dtype)))
         if bias is not None:
-            y = self.add(y, self._cast_to(bias, DataType.Float))
+            y = self.add(y, self._cast_to(bias, compute_type(bias.dtype)))
         return self._cast_to(y, x.dtype)
 
     def rms_norm(self, x, weight=None, eps=1e-6):
-        """``x * rsqrt(mean(x^2, -1) + eps) * weight`` in fp32; output in x's dtype."""
-        self._check(x, weight)
-        dims = list(range(x.ndim - (weight.ndim if weight is not None else 1), x.ndim))
+        """``x * rsqrt(mean(x^2, -1) + eps) * weight`` in fp32 (Double stays Double);
+        output in x's dtype."""
+        self._tensor_arg(x, "rms_norm", "x", float_only=True)
+        eps = self._eps(eps, "rms_norm")
+        k = weight.ndim if _is_tv(weight) else 1
+        if not 1 <= k <= x.ndim:
+            raise CircbufError(f"rms_norm: cannot normalize {k} axes of {x.name} ({x.ndim} axes)")
+        self._affine_args("rms_norm", x, k, weight=weight)
+        dims = list(range(x.ndim - k, x.ndim))
         xf = self._cast_to(x, compute_type(x.dtype))
         ms = self.mean(self.mul(xf, xf), dims, keepdim=True)
-        y = self.mul(xf, self.rsqrt(self.add(ms, float(eps))))
+        y = self.mul(xf, self.rsqrt(self.add(ms, eps)))
         if weight is not None:
-            y = self.mul(y, self._cast_to(weight, DataType.Float))
+            y = self.mul(y, self._cast_to(weight, compute_type(weight.dtype)))
         return self._cast_to(y, x.dtype)
 
     # ---------------------------------------------------------- matmul

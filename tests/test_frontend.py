@@ -100,7 +100,7 @@ def test_where_keeps_16_bit_floats_and_comparisons_give_bool():
         assert fd.ops.where(c, h, h).dtype == D.Half
         assert fd.ops.where(c, h, 2.0).dtype == D.Half
         assert fd.ops.where(c, b, h).dtype == D.Float  # mixed 16-bit types promote, as torch
-        assert fd.ops.where(c, 1.0, 2.0).dtype == D.Float
+        assert fd.ops.where(c, 1.0, 2.0).dtype == D.Double  # two scalars: their type (nvFuser)
 
 
 def test_scalar_math_builds_scalar_expressions():

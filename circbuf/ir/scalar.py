@@ -209,6 +209,10 @@ def _fold(e: Bin) -> Scalar:
     """Cheap local folding done at construction time."""
     a, b, op = e.a, e.b, e.op
     if isinstance(a, Const) and isinstance(b, Const):
+        if op in ("/", "%", "ceilDiv") and b.value == 0 and not isinstance(b.value, float):
+            # an index over an axis of extent 0 (a kernel specialized to an empty view): left to
+            # run time, where no thread reaches it; folding would divide by zero here
+            return e
         if op in _FNS:
             try:
                 v = _eval_op(op, a.value, b.value)

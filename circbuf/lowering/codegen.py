@@ -114,10 +114,12 @@ def literal(c: Const, dt: DataType) -> str:
             return f"cb::cast<{dt.value}>({s}f)"
         return s
     v = int(v)
-    if dt == DataType.Int64:
+    if dt == DataType.Int64 or not -(2**31) <= v < 2**31:  # (index math prints Int64 constants as int)
         if v == -(2**63):
             return "(-9223372036854775807LL - 1)"
         return f"{v}LL"
+    if v == -(2**31):  # "-2147483648" is the negation of a literal too wide for int: a long long
+        return "(-2147483647 - 1)"
     return str(v)
 
 

@@ -258,11 +258,16 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N));
 }
 
+// __shfl_xor_sync has no bool overload (a bool comes back as an int, which no Op takes)
+template <typename T> __device__ __forceinline__ T shfl_xor(T v, int o) {
+  return static_cast<T>(__shfl_xor_sync(0xffffffffu, v, o));
+}
+
 template <typename T, typename Op>
 __device__ __forceinline__ T block_reduce_x(T v, Op op, T init, T* smem, int bar_id = 0, int bar_threads = 0) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
   if (nwarps == 1) return v;
   T* row = smem + threadIdx.y * 32;
   sync_threads(bar_id, bar_threads);  // an earlier reduction may still be reading smem
@@ -270,7 +275,7 @@ __device__ __forceinline__ T block_reduce_x(T v, Op op, T init, T* smem, int bar
   sync_threads(bar_id, bar_threads);
   v = lane < nwarps ? row[lane] : init;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = op(v, shfl_xor(v, o));
   return v;
 }
 
