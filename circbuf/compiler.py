@@ -44,7 +44,7 @@ from .runtime.executor import (
 from .scheduler import InputInfo, TensorInfo
 from .scheduler.registry import Unschedulable, compute_params
 from .scheduler.segmenter import segment
-from .scheduler.utils import canonicalize_extents, prepare
+from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, prepare
 
 _INT32_LIMIT = 2**31 - 1
 
@@ -309,19 +309,21 @@ class FusionExecutor:
         if self._segments is None:
             try:
                 ck = self._compile(info, arch)
-            except Unschedulable:
+            except (Unschedulable, AxisExtentsDiffer):
                 if self.is_segment or self.fusion.manual_schedule:
                     raise
-                self._segment()
+                self._segment(info.extents)
         if self._segments is not None:
             ck = self._compile_segments(inputs, info.extents, arch)
         self.last = ck
         return ck
 
     # ------------------------------------------------------- segments
-    def _segment(self):
-        """Split the fusion (once): no one scheduler takes it whole."""
-        seg = segment(self.fusion)
+    def _segment(self, env: dict):
+        """Split the fusion (once): no one scheduler takes it whole, or two
+        axes it joins through a broadcast have different extents for the
+        sizes in ``env`` (each segment then covers axes of one extent)."""
+        seg = segment(self.fusion, env)
         knobs.dump("segments", seg)
         self._segments = (seg, [FusionExecutor(s.fusion, is_segment=True) for s in seg.segments])
 
@@ -456,10 +458,10 @@ class FusionExecutor:
                 with torch.cuda.device(device):
                     ck = self._compile(info, device_arch())
                     ck.loaded()
-            except Unschedulable:
+            except (Unschedulable, AxisExtentsDiffer):
                 if self.is_segment or self.fusion.manual_schedule:
                     raise
-                self._segment()
+                self._segment(info.extents)
         if self._segments is not None:
             return self._segmented_plan(info)
         self.last = ck

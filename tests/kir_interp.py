@@ -68,6 +68,7 @@ _BIN = {
     "ge": lambda a, b, dt: a >= b,
     "eq": lambda a, b, dt: a == b,
     "ne": lambda a, b, dt: a != b,
+    "pow": lambda a, b, dt: math.pow(a, b) if dt.is_float else a**b,
 }
 _RED = {"sum": lambda a, b: a + b, "max": max, "min": min}
 

@@ -113,6 +113,11 @@ class LogicalMap:
         return self.find(a) == self.find(b)
 
 
+class AxisExtentsDiffer(CircbufError):
+    """One axis class with two extents at run time (the compile driver
+    segments the fusion at the broadcast joining them)."""
+
+
 def bind_axis_extents(fusion: Fusion, env: dict) -> None:
     """Every axis of one class (the same axis of the fusion, joined through
     broadcasts) must have one extent at run time: one kernel loops over it
@@ -139,7 +144,7 @@ def bind_axis_extents(fusion: Fusion, env: dict) -> None:
             v = evaluate(ext, env)
             first = seen.setdefault(lmap.find(i), (v, tv, d, ext))
             if first[0] != v:
-                raise CircbufError(
+                raise AxisExtentsDiffer(
                     f"axis {first[2]} of {first[1].name} (extent {first[0]}) and axis {d} of {tv.name} "
                     f"(extent {v}) are one axis of the fusion, joined through a broadcast, but their "
                     "extents differ: one kernel cannot cover both (define them in separate fusions)"

@@ -1,0 +1,254 @@
+"""nvFuser parity, issue 16 part 4: fusions nvFuser runs that circbuf once
+refused.
+
+Each fusion below is written once against a FusionDefinition-like object:
+circbuf's, or :class:`_Torch`, which runs the same definition eagerly in
+float64 for the reference. CPU tests compile for sm_90a and run the
+kernels on the kernel-IR interpreter (tests/kir_interp.py); GPU tests
+compare with the float64 reference on fresh random inputs (outputs
+poisoned with NaN).
+"""
+
+import pytest
+import torch
+
+import circbuf as cb
+from tests.test_segmentation import run_here
+from tests.util import D, assert_close
+
+DEV = "cuda"
+
+
+class _Torch:
+    """The FusionDefinition calls the fusions here use, run eagerly in
+    float64 on given inputs (casts keep float64: the reference rounds
+    nothing but the inputs)."""
+
+    def __init__(self, inputs):
+        self._inputs = [
+            x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs
+        ]
+        self.outputs = []
+        self.ops = self
+
+    def define_tensor(self, shape, contiguity=None, dtype=None, stride_order=None):
+        return self._inputs.pop(0)
+
+    def define_scalar(self, value=None, dtype=None):
+        return self._inputs.pop(0) if value is None else value
+
+    def add_output(self, t, alias_input=None):
+        self.outputs.append(t)
+
+    def cast(self, t, dtype):
+        return t
+
+    def broadcast_in_dim(self, t, shape, broadcast_dims):
+        view = [1] * len(shape)
+        for k, d in enumerate(broadcast_dims):
+            view[d] = t.shape[k]
+        return t.reshape(view).expand(shape)
+
+    def sum(self, t, dims, keepdim=False):
+        return t.sum(dims, keepdim=keepdim)
+
+    def reshape(self, t, new_shape):
+        return t.reshape(new_shape)
+
+    def permute(self, t, dims):
+        return t.permute(dims)
+
+    add = staticmethod(lambda a, b: a + b)
+    sub = staticmethod(lambda a, b: a - b)
+    mul = staticmethod(lambda a, b: a * b)
+    pow = staticmethod(lambda a, b: a**b)
+    neg = staticmethod(lambda a: -a)
+    reciprocal = staticmethod(lambda a: 1 / a)
+
+
+def _reference(build, inputs):
+    t = _Torch(inputs)
+    build(t)
+    return t.outputs
+
+
+def _fusion(build):
+    with cb.FusionDefinition() as fd:
+        build(fd)
+    return fd
+
+
+# ---------------------------------------------------------------------------
+# 1. statistics broadcast back over a differently sized tensor (nvFuser's
+#    warp-specialized TMA normalization tests, from model traces)
+
+
+def rms_norm_backward(rows, hidden, scale_input=False):
+    """An RMSNorm backward as model traces give it: the weight gradient sums
+    over rows; rstd ([1, R, 1], its last axis broadcast) is cubed and
+    multiplied by a row statistic, the product summed over that broadcast
+    axis (extent 1), and rstd is also expanded to the hidden size: one axis
+    of the fusion with extents 1 and H."""
+
+    def build(fd):
+        w = fd.define_tensor([hidden], dtype=D.BFloat16)
+        g2d = fd.define_tensor([rows, hidden], dtype=D.BFloat16)
+        x = fd.define_tensor([1, rows, hidden], dtype=D.BFloat16)
+        rstd = fd.define_tensor([1, rows, 1], dtype=D.Float)
+        resid = fd.define_tensor([1, rows, hidden], dtype=D.BFloat16)
+        scale = fd.define_scalar(dtype=D.Double) if scale_input else None
+        g = fd.ops.cast(fd.ops.reshape(g2d, [1, rows, hidden]), D.Float)
+        wf = fd.ops.add(1.0, fd.ops.cast(w, D.Float))
+        gw = fd.ops.mul(fd.ops.broadcast_in_dim(wf, [1, rows, hidden], [2]), g)
+        xf = fd.ops.cast(x, D.Float)
+        dot = fd.ops.sum(fd.ops.mul(xf, gw), [0, 2])
+        t = fd.ops.mul(
+            fd.ops.mul(-0.5, fd.ops.broadcast_in_dim(dot, [1, rows, 1], [1])), fd.ops.pow(rstd, 3.0)
+        )
+        t = fd.ops.sum(fd.ops.mul(t, 1.0 / hidden), [0, 2])  # over the broadcast axis: extent 1
+        t = fd.ops.broadcast_in_dim(
+            fd.ops.broadcast_in_dim(t, [1, rows, 1], [1]), [1, rows, hidden], [0, 1, 2]
+        )
+        r = fd.ops.broadcast_in_dim(rstd, [1, rows, hidden], [0, 1, 2])  # the same axis, extent H
+        xt = fd.ops.mul(xf, t)
+        dx = fd.ops.add(fd.ops.add(fd.ops.mul(r, gw), xt), xt)
+        dx = fd.ops.add(fd.ops.cast(resid, D.Float), dx)
+        if scale_input:
+            dx = fd.ops.mul(dx, scale)
+        dw = fd.ops.sum(fd.ops.mul(fd.ops.mul(xf, r), g), [0, 1])
+        fd.add_output(fd.ops.cast(dw, D.BFloat16))
+        dxb = fd.ops.cast(dx, D.BFloat16)
+        fd.add_output(dxb)
+        if not scale_input:
+            flat = fd.ops.reshape(dxb, [rows, hidden])
+            fd.add_output(fd.ops.permute(flat, [1, 0]))
+
+    def inputs(device="cpu"):
+        bf = torch.bfloat16
+        ins = [
+            torch.randn(hidden, dtype=bf, device=device),
+            torch.randn(rows, hidden, dtype=bf, device=device),
+            torch.randn(1, rows, hidden, dtype=bf, device=device),
+            torch.rand(1, rows, 1, device=device) + 0.5,
+            torch.randn(1, rows, hidden, dtype=bf, device=device),
+        ]
+        return ins + [0.75] if scale_input else ins
+
+    return build, inputs
+
+
+def layer_norm_backward(a, b, hidden):
+    """A LayerNorm backward over [A, B, H] with mean [A, B] and rstd
+    [A, B, 1]: a row statistic made [A, B, 1] is summed over its broadcast
+    axis (extent 1) while rstd is expanded to H along the same axis."""
+
+    def build(fd):
+        g2d = fd.define_tensor([a * b, hidden], dtype=D.BFloat16)
+        w = fd.define_tensor([hidden], dtype=D.BFloat16)
+        mean = fd.define_tensor([a, b], dtype=D.Float)
+        x = fd.define_tensor([a, b, hidden], dtype=D.BFloat16)
+        rstd = fd.define_tensor([a, b, 1], dtype=D.Float)
+        full = [a, b, hidden]
+        g = fd.ops.cast(fd.ops.reshape(g2d, full), D.Float)
+        gw = fd.ops.mul(fd.ops.cast(fd.ops.broadcast_in_dim(w, full, [2]), D.Float), g)
+        xc = fd.ops.sub(fd.ops.cast(x, D.Float), fd.ops.broadcast_in_dim(mean, full, [0, 1]))
+        r = fd.ops.broadcast_in_dim(rstd, full, [0, 1, 2])
+        s1 = fd.ops.broadcast_in_dim(fd.ops.sum(fd.ops.mul(xc, gw), [2]), [a, b, 1], [0, 1])
+        v = fd.ops.sum(fd.ops.mul(fd.ops.mul(-0.5, s1), fd.ops.pow(rstd, 3.0)), [2])
+        rg = fd.ops.mul(r, gw)
+        s2 = fd.ops.broadcast_in_dim(fd.ops.sum(fd.ops.neg(rg), [2]), [a, b, 1], [0, 1])
+        m = fd.ops.sum(s2, [2])  # over the broadcast axis: extent 1
+        dv = fd.ops.mul(fd.ops.mul(2.0, fd.ops.broadcast_in_dim(v, full, [0, 1])), xc)
+        dm = fd.ops.mul(1.0 / hidden, fd.ops.broadcast_in_dim(m, full, [0, 1]))
+        dx = fd.ops.add(rg, fd.ops.add(fd.ops.mul(dv, 1.0 / hidden), dm))
+        dxb = fd.ops.cast(dx, D.BFloat16)
+        fd.add_output(fd.ops.reshape(dxb, [a * b, hidden]))
+        fd.add_output(dxb)
+        fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.mul(fd.ops.mul(xc, r), g), [0, 1]), D.BFloat16))
+        fd.add_output(fd.ops.cast(fd.ops.sum(dx, [0, 1]), D.BFloat16))
+
+    def inputs(device="cpu"):
+        bf = torch.bfloat16
+        return [
+            torch.randn(a * b, hidden, dtype=bf, device=device),
+            torch.randn(hidden, dtype=bf, device=device),
+            torch.randn(a, b, device=device),
+            torch.randn(a, b, hidden, dtype=bf, device=device),
+            torch.rand(a, b, 1, device=device) + 0.5,
+        ]
+
+    return build, inputs
+
+
+def _bcast_two_extents(fixed):
+    """nvFuser's test_bcast_different_extent: one [1, 2, 3] tensor added to a
+    [1, 4, 2, 3] and a [1, 5, 2, 3] one."""
+
+    def build(fd):
+        t0 = fd.define_tensor([1, 4, 2, 3] if fixed else [1, -1, -1, -1], dtype=D.Float)
+        t1 = fd.define_tensor([1, 5, 2, 3] if fixed else [1, -1, -1, -1], dtype=D.Float)
+        t2 = fd.define_tensor([1, 2, 3] if fixed else [1, -1, -1], dtype=D.Float)
+        b = fd.ops.broadcast_in_dim(t2, [1, 1, 2, 3], [0, 2, 3])  # one broadcast joins both
+        fd.add_output(fd.ops.add(t0, b))
+        fd.add_output(fd.ops.add(t1, b))
+
+    def inputs(device="cpu"):
+        return [
+            torch.randn(1, 4, 2, 3, device=device),
+            torch.randn(1, 5, 2, 3, device=device),
+            torch.randn(1, 2, 3, device=device),
+        ]
+
+    return build, inputs
+
+
+# (name, case maker, small sizes for the interpreter, model-trace sizes for the GPU)
+NORM_CASES = {
+    "rms_norm_backward": (rms_norm_backward, (6, 40), (4096, 3072)),
+    "rms_norm_backward_scaled": (lambda r, h: rms_norm_backward(r, h, True), (5, 24), (4096, 3072)),
+    "layer_norm_backward": (layer_norm_backward, (2, 3, 40), (288, 512, 128)),
+    "bcast_two_extents": (lambda: _bcast_two_extents(True), (), ()),
+    "bcast_two_extents_symbolic": (lambda: _bcast_two_extents(False), (), ()),
+}
+
+
+def _check(outs, refs):
+    """Outputs against float64 references: sums of bf16 products in fp32,
+    rounded to bf16, are good to a fraction of the output's scale."""
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        r = r.to(torch.float64)
+        assert_close(o, r, atol=max(1e-2, 1e-2 * r.abs().max().item()))
+
+
+@pytest.mark.parametrize("name", sorted(NORM_CASES))
+def test_axes_of_two_extents_are_segmented_on_the_interpreter(name):
+    make, small, _ = NORM_CASES[name]
+    build, inputs = make(*small)
+    fd = _fusion(build)
+    torch.manual_seed(0)
+    ins = inputs()
+    outs = run_here(fd, ins)
+    assert len(fd._get_executor()._segments[0]) >= 2
+    _check(outs, _reference(build, ins))
+
+
+@pytest.mark.parametrize("name", ["rms_norm_backward", "layer_norm_backward"])
+def test_model_trace_sizes_compile_for_sm90a(name):
+    """At the traces' sizes (TMA and normalization kernels the interpreter
+    cannot run): segmented, every kernel built."""
+    make, _, big = NORM_CASES[name]
+    build, inputs = make(*big)
+    ck = _fusion(build).compile(inputs(), arch="sm_90a")
+    assert len(ck.kernels) >= 3 and all(k.cubin for k in ck.kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(NORM_CASES))
+def test_axes_of_two_extents_match_torch(name):
+    make, _, big = NORM_CASES[name]
+    build, inputs = make(*big)
+    fd = _fusion(build)
+    torch.manual_seed(1)
+    ins = inputs(DEV)
+    _check(fd.execute(ins), _reference(build, [x.cpu() if isinstance(x, torch.Tensor) else x for x in ins]))
