@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import circbuf as cb
+from tests.kir_interp import interpret
 from tests.test_segmentation import run_here
 from tests.util import D, assert_close
 
@@ -252,3 +253,46 @@ def test_axes_of_two_extents_match_torch(name):
     torch.manual_seed(1)
     ins = inputs(DEV)
     _check(fd.execute(ins), _reference(build, [x.cpu() if isinstance(x, torch.Tensor) else x for x in ins]))
+
+
+# ---------------------------------------------------------------------------
+# 3. contiguity of expanded (stride-0) axes, as nvFuser gives it
+
+EXPANDED = [
+    ([True, None], lambda dev: torch.randn(8, device=dev).unsqueeze(1).expand(8, 4)),
+    ([None, True], lambda dev: torch.randn(4, device=dev).unsqueeze(0).expand(8, 4)),
+    ([True, None, True], lambda dev: torch.randn(3, 1, 5, device=dev).expand(3, 4, 5)),
+]
+
+
+def _expanded_fusion(contiguity):
+    with cb.FusionDefinition() as fd:
+        t = fd.define_tensor([-1] * len(contiguity), contiguity=contiguity, dtype=D.Float)
+        fd.add_output(fd.ops.mul(t, 2.0))
+        fd.add_output(fd.ops.sum(t, [len(contiguity) - 1]))
+    return fd
+
+
+@pytest.mark.parametrize("k", range(len(EXPANDED)))
+def test_expanded_axes_have_no_contiguity_on_the_interpreter(k):
+    contiguity, make = EXPANDED[k]
+    x = make("cpu")
+    a, b = interpret(_expanded_fusion(contiguity), [x])
+    assert_close(a, 2 * x.double())
+    assert_close(b, x.double().sum(-1))
+
+
+def test_an_expanded_axis_declared_contiguous_is_refused():
+    x = torch.randn(8).unsqueeze(1).expand(8, 4)
+    with pytest.raises(cb.CircbufError, match="axis 1 is defined contiguous but its stride is 0, not 1"):
+        _expanded_fusion([True, True]).compile([x], arch="sm_90a")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", range(len(EXPANDED)))
+def test_expanded_axes_match_torch(k):
+    contiguity, make = EXPANDED[k]
+    x = make(DEV)
+    a, b = _expanded_fusion(contiguity).execute([x])
+    assert_close(a, 2 * x.double())
+    assert_close(b, x.double().sum(-1))
