@@ -25,6 +25,7 @@ their last reader. Cubins are also cached on disk by NVRTC source hash
 from __future__ import annotations
 
 import ctypes
+import math
 import operator
 import struct
 
@@ -225,10 +226,29 @@ class FusionExecutor:
         ]
         if all(v is None for v in views) and returns == [("output", k) for k in range(len(f.outputs))]:
             return None
+        # a reshape or squeeze of an input is that input reshaped: a view of it, as nvFuser's alias
+        shaped = [
+            (j, tuple(evaluate(i.extent, env) for i in tv.domain.no_reductions())) for j, tv in f.input_views
+        ]
+        for (j, shape), (_, tv) in zip(shaped, f.input_views):
+            x = f.inputs[j]
+            in_shape = [evaluate(i.extent, env) for i in x.logical]
+            if math.prod(in_shape) != math.prod(shape):  # no kernel's reshape checks it
+                raise CircbufError(
+                    f"reshape {x.name} -> {tv.name}: {x.name} has shape {in_shape} "
+                    f"({math.prod(in_shape)} elements), the new shape {list(shape)} has {math.prod(shape)}"
+                )
+        returns = [
+            ("input", shaped[k][0], shaped[k][1]) if kind == "view" else (kind, k, None)
+            for kind, k in returns
+        ]
 
         def finish(inputs, outs):
             outs = [o if v is None else o.expand(*v) for o, v in zip(outs, views)]
-            return [outs[k] if kind == "output" else inputs[k] for kind, k in returns]
+            return [
+                outs[k] if kind == "output" else inputs[k] if shape is None else inputs[k].reshape(shape)
+                for kind, k, shape in returns
+            ]
 
         return finish
 
@@ -298,14 +318,18 @@ class FusionExecutor:
     def compile(self, inputs, arch: str | None = None) -> CompiledKernel:
         """Compile for ``inputs`` (CPU tensors are fine) without launching."""
         self._check_outputs()
-        if not self.fusion.outputs:
-            raise CircbufError("nothing to compile: every output is a fusion input, returned as is")
         if arch is None:
             arch = _default_arch()
         from .runtime.nvrtc import parse_arch
 
         parse_arch(arch)  # a string NVRTC cannot build a cubin for is named before any work
         info, _ = self._bind(inputs, need_cuda=False)
+        if not self.fusion.outputs:  # every output is an input or a view of one: no kernel
+            from .scheduler.segmenter import SegmentedFusion
+
+            self._finish(info.extents)  # a view's sizes are checked here
+            self.last = CompiledFusion(SegmentedFusion(self.fusion, []), [])
+            return self.last
         if self._segments is None:
             try:
                 ck = self._compile(info, arch)
@@ -449,6 +473,8 @@ class FusionExecutor:
         if not self.fusion.outputs:  # every output is an input, returned as is: nothing to run
             p = Plan()
             p.out_specs, p.poison, p.empty, p.device, p.plain_outs = [], False, True, device, True
+            # read on every later call of this signature: scalar inputs' types are checked again
+            p.scalar_slots = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
             p.finish = self._finish(info.extents)
             return p
         from .runtime.driver import device_arch

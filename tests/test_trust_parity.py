@@ -296,3 +296,75 @@ def test_expanded_axes_match_torch(k):
     a, b = _expanded_fusion(contiguity).execute([x])
     assert_close(a, 2 * x.double())
     assert_close(b, x.double().sum(-1))
+
+
+# ---------------------------------------------------------------------------
+# 4/5. outputs that are inputs, or reshapes / squeezes of inputs: no kernel
+
+
+def _views_fusion(with_kernel):
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        y = fd.define_tensor([-1, 1], dtype=D.Float)
+        fd.add_output(y)
+        fd.add_output(fd.ops.squeeze(y, [1]))
+        fd.add_output(fd.ops.reshape(x, [-1]))
+        fd.add_output(fd.ops.reshape(fd.ops.reshape(x, [1, -1]), [fd.ops.size(x, 1), fd.ops.size(x, 0)]))
+        if with_kernel:
+            fd.add_output(fd.ops.exp(fd.ops.squeeze(y, [1])))
+    return fd
+
+
+def _check_views(outs, x, y):
+    assert outs[0] is y
+    for o, ref in zip(outs[1:4], [y.reshape(-1), x.reshape(-1), x.reshape(x.shape[1], x.shape[0])]):
+        assert o.shape == ref.shape and torch.equal(o, ref)
+        assert o.data_ptr() == ref.data_ptr()  # a view of the input, never a copy
+
+
+@pytest.fixture
+def cpu_execute(monkeypatch):
+    """``execute`` on CPU tensors, for fusions that launch no kernel."""
+    from circbuf.compiler import FusionExecutor
+
+    bind = FusionExecutor._bind
+    monkeypatch.setattr(FusionExecutor, "_bind", lambda self, inputs, need_cuda: bind(self, inputs, False))
+
+
+def test_every_output_an_input_or_a_view_of_one_runs_no_kernel(cpu_execute):
+    fd = _views_fusion(False)
+    assert not fd.fusion.outputs and "a view of input T0, no kernel" in str(fd.fusion)
+    x, y = torch.randn(3, 4), torch.randn(5, 1)
+    for _ in range(2):  # the plan made, then the plan found
+        _check_views(fd.execute([x, y]), x, y)
+
+
+def test_views_of_inputs_next_to_a_kernel_output_are_aliases():
+    fd = _views_fusion(True)
+    assert len(fd.fusion.outputs) == 1  # only exp(y) is computed
+    x, y = torch.randn(3, 4), torch.randn(5, 1)
+    outs = interpret(fd, [x, y])
+    _check_views(outs, x, y)
+    assert_close(outs[4], y.double().squeeze(1).exp())
+
+
+def test_an_expanded_broadcast_of_an_input_is_computed_not_viewed():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.Float)
+        fd.add_output(fd.ops.reshape(fd.ops.broadcast_in_dim(x, [2, fd.ops.size(x, 0)], [1]), [-1]))
+    assert len(fd.fusion.outputs) == 1 and not fd.fusion.input_views
+    x = torch.randn(3)
+    (out,) = interpret(fd, [x])
+    assert_close(out, x.double().expand(2, 3).reshape(-1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_kernel", [False, True])
+def test_views_of_inputs_are_aliases_on_the_gpu(with_kernel):
+    fd = _views_fusion(with_kernel)
+    x, y = torch.randn(3, 4, device=DEV), torch.randn(5, 1, device=DEV)
+    for _ in range(2):
+        outs = fd.execute([x, y])
+        _check_views(outs, x, y)
+        if with_kernel:
+            assert_close(outs[4], y.double().squeeze(1).exp())

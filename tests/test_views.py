@@ -416,8 +416,11 @@ def test_view_fusions_compile_and_run_on_the_interpreter(name):
     fd = _fusion(name)
     inputs = make("cpu")
     ck = fd.compile(inputs, arch="sm_90a")
-    assert isinstance(ck.cubin, bytes) and len(ck.cubin) > 1000
-    if not _uses_tma(ck):
+    if not fd.fusion.outputs:  # a reshape of an input: returned as a view of it, no kernel
+        assert ck.kernels == []
+    else:
+        assert isinstance(ck.cubin, bytes) and len(ck.cubin) > 1000
+    if not fd.fusion.outputs or not _uses_tma(ck):
         _check(interpret(fd, inputs), ref(*[x.double() for x in inputs]))
 
 
@@ -604,7 +607,7 @@ def test_print_math_shows_the_views():
         s = fd.ops.squeeze(_t(fd, [-1, 1]), [1])
         e = fd.ops.expand(_t(fd, [1, -1]), [3, -1])
         fd.add_output(fd.ops.stride_order(p, [0, 1]))
-        fd.add_output(s)
+        fd.add_output(fd.ops.neg(s))  # s alone would be returned as a view of T3, computed by no kernel
         fd.add_output(e)
     text = fd.fusion.print_math()
     for line in (
