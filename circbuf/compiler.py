@@ -45,7 +45,7 @@ from .runtime.executor import (
 from .scheduler import InputInfo, TensorInfo
 from .scheduler.registry import Unschedulable, compute_params
 from .scheduler.segmenter import segment
-from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, prepare
+from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, check_aliases, prepare
 
 _INT32_LIMIT = 2**31 - 1
 
@@ -271,6 +271,11 @@ class FusionExecutor:
             canonicalize_extents(fusion)
         else:
             views = prepare(fusion, info.extents)
+            if fusion.aliases and not self.is_segment:
+                try:
+                    check_aliases(fusion)
+                except CircbufError as e:  # segmented: x's other readers run before the in-place write
+                    raise Unschedulable(str(e)) from None
             sched, params = compute_params(fusion, info, overrides)
         key = (
             params,

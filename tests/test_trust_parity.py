@@ -368,3 +368,69 @@ def test_views_of_inputs_are_aliases_on_the_gpu(with_kernel):
         _check_views(outs, x, y)
         if with_kernel:
             assert_close(outs[4], y.double().squeeze(1).exp())
+
+
+# ---------------------------------------------------------------------------
+# 2. an input written in place that is also read through a broadcast, a
+#    reduction or a permutation: its readers run before the writing segment
+
+
+def _alias_bias_update():
+    """y = a + b (b of [1, C], read by every row) and b *= 0.5 in place."""
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=D.Float)
+        b = fd.define_tensor([1, -1], dtype=D.Float)
+        fd.add_output(fd.ops.add(a, b))
+        fd.add_output(fd.ops.mul(b, 0.5), alias_input=b)
+    return fd, lambda a, b: [a + b], lambda a, b: 0.5 * b
+
+
+def _alias_center_rows():
+    """x -= mean(x, 1): x read through a reduction and a broadcast of it."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        m = fd.ops.broadcast_in_dim(fd.ops.mean(x, [1]), [fd.ops.size(x, 0), fd.ops.size(x, 1)], [0])
+        fd.add_output(fd.ops.sub(x, m), alias_input=x)
+    return fd, lambda x: [], lambda x: x - x.mean(1, keepdim=True)
+
+
+def _alias_transpose():
+    """x = 2 x^T for a square x: the output's axes are x's, reordered."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        fd.add_output(fd.ops.mul(fd.ops.permute(x, [1, 0]), 2.0), alias_input=x)
+    return fd, lambda x: [], lambda x: 2 * x.T
+
+
+ALIAS_CASES = {
+    "bias_update": (
+        _alias_bias_update,
+        lambda dev, n: [torch.randn(n, 7, device=dev), torch.randn(1, 7, device=dev)],
+    ),
+    "center_rows": (_alias_center_rows, lambda dev, n: [torch.randn(n, 9, device=dev)]),
+    "transpose": (_alias_transpose, lambda dev, n: [torch.randn(n, n, device=dev)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALIAS_CASES))
+def test_aliased_inputs_read_otherwise_are_written_last(name):
+    make, inputs = ALIAS_CASES[name]
+    fd, outs_ref, new_ref = make()
+    ins = inputs("cpu", 6)
+    before = [x.clone() for x in ins]
+    outs = run_here(fd, ins)
+    seg = fd._get_executor()._segments[0]
+    assert len(seg) >= 2 and seg.segments[-1].fusion.aliases  # the write comes last
+    _check(outs, outs_ref(*[x.double() for x in before]))
+    assert_close(ins[-1], new_ref(*[x.double() for x in before]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(ALIAS_CASES))
+def test_aliased_inputs_read_otherwise_match_torch(name):
+    make, inputs = ALIAS_CASES[name]
+    fd, outs_ref, new_ref = make()
+    ins = inputs(DEV, 4099)  # many blocks: a write racing a read would show
+    before = [x.double() for x in ins]
+    _check(fd.execute(ins), outs_ref(*before))
+    assert_close(ins[-1], new_ref(*before))
