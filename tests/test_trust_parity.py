@@ -434,3 +434,57 @@ def test_aliased_inputs_read_otherwise_match_torch(name):
     before = [x.double() for x in ins]
     _check(fd.execute(ins), outs_ref(*before))
     assert_close(ins[-1], new_ref(*before))
+
+
+# ---------------------------------------------------------------------------
+# 4. a 0-dim statistic (over all axes) feeding later ops across segments
+
+
+def _zero_dim_stat(kind):
+    """x minus a statistic over all of x, summed over rows (another kernel),
+    and the statistic itself."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        shape = [fd.ops.size(x, 0), fd.ops.size(x, 1)]
+        if kind == "mean":
+            s = fd.ops.mean(x, [0, 1])
+        elif kind == "var_mean":
+            s = fd.ops.var_mean(x, [0, 1])[0]
+        elif kind == "welford":
+            s = fd.ops.welford(x, [0, 1])[1]  # M2: the sum of squared deviations
+        else:  # layer_norm over both axes; its statistics stay inside
+            fd.add_output(fd.ops.sum(fd.ops.layer_norm(x, None, None, 1e-5, normalized_ndim=2), [0]))
+            return fd
+        fd.add_output(fd.ops.sum(fd.ops.sub(x, fd.ops.broadcast_in_dim(s, shape, [])), [0]))
+        fd.add_output(s)
+    return fd
+
+
+def _zero_dim_ref(kind, x):
+    if kind == "layer_norm":
+        return [torch.nn.functional.layer_norm(x, x.shape, eps=1e-5).sum(0)]
+    s = {"mean": x.mean(), "var_mean": x.var(), "welford": x.var(unbiased=False) * x.numel()}[kind]
+    return [(x - s).sum(0), s]
+
+
+ZERO_DIM = ["mean", "var_mean", "welford", "layer_norm"]
+
+
+@pytest.mark.parametrize("kind", ZERO_DIM)
+def test_zero_dim_statistics_cross_segments_on_the_interpreter(kind):
+    fd = _zero_dim_stat(kind)
+    x = torch.randn(5, 7)
+    outs = run_here(fd, [x])
+    seg = fd._get_executor()._segments[0]
+    # the statistic's 0-dim division joins its reduction's kernel (no scheduler takes it alone)
+    assert not any(all("div" in m or "broadcast" in m for m in s.math) for s in seg.segments), str(seg)
+    _check(outs, _zero_dim_ref(kind, x.double()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ZERO_DIM)
+@pytest.mark.parametrize("shape", [(5, 7), (1000, 3000)])
+def test_zero_dim_statistics_match_torch(kind, shape):
+    fd = _zero_dim_stat(kind)
+    x = torch.randn(*shape, device=DEV)
+    _check(fd.execute([x]), _zero_dim_ref(kind, x.double()))

@@ -173,12 +173,8 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
         why = extents_differ(_view(fusion, exprs, [k])[0], env)
         if why:
             raise CircbufError(f"{e}: {why}, within this one op (define them in separate fusions)")
-        if not schedulers_taking(_view(fusion, exprs, [k])[0]):
-            from .registry import SCHEDULERS
-
-            f1 = _view(fusion, exprs, [k])[0]
-            why = "; ".join(f"{s.name}: {s.can_schedule(f1)}" for s, _ in SCHEDULERS)
-            raise CircbufError(f"no scheduler can take this fusion (nor {e} as a kernel of its own: {why})")
+    # an expr no scheduler takes alone (a 0-dim mean's division) may still
+    # merge into a group one takes (its reduction's kernel): checked after merging
 
     group_of = list(range(n))  # expr -> group id (the group's first expr)
     members = {k: frozenset([k]) for k in range(n)}
@@ -245,6 +241,18 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
                 group_of[k] = keep
             merged = True
             break
+
+    for g in sorted(members):
+        if not takers(members[g]):
+            from .registry import SCHEDULERS
+
+            k = next(k for k in sorted(members[g]) if not takers(frozenset([k])))
+            f1 = _view(fusion, exprs, [k])[0]
+            why = "; ".join(f"{s.name}: {s.can_schedule(f1)}" for s, _ in SCHEDULERS)
+            raise CircbufError(
+                f"no scheduler can take this fusion (nor {exprs[k]} as a kernel of its own, "
+                f"nor with its neighbours: {why})"
+            )
 
     order = _order(fusion, exprs, reads, members, group_of)
     extra = _forward(fusion, exprs, made_by, members, group_of, takers)
