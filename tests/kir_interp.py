@@ -235,7 +235,7 @@ def _block(run, env, block):
 def interpret(fd, inputs):
     """Compile ``fd`` for sm_90a on these CPU inputs and run the kernel here.
     Returns what ``fd.execute`` would (outputs poisoned with NaN first)."""
-    return interpret_executor(fd._get_executor(), inputs)
+    return interpret_executor(fd._get_executor(), fd._flat_inputs(inputs))
 
 
 def interpret_executor(ex, inputs, finish=True):

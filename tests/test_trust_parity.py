@@ -488,3 +488,68 @@ def test_zero_dim_statistics_match_torch(kind, shape):
     fd = _zero_dim_stat(kind)
     x = torch.randn(*shape, device=DEV)
     _check(fd.execute([x]), _zero_dim_ref(kind, x.double()))
+
+
+# ---------------------------------------------------------------------------
+# 4. shapes from scalar arithmetic, define_vector
+
+
+def _reshape_from_scalars():
+    """nvFuser-style dynamic shapes: [s0 * 192 / s1, -1] from scalar inputs."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        s0 = fd.define_scalar(dtype=D.Int64)
+        s1 = fd.define_scalar(dtype=D.Int64)
+        n = fd.ops.div(fd.ops.mul(s0, 192), s1)
+        fd.add_output(fd.ops.exp(fd.ops.reshape(x, [n, -1])))
+    return fd
+
+
+def _define_vector_fusion():
+    """A shape vector of tensor sizes, and a run-time vector input."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=D.Float)
+        b = fd.define_tensor([-1], dtype=D.Float)
+        v = fd.define_vector([fd.ops.mul(x.size(0), x.size(1)), x.size(2)], dtype=D.Int64)
+        y = fd.ops.add(
+            fd.ops.reshape(x, v), fd.ops.broadcast_in_dim(b, fd.define_vector([1, x.size(2)]), [1])
+        )
+        w = fd.define_vector(3)
+        fd.add_output(y)
+        fd.add_output(fd.ops.sum(fd.ops.reshape(fd.ops.neg(x), w), [2]))
+    return fd
+
+
+def test_reshape_to_scalar_arithmetic_on_the_interpreter():
+    fd = _reshape_from_scalars()
+    x = torch.randn(4, 96)
+    for s0, s1 in ((2, 4), (1, 2)):
+        (out,) = interpret(fd, [x, s0, s1])
+        assert_close(out, x.double().reshape(s0 * 192 // s1, -1).exp())
+    with pytest.raises(cb.CircbufError, match="384 elements"):
+        fd.compile([x, 1, 5], arch="sm_90a")  # 38 rows do not divide 384 elements
+
+
+def test_define_vector_on_the_interpreter():
+    fd = _define_vector_fusion()
+    x, b = torch.randn(2, 3, 4), torch.randn(4)
+    y, s = interpret(fd, [x, b, [4, 3, 2]])
+    assert_close(y, x.double().reshape(6, 4) + b.double())
+    assert_close(s, -x.double().reshape(4, 3, 2).sum(2))
+    with pytest.raises(cb.CircbufError, match=r"input 2 is a vector of 3 sizes"):
+        fd.compile([x, b, [4, 6]], arch="sm_90a")
+    with pytest.raises(cb.CircbufError, match="define_vector: entry 1"):
+        cb.FusionDefinition().define_vector([2, 1.5])
+
+
+@pytest.mark.gpu
+def test_scalar_shapes_and_vectors_match_torch():
+    x = torch.randn(64, 96, device=DEV)
+    (out,) = _reshape_from_scalars().execute([x, 8, 4])
+    assert_close(out, x.double().reshape(384, -1).exp())
+    fd = _define_vector_fusion()
+    x, b = torch.randn(20, 30, 40, device=DEV), torch.randn(40, device=DEV)
+    for w in ([40, 30, 20], (600, 2, 20)):
+        y, s = fd.execute([x, b, w])
+        assert_close(y, x.double().reshape(600, 40) + b.double())
+        assert_close(s, -x.double().reshape(w).sum(2))
