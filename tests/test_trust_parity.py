@@ -553,3 +553,57 @@ def test_scalar_shapes_and_vectors_match_torch():
         y, s = fd.execute([x, b, w])
         assert_close(y, x.double().reshape(600, 40) + b.double())
         assert_close(s, -x.double().reshape(w).sum(2))
+
+
+# ---------------------------------------------------------------------------
+# 4. a matmul next to a reduction, K = 0 or not a multiple of 8 (the SIMT
+#    sum-of-products path) and K = 64 (tensor cores, on the GPU)
+
+
+def _matmul_and_reduction(variant):
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        c = fd.ops.matmul(a, b)
+        if variant == "input_row_sums":
+            fd.add_output(c)
+            fd.add_output(fd.ops.sum(fd.ops.cast(a, D.Float), [1]))
+        else:
+            fd.add_output(c)
+            fd.add_output(fd.ops.sum(fd.ops.cast(c, D.Float), [1 if variant == "row_sums" else 0]))
+    return fd
+
+
+def _matmul_refs(variant, a, b):
+    c = (a.double() @ b.double()).to(torch.bfloat16)  # the reduction reads c as written, in bf16
+    s = {"input_row_sums": a.double().sum(1), "row_sums": c.double().sum(1), "col_sums": c.double().sum(0)}
+    return [c.double(), s[variant]]
+
+
+MM_VARIANTS = ["input_row_sums", "row_sums", "col_sums"]
+
+
+@pytest.mark.parametrize("variant", MM_VARIANTS)
+@pytest.mark.parametrize("k", [0, 12, 13])
+def test_matmul_next_to_a_reduction_with_odd_k_on_the_interpreter(variant, k):
+    fd = _matmul_and_reduction(variant)
+    a, b = torch.randn(33, k, dtype=torch.bfloat16), torch.randn(k, 20, dtype=torch.bfloat16)
+    outs = run_here(fd, [a, b])
+    c, s = _matmul_refs(variant, a, b)
+    assert_close(outs[0], c)  # K = 0: zeros, as torch
+    assert_close(outs[1], s, atol=1e-3 * (1 + s.abs().max().item()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", MM_VARIANTS)
+@pytest.mark.parametrize("k", [0, 12, 13, 64, 1000])
+def test_matmul_next_to_a_reduction_matches_torch(variant, k):
+    fd = _matmul_and_reduction(variant)
+    a, b = (
+        torch.randn(300, k, dtype=torch.bfloat16, device=DEV),
+        torch.randn(k, 200, dtype=torch.bfloat16, device=DEV),
+    )
+    outs = fd.execute([a, b])
+    c, s = _matmul_refs(variant, a.cpu(), b.cpu())
+    assert_close(outs[0], c)
+    assert_close(outs[1], s, atol=1e-2 * (1 + s.abs().max().item()))
