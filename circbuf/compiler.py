@@ -25,6 +25,7 @@ their last reader. Cubins are also cached on disk by NVRTC source hash
 from __future__ import annotations
 
 import ctypes
+import math
 import operator
 import struct
 
@@ -55,7 +56,7 @@ from .runtime.executor import (
 from .scheduler import InputInfo, TensorInfo
 from .scheduler.registry import Unschedulable, compute_params
 from .scheduler.segmenter import segment
-from .scheduler.utils import canonicalize_extents, prepare
+from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, check_aliases, prepare
 
 _INT32_LIMIT = 2**31 - 1
 
@@ -236,10 +237,29 @@ class FusionExecutor:
         ]
         if all(v is None for v in views) and returns == [("output", k) for k in range(len(f.outputs))]:
             return None
+        # a reshape or squeeze of an input is that input reshaped: a view of it, as nvFuser's alias
+        shaped = [
+            (j, tuple(evaluate(i.extent, env) for i in tv.domain.no_reductions())) for j, tv in f.input_views
+        ]
+        for (j, shape), (_, tv) in zip(shaped, f.input_views):
+            x = f.inputs[j]
+            in_shape = [evaluate(i.extent, env) for i in x.logical]
+            if math.prod(in_shape) != math.prod(shape):  # no kernel's reshape checks it
+                raise CircbufError(
+                    f"reshape {x.name} -> {tv.name}: {x.name} has shape {in_shape} "
+                    f"({math.prod(in_shape)} elements), the new shape {list(shape)} has {math.prod(shape)}"
+                )
+        returns = [
+            ("input", shaped[k][0], shaped[k][1]) if kind == "view" else (kind, k, None)
+            for kind, k in returns
+        ]
 
         def finish(inputs, outs):
             outs = [o if v is None else o.expand(*v) for o, v in zip(outs, views)]
-            return [outs[k] if kind == "output" else inputs[k] for kind, k in returns]
+            return [
+                outs[k] if kind == "output" else inputs[k] if shape is None else inputs[k].reshape(shape)
+                for kind, k, shape in returns
+            ]
 
         return finish
 
@@ -269,6 +289,11 @@ class FusionExecutor:
             canonicalize_extents(fusion)
         else:
             views = prepare(fusion, info.extents)
+            if fusion.aliases and not self.is_segment:
+                try:
+                    check_aliases(fusion)
+                except CircbufError as e:  # segmented: x's other readers run before the in-place write
+                    raise Unschedulable(str(e)) from None
             sched, params = compute_params(fusion, info, overrides)
         key = (
             params,
@@ -316,30 +341,36 @@ class FusionExecutor:
     def compile(self, inputs, arch: str | None = None) -> CompiledKernel:
         """Compile for ``inputs`` (CPU tensors are fine) without launching."""
         self._check_outputs()
-        if not self.fusion.outputs:
-            raise CircbufError("nothing to compile: every output is a fusion input, returned as is")
         if arch is None:
             arch = _default_arch()
         from .runtime.nvrtc import parse_arch
 
         parse_arch(arch)  # a string NVRTC cannot build a cubin for is named before any work
         info, _ = self._bind(inputs, need_cuda=False)
+        if not self.fusion.outputs:  # every output is an input or a view of one: no kernel
+            from .scheduler.segmenter import SegmentedFusion
+
+            self._finish(info.extents)  # a view's sizes are checked here
+            self.last = CompiledFusion(SegmentedFusion(self.fusion, []), [])
+            return self.last
         if self._segments is None:
             try:
                 ck = self._compile(info, arch)
-            except Unschedulable:
+            except (Unschedulable, AxisExtentsDiffer):
                 if self.is_segment or self.fusion.manual_schedule:
                     raise
-                self._segment()
+                self._segment(info.extents)
         if self._segments is not None:
             ck = self._compile_segments(inputs, info.extents, arch)
         self.last = ck
         return ck
 
     # ------------------------------------------------------- segments
-    def _segment(self):
-        """Split the fusion (once): no one scheduler takes it whole."""
-        seg = segment(self.fusion)
+    def _segment(self, env: dict):
+        """Split the fusion (once): no one scheduler takes it whole, or two
+        axes it joins through a broadcast have different extents for the
+        sizes in ``env`` (each segment then covers axes of one extent)."""
+        seg = segment(self.fusion, env)
         knobs.dump("segments", seg)
         self._segments = (seg, [FusionExecutor(s.fusion, is_segment=True) for s in seg.segments])
 
@@ -465,6 +496,8 @@ class FusionExecutor:
         if not self.fusion.outputs:  # every output is an input, returned as is: nothing to run
             p = Plan()
             p.out_specs, p.poison, p.empty, p.device, p.plain_outs = [], False, True, device, True
+            # read on every later call of this signature: scalar inputs' types are checked again
+            p.scalar_slots = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
             p.finish = self._finish(info.extents)
             return p
         from .runtime.driver import device_arch
@@ -474,10 +507,10 @@ class FusionExecutor:
                 with torch.cuda.device(device):
                     ck = self._compile(info, device_arch())
                     ck.loaded()
-            except Unschedulable:
+            except (Unschedulable, AxisExtentsDiffer):
                 if self.is_segment or self.fusion.manual_schedule:
                     raise
-                self._segment()
+                self._segment(info.extents)
         if self._segments is not None:
             return self._segmented_plan(info)
         self.last = ck
@@ -715,7 +748,9 @@ def _strides_in_order(shape, order) -> tuple:
 def _check_contiguity(label, d: TensorView, x) -> None:
     """The tensor's strides keep the definition's promises: each axis declared
     contiguous (contiguity is in stride order, outermost first) has the next
-    inner axis' stride times that axis' size (1 for the innermost)."""
+    inner axis' stride times that axis' size (1 for the innermost).
+    Expanded (stride-0) axes hold no memory and are skipped, as nvFuser's
+    contiguity ``[True, None]`` for a column expanded to rows says."""
     order = d.domain.allocation_order()
     contig = d.domain.contiguity
     expect = 1
@@ -728,7 +763,7 @@ def _check_contiguity(label, d: TensorView, x) -> None:
                 f"{label}: axis {a} is defined contiguous but its stride is {x.stride(a)}, "
                 f"not {expect}{where}"
             )
-        if size > 1:
+        if size > 1 and x.stride(a) != 0:
             expect = x.stride(a) * size
 
 

@@ -51,6 +51,7 @@ class FusionDefinition:
         self.fusion.check_overrides = _check_overrides
         self.ops = Ops(self)
         self._executor = None
+        self._vectors: list[tuple[int, int]] = []  # define_vector(n) inputs: (first position, n)
 
     def __enter__(self):
         return self
@@ -124,6 +125,46 @@ class FusionDefinition:
         self.fusion.add_input(v)
         return v
 
+    def define_vector(self, values, dtype=DataType.Int64):
+        """A shape, as nvFuser's: ``values`` a list of ints and integer
+        scalars (``[x.size(0) * x.size(1), 8]``), usable wherever a shape is
+        (reshape, broadcast_in_dim, full); or an int ``n``: a run-time input
+        of ``n`` integers, passed to ``execute`` as one list or tuple.
+
+        >>> fd = FusionDefinition(); v = fd.define_vector([2, 3])
+        >>> w = fd.define_vector(2)   # fd.execute([..., [4, 6]])
+        """
+        if dtype not in (DataType.Int64, DataType.Int32):
+            raise CircbufError(f"define_vector: a vector of sizes is of an integer dtype, not {dtype!r}")
+        if isinstance(values, int) and not isinstance(values, bool):
+            if values < 0:
+                raise CircbufError(f"define_vector: a vector input has >= 0 entries, not {values}")
+            self._vectors.append((len(self.fusion.inputs), values))
+            return [self.define_scalar(dtype=dtype) for _ in range(values)]
+        if not isinstance(values, (list, tuple)):
+            raise CircbufError(f"define_vector: values must be a list of sizes or a length, got {values!r}")
+        for k, v in enumerate(values):
+            _shape_entry(v, f"define_vector: entry {k} of {list(values)}")  # ints or integer scalars
+        return list(values)
+
+    def _flat_inputs(self, inputs):
+        """``inputs`` with each define_vector(n) input's list spread into its n scalars."""
+        if not self._vectors or not isinstance(inputs, (list, tuple)):
+            return inputs
+        flat, k = [], 0
+        for pos, n in self._vectors:
+            while len(flat) < pos and k < len(inputs):
+                flat.append(inputs[k])
+                k += 1
+            if k >= len(inputs):
+                break
+            v = inputs[k]
+            if not isinstance(v, (list, tuple)) or len(v) != n:
+                raise CircbufError(f"input {k} is a vector of {n} sizes (define_vector({n})); got {v!r}")
+            flat += list(v)
+            k += 1
+        return flat + list(inputs[k:])
+
     def add_output(self, tv: TensorView, alias_input: TensorView | None = None):
         """An output; with ``alias_input``, written in place into that input and
         not returned (nvFuser's semantics), e.g. a running-statistics update."""
@@ -140,7 +181,7 @@ class FusionDefinition:
     def execute(self, inputs):
         """Run on torch CUDA tensors; returns a list of output tensors."""
         ex = self._executor or self._get_executor()
-        return ex.execute(inputs)
+        return ex.execute(self._flat_inputs(inputs) if self._vectors else inputs)
 
     def compile(self, inputs, arch: str | None = None):
         """Compile without running (no GPU needed when ``arch`` is given).
@@ -151,7 +192,7 @@ class FusionDefinition:
         >>> # ck = fd.compile([torch.empty(4, 8)], arch="sm_90a"); ck.cuda, ck.cubin
         >>> # print(ck); [k.cuda for k in ck.kernels]
         """
-        return self._get_executor().compile(inputs, arch=arch)
+        return self._get_executor().compile(self._flat_inputs(inputs), arch=arch)
 
     def last_params(self):
         """The scheduler params of the most recent compile or execute (a list,

@@ -26,8 +26,11 @@ class Fusion:
         self.extent_equalities: list[tuple[Scalar, Scalar]] = []
         self.equality_reasons: dict[tuple[str, str], str] = {}  # (a, b) -> what requires it
         # what execute returns, in add_output order: ("output", k) is
-        # outputs[k]; ("input", k) is inputs[k] itself, returned unchanged
+        # outputs[k]; ("input", k) is inputs[k] itself, returned unchanged;
+        # ("view", k) is input_views[k]: (j, tv), tv a reshape/squeeze of
+        # inputs[j], returned as a view of it (no kernel, no copy)
         self.returns: list[tuple[str, int]] = []
+        self.input_views: list[tuple[int, TensorView]] = []
         # outputs[k] is written in place into inputs[aliases[k]] (add_output(alias_input=))
         self.aliases: dict[int, int] = {}
         # extent name -> the expression it stands for (a reshape's -1 or computed sizes)
@@ -127,6 +130,11 @@ class Fusion:
         if tv.is_input:
             self.returns.append(("input", self.inputs.index(tv)))
             return
+        src = _viewed_input(tv)
+        if src is not None:  # as nvFuser: an alias of the input, not a kernel's copy
+            self.input_views.append((self.inputs.index(src), tv))
+            self.returns.append(("view", len(self.input_views) - 1))
+            return
         if tv not in self.outputs:
             tv.memory_type = MemoryType.Global
             if tv.domain.stride_order is None:
@@ -214,11 +222,13 @@ class Fusion:
             lines.append(f"  {i}" if isinstance(i, TensorView) else f"  {i.name}: {i.dtype.short}")
         lines.append("Outputs:")
         for kind, k in self.returns:
-            lines.append(
-                f"  {self.outputs[k]}"
-                if kind == "output"
-                else f"  {self.inputs[k].name} (input, returned as is)"
-            )
+            if kind == "output":
+                lines.append(f"  {self.outputs[k]}")
+            elif kind == "view":
+                j, tv = self.input_views[k]
+                lines.append(f"  {tv} (a view of input {self.inputs[j].name}, no kernel)")
+            else:
+                lines.append(f"  {self.inputs[k].name} (input, returned as is)")
         for k, j in self.aliases.items():
             lines.append(f"  {self.outputs[k].name} -> {self.inputs[j].name} (in place, not returned)")
         if self.derived_extents:
@@ -299,3 +309,19 @@ class ScheduleRequest(dict):
 def transform_history(tv: TensorView) -> list:
     """Split/Merge records from the logical to the loop domain, in order."""
     return transforms_behind(tv.loop)
+
+
+def _viewed_input(tv: TensorView):
+    """The fusion input ``tv`` is a reshape, squeeze or unsqueeze of (ops
+    that keep the row-major order of elements, so ``tv`` is that input
+    reshaped), or None."""
+    from .nodes import BroadcastOp, ReshapeOp, SqueezeOp
+
+    while tv.definition is not None:
+        e = tv.definition
+        if not isinstance(e, (BroadcastOp, ReshapeOp, SqueezeOp)):
+            return None
+        if any(i.is_broadcast and i.expanded_extent is not None for i in tv.logical):
+            return None  # an expanded broadcast repeats elements: not a reshape
+        tv = e.tv_inputs()[0]
+    return tv if tv.is_input else None

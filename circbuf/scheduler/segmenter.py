@@ -105,10 +105,42 @@ def schedulers_taking(fusion: Fusion) -> list:
     return [s.name for s, _ in SCHEDULERS if s.can_schedule(fusion) is None]
 
 
-def segment(fusion: Fusion) -> SegmentedFusion:
+def extents_differ(fusion: Fusion, env: dict | None = None) -> str | None:
+    """Why no one kernel can cover ``fusion``'s axes, or None: two axes of
+    one class (one axis of the fusion, joined through broadcasts) whose
+    extents differ, as constants or for the sizes in ``env`` (a [1, 4, 2, 3]
+    and a [1, 5, 2, 3] tensor both added to one [1, 2, 3]; a statistic
+    summed over a broadcast axis, of extent 1, that is also expanded to the
+    row length). Extents ``env`` does not give are taken to agree."""
+    from ..ir import evaluate
+    from .utils import LogicalMap
+
+    lmap = LogicalMap(fusion)
+    seen: dict = {}
+    for tv in fusion.used_tvs():
+        for d, i in enumerate(tv.logical):
+            ext = i.concrete_extent
+            if ext is None:
+                continue
+            try:
+                v = evaluate(ext, env or {})
+            except KeyError:  # a size these inputs do not fix
+                continue
+            first = seen.setdefault(lmap.find(i), (v, tv, d))
+            if first[0] != v:
+                return (
+                    f"axis {first[2]} of {first[1].name} (extent {first[0]}) and axis {d} of {tv.name} "
+                    f"(extent {v}) are one axis of the fusion, joined through a broadcast, but their "
+                    "extents differ"
+                )
+    return None
+
+
+def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
     """Partition ``fusion`` into segments the schedulers take (see the module
-    docstring). Raises CircbufError naming an expr no scheduler takes even
-    alone."""
+    docstring), none of which joins two axes of different extents (constants,
+    or the sizes in ``env``: :func:`extents_differ`). Raises CircbufError
+    naming an expr no scheduler takes even alone."""
     exprs = fusion.exprs()
     n = len(exprs)
     pos = {id(e): k for k, e in enumerate(exprs)}
@@ -128,7 +160,7 @@ def segment(fusion: Fusion) -> SegmentedFusion:
         key = (group, outputs)
         if key not in verdicts:
             f2 = _view(fusion, exprs, sorted(group), outputs)[0]
-            ok = schedulers_taking(f2)
+            ok = [] if extents_differ(f2, env) else schedulers_taking(f2)
             if ok and f2.aliases:
                 try:
                     check_aliases(f2)  # an in-place output no kernel can write with these readers
@@ -138,12 +170,11 @@ def segment(fusion: Fusion) -> SegmentedFusion:
         return verdicts[key]
 
     for k, e in enumerate(exprs):
-        if not schedulers_taking(_view(fusion, exprs, [k])[0]):
-            from .registry import SCHEDULERS
-
-            f1 = _view(fusion, exprs, [k])[0]
-            why = "; ".join(f"{s.name}: {s.can_schedule(f1)}" for s, _ in SCHEDULERS)
-            raise CircbufError(f"no scheduler can take this fusion (nor {e} as a kernel of its own: {why})")
+        why = extents_differ(_view(fusion, exprs, [k])[0], env)
+        if why:
+            raise CircbufError(f"{e}: {why}, within this one op (define them in separate fusions)")
+    # an expr no scheduler takes alone (a 0-dim mean's division) may still
+    # merge into a group one takes (its reduction's kernel): checked after merging
 
     group_of = list(range(n))  # expr -> group id (the group's first expr)
     members = {k: frozenset([k]) for k in range(n)}
@@ -210,6 +241,18 @@ def segment(fusion: Fusion) -> SegmentedFusion:
                 group_of[k] = keep
             merged = True
             break
+
+    for g in sorted(members):
+        if not takers(members[g]):
+            from .registry import SCHEDULERS
+
+            k = next(k for k in sorted(members[g]) if not takers(frozenset([k])))
+            f1 = _view(fusion, exprs, [k])[0]
+            why = "; ".join(f"{s.name}: {s.can_schedule(f1)}" for s, _ in SCHEDULERS)
+            raise CircbufError(
+                f"no scheduler can take this fusion (nor {exprs[k]} as a kernel of its own, "
+                f"nor with its neighbours: {why})"
+            )
 
     order = _order(fusion, exprs, reads, members, group_of)
     extra = _forward(fusion, exprs, made_by, members, group_of, takers)

@@ -113,6 +113,11 @@ class LogicalMap:
         return self.find(a) == self.find(b)
 
 
+class AxisExtentsDiffer(CircbufError):
+    """One axis class with two extents at run time (the compile driver
+    segments the fusion at the broadcast joining them)."""
+
+
 def bind_axis_extents(fusion: Fusion, env: dict) -> None:
     """Every axis of one class (the same axis of the fusion, joined through
     broadcasts) must have one extent at run time: one kernel loops over it
@@ -139,7 +144,7 @@ def bind_axis_extents(fusion: Fusion, env: dict) -> None:
             v = evaluate(ext, env)
             first = seen.setdefault(lmap.find(i), (v, tv, d, ext))
             if first[0] != v:
-                raise CircbufError(
+                raise AxisExtentsDiffer(
                     f"axis {first[2]} of {first[1].name} (extent {first[0]}) and axis {d} of {tv.name} "
                     f"(extent {v}) are one axis of the fusion, joined through a broadcast, but their "
                     "extents differ: one kernel cannot cover both (define them in separate fusions)"
@@ -663,11 +668,20 @@ def check_aliases(fusion: Fusion) -> None:
     for k, j in fusion.aliases.items():
         out, x = fusion.outputs[k], fusion.inputs[j]
         what = f"{out.name} written in place into {x.name}"
+        if not any(id(e) in live for e in x.uses):
+            continue  # x only receives the output (an earlier segment read it): nothing to race
         cls = [lmap.find(i) for i in x.logical]
         if len(set(cls)) != len(cls) or any(
             c != lmap.find(o) for c, o in zip(cls, out.domain.no_reductions())
         ):
             raise CircbufError(f"{what}: the axes of {out.name} are not those of {x.name}, in order")
+        iterated = {lmap.find(i) for t in fusion.used_tvs() for i in t.logical if not i.is_broadcast}
+        for d, i in enumerate(x.logical):
+            if i.is_broadcast and lmap.find(i) in iterated:  # x + a, x of [1, C], a of [N, C]
+                raise CircbufError(
+                    f"{what}: {x.name} is also read through its broadcast axis {d}, for every element "
+                    "of that axis of the fusion, while it is written"
+                )
         todo, seen = [x], set()
         while todo:
             t = todo.pop()
