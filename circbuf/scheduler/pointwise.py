@@ -55,7 +55,7 @@ class PointwiseScheduler:
             return f"outputs have different ranks {sorted(ranks)}"
         if 0 in ranks:
             return "0-dim outputs"
-        return None
+        return _unrelated_output(fusion)
 
     @staticmethod
     def reference_index(fusion: Fusion) -> int:
@@ -177,6 +177,22 @@ def _math_cost(fusion) -> int:
     from ..ir import UnaryOp
 
     return sum(_COST.get(e.op_name, 0) for e in fusion.exprs() if isinstance(e, UnaryOp))
+
+
+def _unrelated_output(fusion: Fusion) -> str | None:
+    """Why one loop over the reference output cannot cover every output: an
+    output with a (non-broadcast) axis that no axis of the reference is joined
+    to (``[5] + 1`` next to ``[n] * 2``) has no loop to run on; the segmenter
+    gives it a kernel of its own."""
+    ref_k = PointwiseScheduler.reference_index(fusion)
+    ref = fusion.outputs[ref_k]
+    lmap = LogicalMap(fusion)
+    have = lmap.derivable({lmap.find(i) for i in ref.logical if not i.is_broadcast})
+    for k, o in enumerate(fusion.outputs):
+        for a, i in enumerate(o.logical):
+            if not i.is_broadcast and lmap.find(i) not in have:
+                return f"output {k}'s axis {a} is not an axis of output {ref_k} (no one loop covers both)"
+    return None
 
 
 def _vector_candidates(fusion, ref, lmap) -> list[int]:

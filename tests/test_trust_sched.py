@@ -1,0 +1,54 @@
+"""Valid fusions nobody scheduled by hand never end in a lowering check
+(issue 16, part 3): the schedulers' can_schedule refuses what they cannot
+lower, and another scheduler or the segmenter takes it. Each case came from
+the randomized differential test (tests/fuzz.py, its seed:index named)."""
+
+import pytest
+import torch
+
+import circbuf as cb
+from tests.util import D, assert_close
+
+
+def test_unrelated_outputs_get_a_kernel_each():
+    """Two outputs no loop covers together (``[5]`` and ``[n]``, joined by no
+    expr) are two segments, not a pointwise kernel refused by a lowering check
+    (fuzz case 104:3)."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([5], dtype=D.Double)
+        y = fd.define_tensor([1], dtype=D.Int64)
+        z = fd.define_tensor([-1], dtype=D.Int64)
+        fd.add_output(fd.ops.gcd(y, z))
+        fd.add_output(fd.ops.atan(fd.ops.gt(x, 3.0)))
+    inputs = [torch.randn(5, dtype=torch.float64), torch.ones(1, dtype=torch.int64), torch.ones(3, dtype=torch.int64)]
+    ck = fd.compile(inputs, arch="sm_90a")
+    assert len(ck.kernels) == 2
+    assert all(k.params.brief().startswith("Pointwise") for k in ck.kernels)
+
+
+def _linear_fixed_k(k, n=64, dtype=D.Half):
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=dtype)
+        w = fd.define_tensor([n, k], dtype=dtype)
+        fd.add_output(fd.ops.linear(a, w))
+    return fd
+
+
+@pytest.mark.parametrize("k", [8, 16, 64])
+def test_matmul_with_k_of_one_k_tile_fixed_when_compiling(k):
+    """K fixed in the definition at one k tile or less: the k loop has one
+    trip on the producer's side and the consumers' (fuzz 106:59, 101:192);
+    it used to end in "the readers' loop ... does not match the ring's loop"."""
+    fd = _linear_fixed_k(k)
+    ck = fd.compile([torch.randn(130, k, dtype=torch.half), torch.randn(64, k, dtype=torch.half)], arch="sm_90a")
+    assert "HGMMA" in ck.sass()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, k", [(1, 16), (130, 8), (257, 64)])
+def test_matmul_with_k_of_one_k_tile_matches_torch(m, k):
+    fd = _linear_fixed_k(k)
+    a = torch.randn(m, k, dtype=torch.half, device="cuda")
+    w = torch.randn(64, k, dtype=torch.half, device="cuda")
+    (out,) = fd.execute([a, w])
+    assert_close(out, a.double() @ w.double().T)
