@@ -105,7 +105,7 @@ def test_unknown_schedule_override():
     ):
         fd.compile([torch.randn(8)] * 2, arch="sm_90a")
     fd.fusion.schedule(vectorize=3)
-    with pytest.raises(cb.CircbufError, match=r"schedule\(vectorize=3\): vectorize must be a power of two"):
+    with pytest.raises(cb.CircbufError, match=r"schedule\(vectorize=3\): must be a power of two"):
         fd.compile([torch.randn(8)] * 2, arch="sm_90a")
 
 

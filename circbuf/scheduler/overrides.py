@@ -10,7 +10,7 @@ chosen variant does not use raises (``registry.compute_params``). The README's
 override tables are generated from these (:func:`readme_tables`).
 
 >>> print(NORMALIZATION["rows"].why(0))
-schedule(rows=0): rows must be an int in [1, 32]
+schedule(rows=0): must be an int in [1, 32]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import CircbufError
+from ..ir.circular import REGISTERS_RULE
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Override:
         """The error text for value ``v``, or None when the rule allows it."""
         if self.ok(v):
             return None
-        return f"schedule({self.name}={v!r}): {self.name} must be {self.allowed}"
+        return f"schedule({self.name}={v!r}): must be {self.allowed}"
 
     def check(self, v) -> None:
         why = self.why(v)
@@ -89,7 +90,7 @@ _BOOL = dict(type="bool", allowed="True or False", ok=lambda v: isinstance(v, bo
 def _ints(n, names, lo=1):
     return dict(
         type=f"({', '.join(['int'] * n)})",
-        allowed=f"({', '.join(names)}), {n} ints >= {lo}",
+        allowed=f"({', '.join(names)}), {'two' if n == 2 else 'three'} ints >= {lo}",
         ok=lambda v: isinstance(v, (tuple, list)) and len(v) == n and all(_is_int(x) and x >= lo for x in v),
     )
 
@@ -179,8 +180,8 @@ OUTER_REDUCTION = _table(
 
 MATMUL = _table(
     Override("persistent", used_by=(MM,), doc="one CTA per SM walks the tiles", **_BOOL),
-    Override("stages", used_by=(MM,), doc="operand ring slots (shared memory permitting)", **_int(2, 32)),
-    Override("prefetch", used_by=(MM,), doc=_PREFETCH_DOC, **_int(1, 31)),
+    Override("stages", used_by=(MM,), doc="operand ring slots (shared memory permitting)", **_int(2)),
+    Override("prefetch", used_by=(MM,), doc=_PREFETCH_DOC, **_int(1)),
     Override("pingpong", used_by=(MM,), doc="each consumer warpgroup owns whole tiles (needs persistent)",
              **_BOOL),
     Override("tile", used_by=(MM,), doc="bm: 64/128/256 per warpgroups, bn: 16..256 by 16, bk: 64 or 128",
@@ -190,7 +191,8 @@ MATMUL = _table(
     Override("raster", used_by=(MM,), doc="the tile index that runs fastest inside a band", **_choice("M", "N")),
     Override("group", used_by=(MM,), doc="tiles per band (L2 reuse)", **_int(1)),
     Override("registers", used_by=(MM,), doc="setmaxnreg counts: producer <= 168 <= consumers",
-             **_ints(2, ("producer", "consumers"), lo=24)),
+             type="(int, int)", allowed=f"(producer, consumers), {REGISTERS_RULE}",
+             ok=lambda v: _ints(2, ("producer", "consumers"), lo=24)["ok"](v) and all(x <= 256 and x % 8 == 0 for x in v)),
     Override("epilogue_tile", used_by=(MM,), doc="output sub-tile: 64 rows by a multiple of 8 dividing bn",
              **_ints(2, ("rows", "cols"))),
 )  # fmt: skip

@@ -88,7 +88,7 @@ def check_overrides(fusion: Fusion, overrides: dict):
     >>> check_overrides(fd.fusion, {"threads": 0})
     Traceback (most recent call last):
     ...
-    circbuf.ir.errors.CircbufError: schedule(threads=0): threads must be a power of two in [32, 1024]
+    circbuf.ir.errors.CircbufError: schedule(threads=0): must be a power of two in [32, 1024]
     """
     try:
         scheds, who = candidates(fusion), "no scheduler of this fusion"
