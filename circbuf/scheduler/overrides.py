@@ -52,9 +52,14 @@ class Override:
         return self.used_by
 
     def used_text(self) -> str:
+        """The variants for the README (a declined TMA variant is the plain kernel: left out)."""
+
+        def said(vs):
+            return ", ".join(v for v in vs if not v.endswith(":declined")) or "-"
+
         if isinstance(self.used_by, dict):
-            return "; ".join(f"{k!r}: {', '.join(v) or '-'}" for k, v in self.used_by.items())
-        return ", ".join(self.used_by)
+            return "; ".join(f"{k!r}: {said(v)}" for k, v in self.used_by.items())
+        return said(self.used_by)
 
 
 def _is_int(v) -> bool:
@@ -131,13 +136,13 @@ POINTWISE = _table(
 _PW_RING = (PW_TMA, PW_DECLINED)
 POINTWISE_TMA = _table(
     Override("stages", used_by=_PW_RING, doc="ring slots (asks for the TMA variant)", **_RING_STAGES),
-    Override("prefetch", used_by=_PW_RING, doc=_PREFETCH_DOC, **_RING_PREFETCH),
+    Override("prefetch", used_by=_PW_RING, doc=_PREFETCH_DOC + " (asks for the TMA variant)", **_RING_PREFETCH),
     Override("tma", used_by={True: _PW_RING, False: (PW,)}, doc="True: the TMA variant; False: the plain kernel",
              **_BOOL),
     Override("war", used_by={"block_sync": (*_PW_RING, PW), "mbarrier": _PW_RING}, doc=_WAR_DOC,
              **_choice("block_sync", "mbarrier")),
     Override("warp_specialized", used_by={True: _PW_RING, False: (*_PW_RING, PW)}, doc=_WS_DOC, **_BOOL),
-    Override("tile_rows", used_by=_PW_RING, doc="rows of a tile; a multiple of the CTA's thread rows",
+    Override("tile_rows", used_by=_PW_RING, doc="rows of a tile, a multiple of the CTA's thread rows (asks for the TMA variant)",
              **_int(1, 256)),
     Override("tma_store", used_by={True: _PW_RING, False: (*_PW_RING, PW)},
              doc="outputs staged in shared memory, stored by TMA per tile", **_BOOL),
@@ -184,7 +189,7 @@ MATMUL = _table(
     Override("prefetch", used_by=(MM,), doc=_PREFETCH_DOC, **_int(1)),
     Override("pingpong", used_by=(MM,), doc="each consumer warpgroup owns whole tiles (needs persistent)",
              **_BOOL),
-    Override("tile", used_by=(MM,), doc="bm: 64/128/256 per warpgroups, bn: 16..256 by 16, bk: 64 or 128",
+    Override("tile", used_by=(MM,), doc="bm: 64 per warpgroup (128 or 256 cooperative), bn: 16 to 256 by 16, bk: 64 or 128",
              **_ints(3, ("bm", "bn", "bk"))),
     Override("cluster", used_by=(MM,), doc="thread-block clusters: only (1, 1) (multicast not built yet)",
              **_ints(2, ("cx", "cy"))),
@@ -241,3 +246,7 @@ def readme_tables() -> str:
             out.append(f"| `{o.name}` | {o.type} | {o.allowed} | {o.used_text()} | {o.doc} |")
         out.append("")
     return "\n".join(out)
+
+
+if __name__ == "__main__":  # the README's tables, between its overrides markers
+    print(readme_tables(), end="")
