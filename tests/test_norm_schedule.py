@@ -131,9 +131,7 @@ def test_blocks_per_sm_override():
             with pytest.raises(cb.CircbufError, match=rf"blocks_per_sm={bad}\): {rule}"):
                 fd.fusion.schedule(blocks_per_sm=bad, staging=staging)
                 fd.compile(norm_inputs("softmax", 32768, 4096, torch.bfloat16, "cpu"), arch="sm_90a")
-        with pytest.raises(
-            cb.CircbufError, match=r"blocks_per_sm=0\): must be an int in \[1, 64\]"
-        ):
+        with pytest.raises(cb.CircbufError, match=r"blocks_per_sm=0\): must be an int in \[1, 64\]"):
             fd.fusion.schedule(blocks_per_sm=0, staging=staging)
     # the ring's stages must fit that many times in an SM's shared memory
     fd = norm_fusion("softmax", D.BFloat16)
