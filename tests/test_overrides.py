@@ -166,6 +166,7 @@ VALID_SETS = [
     ("reduction", dict(tma=False, threads=256)),
     ("outer_reduction", dict(cols=64, stages=3, prefetch=1, war="mbarrier")),
     ("outer_reduction", dict(cols=32, stages=2, warp_specialized=True, tma=True)),
+    ("outer_reduction", dict(cols=48, warp_specialized=True)),  # 20 rows of 48 threads + the producer row
     (
         "matmul",
         dict(

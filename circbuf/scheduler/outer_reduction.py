@@ -135,8 +135,10 @@ class OuterReductionScheduler:
         ty = max(2, min(32, 256 // W))
         if (W * ty) % 32:
             ty = max(ty, 32)
-        if W * ty > 1024:
-            ty = 1024 // W
+        # warp specialization adds a producer row of W threads: the CTA stays <= 1024
+        rows_max = 1024 // W - (1 if overrides.get("warp_specialized") else 0)
+        if ty > rows_max:
+            ty = rows_max
         tile_bytes_row = sum(W * fusion.inputs[k].dtype.size for k in cands)
         tr = max(ty, min(256, (16384 // tile_bytes_row) // ty * ty))
         tr = min(tr, -(-R // ty) * ty)
