@@ -1,10 +1,11 @@
 """Pointwise scheduler, TMA variant: persistent CTAs stream [rows x cols]
 tiles of every full-shape input through a circular buffer in shared memory.
 
-Chosen when asked for (``fd.fusion.schedule(stages=N)``, ``warp_specialized=True``
-or ``tma=True``) and the inputs can be described by tensor maps; the plain
-pointwise kernel already runs at copy bandwidth on Hopper, so the heuristics
-do not pick this one on their own. Every tensor after scheduling
+Chosen when asked for (``fd.fusion.schedule(stages=N)``, ``prefetch=``, ``tile_rows=``,
+``war="mbarrier"``, ``warp_specialized=True``, ``tma_store=True`` or ``tma=True``) and the
+inputs can be described by tensor maps (else the plain kernel, its params'
+``tma_declined`` saying why); the plain pointwise kernel already runs at copy
+bandwidth on Hopper, so the heuristics do not pick this one on their own. Every tensor after scheduling
 (I = rows flattened, C = innermost axis, G = persistent grid)::
 
     [iS{ceilDiv(ceilDiv(I, TR) * ceilDiv(C, TC), G)}, iblockIdx.x{G},
