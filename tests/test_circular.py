@@ -298,21 +298,23 @@ def test_pointwise_tma_variant_structure_and_fallbacks():
         assert op in sass, op
     use = ck.resource_usage()
     assert use["STACK"] == 0 and use["LOCAL"] == 0
-    # not asked for, rank 1, row stride of 2002 bytes, or tma=False: the plain kernel
+    # not asked for, rank 1, or a row stride of 2002 bytes: the plain kernel, the params say why
     plain = axpy_fusion(D.BFloat16, 2)
     assert type(
         plain.compile([torch.randn(64, 1024, dtype=torch.bfloat16)] * 2, arch="sm_90a").params
     ).__name__ == ("PointwiseParams")
-    for shape, ov in (
-        ((4096,), dict(stages=3)),
-        ((64, 1001), dict(stages=3)),
-        ((64, 1024), dict(stages=3, tma=False)),
-    ):
+    for shape, why in (((4096,), "1-D fusion has no rows"), ((64, 1001), "row stride 2002 bytes")):
         f = axpy_fusion(D.BFloat16, len(shape))
-        f.fusion.schedule(**ov)
-        assert type(
-            f.compile([torch.randn(*shape, dtype=torch.bfloat16)] * 2, arch="sm_90a").params
-        ).__name__ == ("PointwiseParams")
+        f.fusion.schedule(stages=3)
+        p = f.compile([torch.randn(*shape, dtype=torch.bfloat16)] * 2, arch="sm_90a").params
+        assert type(p).__name__ == "PointwiseParams" and why in p.tma_declined
+    # tma=False asks for the plain kernel, which has no ring: stages=3 is not used
+    f = axpy_fusion(D.BFloat16, 2)
+    f.fusion.schedule(stages=3, tma=False)
+    with pytest.raises(
+        cb.CircbufError, match=r"schedule\(stages=3\): the kernel chosen, pointwise \(plain\)"
+    ):
+        f.compile([torch.randn(64, 1024, dtype=torch.bfloat16)] * 2, arch="sm_90a")
 
 
 @pytest.mark.parametrize("ws", [False, True])
@@ -384,9 +386,8 @@ def test_tma_store_rules():
 
     f = axpy_fusion(D.BFloat16, 2)
     f.fusion.schedule(stages=3, tma_store=True)
-    assert type(
-        f.compile([torch.randn(64, 1001, dtype=torch.bfloat16)] * 2, arch="sm_90a").params
-    ).__name__ == ("PointwiseParams")
+    p = f.compile([torch.randn(64, 1001, dtype=torch.bfloat16)] * 2, arch="sm_90a").params
+    assert type(p).__name__ == "PointwiseParams" and "stride" in p.tma_declined
 
 
 def test_outer_reduction_tma_structure_and_sass():

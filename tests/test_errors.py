@@ -89,17 +89,19 @@ def test_unknown_schedule_override():
         fd.fusion.schedule(cols=64)
     # the names come from the registry (a scheduler added there is known at once)
     from circbuf.scheduler.registry import SCHEDULERS
+    from tests.test_overrides import VALID
 
     for _, names in SCHEDULERS:
         for n in names:
             with cb.FusionDefinition() as any_fd:
                 pass  # no outputs: no scheduler takes it yet, so every scheduler's names are accepted
-            any_fd.fusion.schedule(**{n: 1})
+            any_fd.fusion.schedule(**{n: VALID[n]})
     # a Fusion not built by a FusionDefinition has no check at schedule(): compile raises
     fd.fusion.check_overrides = None
     fd.fusion.schedule(swizzle=4)
     with pytest.raises(
-        cb.CircbufError, match=r"the pointwise scheduler does not take swizzle; it takes vectorize"
+        cb.CircbufError,
+        match=r"no scheduler of this fusion takes swizzle; .*the pointwise scheduler takes vectorize",
     ):
         fd.compile([torch.randn(8)] * 2, arch="sm_90a")
     fd.fusion.schedule(vectorize=3)

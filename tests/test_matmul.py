@@ -173,7 +173,10 @@ def test_epilogues_and_bias_compile():
         (dict(group=0), r"group=0\): must be an int >= 1"),
         (dict(persistent="yes"), r"persistent='yes'\): must be True or False"),
         (dict(registers=(41, 232)), r"two multiples of 8 in \[24, 256\]"),
-        (dict(registers=232), r"schedule\(registers=232\): two multiples of 8"),
+        (
+            dict(registers=232),
+            r"schedule\(registers=232\): must be \(producer, consumers\), two multiples of 8",
+        ),
         (dict(registers=(160, 240)), r"exceed the 65536 registers"),
         (dict(registers=(200, 232)), r"producer gives registers back"),
         (dict(epilogue_tile=(32, 64)), r"a sub-tile is 64 rows"),

@@ -124,13 +124,15 @@ def test_blocks_per_sm_override():
     assert p.staging == "registers" and p.blocks_per_sm == 2 and p.grid == 16384
     assert f"__launch_bounds__({p.threads * p.rows}, 2)" in ck.cuda
     for staging in ("tma", "registers"):
-        for bad in (64, True, 0):
+        # 64 is in the table's range, too many for CTAs of 256 threads (compile); True and 0 are
+        # refused at the schedule() call
+        for bad, rule in ((64, "256 threads per CTA allow 1 to 8"), (True, "must be an int")):
             fd = norm_fusion("softmax", D.BFloat16)
-            fd.fusion.schedule(blocks_per_sm=bad, staging=staging)
-            with pytest.raises(
-                cb.CircbufError, match=rf"blocks_per_sm={bad}\): 256 threads per CTA allow 1 to 8"
-            ):
+            with pytest.raises(cb.CircbufError, match=rf"blocks_per_sm={bad}\): {rule}"):
+                fd.fusion.schedule(blocks_per_sm=bad, staging=staging)
                 fd.compile(norm_inputs("softmax", 32768, 4096, torch.bfloat16, "cpu"), arch="sm_90a")
+        with pytest.raises(cb.CircbufError, match=r"blocks_per_sm=0\): must be an int in \[1, 64\]"):
+            fd.fusion.schedule(blocks_per_sm=0, staging=staging)
     # the ring's stages must fit that many times in an SM's shared memory
     fd = norm_fusion("softmax", D.BFloat16)
     fd.fusion.schedule(blocks_per_sm=8, staging="tma", stages=4)
@@ -221,7 +223,7 @@ def test_staging_choice(overrides, staging):
             r"a row of 65536 is not held in registers \(64 elements per thread\)",
         ),
         ({"staging": "registers", "rows_in_registers": False}, 4096, "not held in registers"),
-        ({"staging": "smem"}, 4096, r"staging='smem'\): 'tma' or 'registers'"),
+        ({"staging": "smem"}, 4096, r"staging='smem'\): must be 'registers' or 'tma'"),
         (
             {"staging": "registers", "blocks_per_sm": 9},
             4096,
@@ -242,8 +244,8 @@ def test_staging_choice(overrides, staging):
 )
 def test_staging_errors(overrides, cols, match):
     fd = norm_fusion("softmax", D.BFloat16)
-    fd.fusion.schedule(**overrides)
-    with pytest.raises(cb.CircbufError, match=match):
+    with pytest.raises(cb.CircbufError, match=match):  # at the schedule() call where the inputs do not matter
+        fd.fusion.schedule(**overrides)
         fd.compile(norm_inputs("softmax", 64, cols, torch.bfloat16, "cpu"), arch="sm_90a")
 
 

@@ -57,21 +57,11 @@ from ..ir import (
 )
 from ..ir.circular import REGISTERS_RULE
 from .info import InputInfo
+from .overrides import MATMUL, names
 from .params import MatmulParams
 from .utils import LogicalMap, concretize_broadcasts, contractions, hoist_broadcasts
 
-OVERRIDES = (
-    "persistent",
-    "stages",
-    "prefetch",
-    "pingpong",
-    "tile",
-    "cluster",
-    "raster",
-    "group",
-    "registers",
-    "epilogue_tile",
-)
+OVERRIDES = names(MATMUL)
 _EPILOGUE = (*ELEMENTWISE, BroadcastOp)
 SMEM_LIMIT = 232448 - 1024  # opt-in shared memory per block, less barriers and alignment
 ENTRY_REGISTERS = 168  # per thread of 384 under __launch_bounds__(384, 1): 65536 / 384, a multiple of 8
@@ -93,6 +83,10 @@ class MatmulScheduler:
             if not isinstance(e, (*_EPILOGUE, MatmulOp, LinearOp)):
                 return f"{type(e).__name__} {e.out.name} cannot be part of a matmul's epilogue"
         return None
+
+    @staticmethod
+    def variant(params) -> str:
+        return "simt" if params.simt is not None else "tensor cores"
 
     # ------------------------------------------------------------ params
     @staticmethod

@@ -48,6 +48,7 @@ from ..ir import (
     evaluate,
 )
 from .info import InputInfo
+from .overrides import NORMALIZATION, Declined, names, ring
 from .params import NormalizationParams
 from .reduction import ReductionScheduler, _is_inner, _reductions
 from .utils import (
@@ -67,10 +68,7 @@ from .utils import (
     tma_ring,
 )
 
-OVERRIDES = (
-    "stages", "prefetch", "threads", "rows", "tma", "war", "warp_specialized", "rows_in_registers", "blocks_per_sm",
-    "staging",
-)  # fmt: skip
+OVERRIDES = names(NORMALIZATION)
 MAX_REGISTER_ROW = 32  # row elements a thread keeps in registers (64 spilled at 512 threads)
 SMEM_BUDGET = 200 * 1024  # leave room for reduction scratch and barriers
 MAX_BOX = 256
@@ -91,11 +89,14 @@ class NormalizationScheduler:
         return None
 
     @staticmethod
+    def variant(params) -> str:
+        return params.staging
+
+    @staticmethod
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
-        """Params, or None to hand the fusion to the plain reduction scheduler (an error
-        naming why instead when a ``staging`` was asked for)."""
-        if overrides.get("staging") not in (None, "tma", "registers"):
-            raise CircbufError(f"schedule(staging={overrides['staging']!r}): 'tma' or 'registers'")
+        """Params, or Declined to hand the fusion to the plain reduction scheduler (an error
+        naming why instead when a ``staging`` was asked for). Values were checked against
+        :data:`.overrides.NORMALIZATION`; the rules that depend on the inputs are here."""
         if overrides.get("tma", True) is False:
             return _decline(overrides, "tma=False asks for the plain reduction kernel")
         ref = _reductions(fusion)[0]
@@ -218,7 +219,8 @@ class NormalizationScheduler:
         # the row is copied to registers at once (the stage is freed early)
         stage_bytes = y * padded * item * len(cands)
         stages = overrides.get("stages", 3 if stage_bytes >= (32768 if in_regs else 16384) else 2)
-        prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
+        prefetch = overrides.get("prefetch", stages - 1)
+        ring(stages, prefetch, overrides)
         if stages * stage_bytes > min(SMEM_BUDGET, info.smem_per_block - 8192):
             if "stages" in overrides:
                 raise CircbufError(
@@ -366,11 +368,12 @@ MIN_REGISTER_CAP = 64  # below it, layer_norm at 5000 columns spills 64+ bytes
 
 
 def _decline(overrides, why):
-    """None (the plain reduction kernel takes the fusion), or an error naming why when a
-    staging was asked for: an override is never dropped silently."""
+    """Declined (the plain reduction kernel takes the fusion), or an error naming why when a
+    staging was asked for: an override is never dropped silently (the registry raises for
+    any other that the plain kernel does not use)."""
     if "staging" in overrides:
         raise CircbufError(f"schedule(staging={overrides['staging']!r}): {why}")
-    return None
+    return Declined(why)
 
 
 def _blocks_override(b, cta):

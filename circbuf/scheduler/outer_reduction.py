@@ -31,6 +31,7 @@ from ..ir import (
     evaluate,
 )
 from .info import InputInfo
+from .overrides import OUTER_REDUCTION, Declined, names, ring
 from .params import OuterReductionParams
 from .reduction import ReductionScheduler, _is_inner, _red_classes, _reductions
 from .utils import (
@@ -46,7 +47,7 @@ from .utils import (
     tma_ring,
 )
 
-OVERRIDES = ("stages", "prefetch", "tma", "war", "warp_specialized", "cols")
+OVERRIDES = names(OUTER_REDUCTION)
 SMEM_BUDGET = 192 * 1024
 
 
@@ -92,8 +93,12 @@ class OuterReductionScheduler:
         return None
 
     @staticmethod
+    def variant(params) -> str:
+        return "tma ring"
+
+    @staticmethod
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
-        """Params, or None for the plain reduction scheduler."""
+        """Params, None (tma=False) or Declined for the plain reduction scheduler."""
         if overrides.get("tma", True) is False:
             return None
         ref = _reductions(fusion)[0]
@@ -106,13 +111,14 @@ class OuterReductionScheduler:
             else:
                 C *= e
         if n_red == len(ref.logical) or R == 0 or C == 0:
-            return None
+            return Declined("nothing to stage (every axis reduced, or empty)")
         cands = full_shape_inputs(fusion, ref, LogicalMap(fusion))
         if not cands:
-            return None
+            return Declined("no input has the reduction's full shape")
         for k in cands:
-            if tma_describable(info.tensors[k], n_red):
-                return None
+            why = tma_describable(info.tensors[k], n_red)
+            if why:
+                return Declined(f"input {k}: {why}")
         item = max(fusion.inputs[k].dtype.size for k in cands)
         small = min(fusion.inputs[k].dtype.size for k in cands)
         W = overrides.get("cols")
@@ -122,15 +128,17 @@ class OuterReductionScheduler:
                 W //= 2
             while W > 16 // small and W // 2 >= C:
                 W //= 2
-        if not isinstance(W, int) or W < 1 or W > 256 or (W * small) % 16:
+        if (W * small) % 16:
             raise CircbufError(
-                f"schedule(cols={W}): a strip must be 1 to 256 columns of a multiple of 16 bytes"
+                f"schedule(cols={W}): cols x {small} bytes must be a multiple of 16 bytes (a strip is a TMA box)"
             )
         ty = max(2, min(32, 256 // W))
         if (W * ty) % 32:
             ty = max(ty, 32)
-        if W * ty > 1024:
-            ty = 1024 // W
+        # warp specialization adds a producer row of W threads: the CTA stays <= 1024
+        rows_max = 1024 // W - (1 if overrides.get("warp_specialized") else 0)
+        if ty > rows_max:
+            ty = rows_max
         tile_bytes_row = sum(W * fusion.inputs[k].dtype.size for k in cands)
         tr = max(ty, min(256, (16384 // tile_bytes_row) // ty * ty))
         tr = min(tr, -(-R // ty) * ty)
@@ -142,7 +150,8 @@ class OuterReductionScheduler:
             # copy at 8 stages); with fewer strips than SMs a deeper ring helps a little
             strips = -(-C // W)
             stages = 2 if strips >= info.sm_count else max(2, min(4, SMEM_BUDGET // tile))
-        prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
+        prefetch = overrides.get("prefetch", stages - 1)
+        ring(stages, prefetch, overrides)
         if stages * tile > min(SMEM_BUDGET, info.smem_per_block - 8192):
             raise CircbufError(
                 f"schedule(stages={stages}): {stages} x {tile} bytes of tiles exceed shared memory"

@@ -20,6 +20,7 @@ from ..ir import (
     TensorView,
 )
 from .info import InputInfo
+from .overrides import POINTWISE, names
 from .params import PointwiseParams
 from .utils import (
     LogicalMap,
@@ -34,7 +35,7 @@ from .utils import (
     vector_access,
 )
 
-OVERRIDES = ("vectorize", "unroll", "threads")
+OVERRIDES = names(POINTWISE)
 MAX_VECTOR_BYTES = 16
 
 
@@ -56,6 +57,10 @@ class PointwiseScheduler:
         if 0 in ranks:
             return "0-dim outputs"
         return _unrelated_output(fusion)
+
+    @staticmethod
+    def variant(params) -> str:
+        return "plain"
 
     @staticmethod
     def reference_index(fusion: Fusion) -> int:
@@ -86,11 +91,11 @@ class PointwiseScheduler:
         sizes = [fusion.inputs[k].dtype.size for k in cands] + [o.dtype.size for o in fusion.outputs]
         vec = MAX_VECTOR_BYTES // max(sizes)
         if "vectorize" in overrides:
-            vec = overrides["vectorize"]
-            if vec not in (1, 2, 4, 8, 16) or vec * max(sizes) > MAX_VECTOR_BYTES:
+            vec = overrides["vectorize"]  # a power of two in [1, 16] (the table's rule)
+            if vec * max(sizes) > MAX_VECTOR_BYTES:
                 raise CircbufError(
-                    f"schedule(vectorize={vec}): must be a power of two with "
-                    f"vectorize * itemsize <= {MAX_VECTOR_BYTES} bytes"
+                    f"schedule(vectorize={vec}): vectorize x {max(sizes)}-byte items must be <= "
+                    f"{MAX_VECTOR_BYTES} bytes"
                 )
         while vec > 1 and inner % vec:
             vec //= 2
@@ -101,8 +106,6 @@ class PointwiseScheduler:
                 ok = vector_access(t, axis, vec)
             vin.append(ok)
         threads = overrides.get("threads", 128)
-        if threads not in (32, 64, 128, 256, 512, 1024):
-            raise CircbufError(f"schedule(threads={threads}): must be a power of two in [32, 1024]")
         n_vec = -(-numel // vec)
         unroll = overrides.get("unroll")
         if unroll is None:
@@ -113,8 +116,6 @@ class PointwiseScheduler:
             unroll = 1
             while unroll < want and n_vec >= threads * unroll * 2 * 132 * 8:
                 unroll *= 2
-        if not isinstance(unroll, int) or unroll < 1 or unroll > 16:
-            raise CircbufError(f"schedule(unroll={unroll}): must be an int in [1, 16]")
         return PointwiseParams(
             vectorize=vec,
             unroll=unroll,

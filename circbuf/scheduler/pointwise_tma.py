@@ -1,10 +1,11 @@
 """Pointwise scheduler, TMA variant: persistent CTAs stream [rows x cols]
 tiles of every full-shape input through a circular buffer in shared memory.
 
-Chosen when asked for (``fd.fusion.schedule(stages=N)``, ``warp_specialized=True``
-or ``tma=True``) and the inputs can be described by tensor maps; the plain
-pointwise kernel already runs at copy bandwidth on Hopper, so the heuristics
-do not pick this one on their own. Every tensor after scheduling
+Chosen when asked for (``fd.fusion.schedule(stages=N)``, ``prefetch=``, ``tile_rows=``,
+``war="mbarrier"``, ``warp_specialized=True``, ``tma_store=True`` or ``tma=True``) and the
+inputs can be described by tensor maps (else the plain kernel, its params'
+``tma_declined`` saying why); the plain pointwise kernel already runs at copy
+bandwidth on Hopper, so the heuristics do not pick this one on their own. Every tensor after scheduling
 (I = rows flattened, C = innermost axis, G = persistent grid)::
 
     [iS{ceilDiv(ceilDiv(I, TR) * ceilDiv(C, TC), G)}, iblockIdx.x{G},
@@ -28,6 +29,7 @@ from ..ir import (
     evaluate,
 )
 from .info import InputInfo
+from .overrides import POINTWISE_TMA, Declined, names, ring
 from .params import PointwiseParams, PointwiseTmaParams
 from .pointwise import PointwiseScheduler, _vector_candidates
 from .utils import (
@@ -43,7 +45,7 @@ from .utils import (
     tma_ring,
 )
 
-OVERRIDES = ("stages", "prefetch", "tma", "war", "warp_specialized", "tile_rows", "tma_store")
+OVERRIDES = names(POINTWISE_TMA)
 SMEM_PER_SM = 228 * 1024
 
 
@@ -55,94 +57,31 @@ class PointwiseTmaScheduler:
         return PointwiseScheduler.can_schedule(fusion)
 
     @staticmethod
+    def variant(params) -> str:
+        return "declined" if isinstance(params, PointwiseParams) else "tma ring"
+
+    @staticmethod
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
-        """Params, or None for the plain pointwise kernel."""
+        """Params; None (not asked for: the plain pointwise kernel); or, where these
+        inputs cannot take the TMA variant asked for, the plain kernel's params with
+        ``tma_declined`` saying why (never a silent fallback). Any of the variant's names
+        asks for it, but a default-valued war, warp_specialized or tma_store (they
+        describe the plain kernel too)."""
         asked = (
-            "stages" in overrides
+            any(k in overrides for k in ("stages", "prefetch", "tile_rows"))
+            or overrides.get("war") == "mbarrier"
             or overrides.get("warp_specialized")
             or overrides.get("tma") is True
             or overrides.get("tma_store")
         )
         if not asked or overrides.get("tma") is False:
             return None
-        ref = PointwiseScheduler.reference(fusion)
-        if ref.ndim < 2:
-            # tiles are [rows x cols] boxes of a tensor map over the logical axes; a
-            # 1-D fusion has no rows to stage: the plain kernel (already at copy
-            # bandwidth), with params that say so rather than a silent fallback
+        params = _tma_params(fusion, info, overrides)
+        if isinstance(params, Declined):
+            # the plain kernel (already at copy bandwidth), with params that say why
             plain = PointwiseScheduler.compute_params(fusion, info, {})
-            why = (
-                f"a {ref.ndim}-D fusion has no rows for [tile_rows x tile_cols] TMA tiles "
-                "(reshape it to 2-D for the TMA variant): plain pointwise kernel"
-            )
-            return dataclasses.replace(plain, tma_declined=why)
-        row_major = list(range(ref.ndim))
-        if any(o.domain.allocation_order() != row_major for o in fusion.outputs):
-            return None  # tiles are row-major: outputs in another order take the plain kernel
-        shape = [evaluate(i.extent, info.extents) for i in ref.logical]
-        rows = 1
-        for s in shape[:-1]:
-            rows *= s
-        C = shape[-1]
-        lmap = LogicalMap(fusion)
-        cands = _vector_candidates(fusion, ref, lmap)
-        if not cands or rows == 0 or C == 0:
-            return None
-        for k in cands:
-            if tma_describable(info.tensors[k], ref.ndim - 1):
-                return None
-        item = max(fusion.inputs[k].dtype.size for k in cands)
-        item = max([item] + [o.dtype.size for o in fusion.outputs])
-        vec = 16 // item
-        tc = 256 if C >= 256 else C
-        if (tc * min(fusion.inputs[k].dtype.size for k in cands)) % 16 or tc % vec:
-            return None
-        tx = tc // vec
-        ty = max(1, min(128 // tx, 16))
-        if (tx * ty) % 32:  # whole warps: warp-specialized consumers sync on named barriers
-            ty = 32 // math.gcd(tx, 32)
-        tr = overrides.get("tile_rows", -(-16 // ty) * ty)
-        if not isinstance(tr, int) or not 1 <= tr <= 256 or tr % ty:
-            raise CircbufError(f"schedule(tile_rows={tr}): must be a multiple of {ty} in [1, 256]")
-        stages = overrides.get("stages", 3)
-        prefetch = overrides.get("prefetch", stages - 1 if isinstance(stages, int) else None)
-        stage_bytes = sum(tr * tc * fusion.inputs[k].dtype.size for k in cands)
-        store = bool(overrides.get("tma_store", False))
-        if store and (C * min(o.dtype.size for o in fusion.outputs)) % 16:
-            return None  # an output row stride a tensor map cannot step: plain stores
-        if store and fusion.aliases:
-            return None  # an output written into an input has that input's layout, unknown to the map
-        out_bytes = sum(tr * tc * o.dtype.size for o in fusion.outputs) if store else 0
-        if stages * stage_bytes + out_bytes > info.smem_per_block - 8192:
-            raise CircbufError(
-                f"schedule(stages={stages}): {stages} x {stage_bytes} bytes"
-                + (f" + {out_bytes} bytes of output tiles" if out_bytes else "")
-                + " exceed shared memory"
-            )
-        threads = tx * ty + (tx * ty if overrides.get("warp_specialized") else 0)
-        per_sm = max(1, min(SMEM_PER_SM // (stages * stage_bytes + out_bytes + 1024), 2048 // threads))
-        tiles = -(-rows // tr) * -(-C // tc)
-        grid = max(1, min(tiles, info.sm_count * per_sm))
-        vout = tuple(
-            C % vec == 0
-            and aligned(lmap, o, ref, broadcast=True)
-            and output_vectorizable(fusion, info, k, ref.ndim - 1, vec)
-            for k, o in enumerate(fusion.outputs)
-        )
-        return PointwiseTmaParams(
-            tile_rows=tr,
-            tile_cols=tc,
-            vectorize=vec,
-            threads_x=tx,
-            threads_y=ty,
-            stages=stages,
-            prefetch=prefetch,
-            grid=grid,
-            war=overrides.get("war", "block_sync"),
-            warp_specialized=bool(overrides.get("warp_specialized", False)),
-            vectorize_outputs=vout,
-            tma_store=store,
-        )
+            return dataclasses.replace(plain, tma_declined=f"{params.why}: plain pointwise kernel")
+        return params
 
     @staticmethod
     def schedule(fusion: Fusion, params: PointwiseTmaParams):
@@ -204,3 +143,88 @@ def _tiles(tv, params):
     tv.reorder([0, 2, 1, 3])  # [I/TR, C/TC, TR, TC]
     tv.merge(0)  # [tiles, TR, TC]
     tv.split(0, params.grid)  # [tile_iter, G, TR, TC]
+
+
+def _tma_params(fusion: Fusion, info: InputInfo, overrides: dict):
+    """The TMA variant's params, or Declined (why these inputs cannot take it)."""
+    ref = PointwiseScheduler.reference(fusion)
+    if ref.ndim < 2:
+        # tiles are [rows x cols] boxes of a tensor map over the logical axes
+        return Declined(
+            f"a {ref.ndim}-D fusion has no rows for [tile_rows x tile_cols] TMA tiles "
+            "(reshape it to 2-D for the TMA variant)"
+        )
+    row_major = list(range(ref.ndim))
+    if any(o.domain.allocation_order() != row_major for o in fusion.outputs):
+        return Declined("tiles are row-major: an output is allocated in another order")
+    shape = [evaluate(i.extent, info.extents) for i in ref.logical]
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    C = shape[-1]
+    lmap = LogicalMap(fusion)
+    cands = _vector_candidates(fusion, ref, lmap)
+    if not cands:
+        return Declined("no input has the output's full shape")
+    if rows == 0 or C == 0:
+        return Declined("the tensors are empty")
+    for k in cands:
+        why = tma_describable(info.tensors[k], ref.ndim - 1)
+        if why:
+            return Declined(f"input {k}: {why}")
+    item = max(fusion.inputs[k].dtype.size for k in cands)
+    item = max([item] + [o.dtype.size for o in fusion.outputs])
+    vec = 16 // item
+    tc = 256 if C >= 256 else C
+    if (tc * min(fusion.inputs[k].dtype.size for k in cands)) % 16 or tc % vec:
+        return Declined(f"a tile row of {tc} elements is not a multiple of 16 bytes")
+    tx = tc // vec
+    ty = max(1, min(128 // tx, 16))
+    if (tx * ty) % 32:  # whole warps: warp-specialized consumers sync on named barriers
+        ty = 32 // math.gcd(tx, 32)
+    tr = overrides.get("tile_rows", -(-16 // ty) * ty)
+    if tr % ty:
+        raise CircbufError(
+            f"schedule(tile_rows={tr}): tile_rows must be a multiple of the {ty} rows of threads "
+            f"({tx} threads span a {tc}-column tile row)"
+        )
+    stages = overrides.get("stages", 3)
+    prefetch = overrides.get("prefetch", stages - 1)
+    ring(stages, prefetch, overrides)
+    stage_bytes = sum(tr * tc * fusion.inputs[k].dtype.size for k in cands)
+    store = bool(overrides.get("tma_store", False))
+    if store and (C * min(o.dtype.size for o in fusion.outputs)) % 16:
+        return Declined("tma_store: an output row stride is not a multiple of 16 bytes")
+    if store and fusion.aliases:  # an output written into an input has that input's layout
+        return Declined("tma_store: an output is written into an input")
+    out_bytes = sum(tr * tc * o.dtype.size for o in fusion.outputs) if store else 0
+    if stages * stage_bytes + out_bytes > info.smem_per_block - 8192:
+        raise CircbufError(
+            f"schedule(stages={stages}): {stages} x {stage_bytes} bytes"
+            + (f" + {out_bytes} bytes of output tiles" if out_bytes else "")
+            + " exceed shared memory"
+        )
+    threads = tx * ty + (tx * ty if overrides.get("warp_specialized") else 0)
+    per_sm = max(1, min(SMEM_PER_SM // (stages * stage_bytes + out_bytes + 1024), 2048 // threads))
+    tiles = -(-rows // tr) * -(-C // tc)
+    grid = max(1, min(tiles, info.sm_count * per_sm))
+    vout = tuple(
+        C % vec == 0
+        and aligned(lmap, o, ref, broadcast=True)
+        and output_vectorizable(fusion, info, k, ref.ndim - 1, vec)
+        for k, o in enumerate(fusion.outputs)
+    )
+    return PointwiseTmaParams(
+        tile_rows=tr,
+        tile_cols=tc,
+        vectorize=vec,
+        threads_x=tx,
+        threads_y=ty,
+        stages=stages,
+        prefetch=prefetch,
+        grid=grid,
+        war=overrides.get("war", "block_sync"),
+        warp_specialized=bool(overrides.get("warp_specialized", False)),
+        vectorize_outputs=vout,
+        tma_store=store,
+    )

@@ -19,9 +19,10 @@ consumer, recomputed where they have several (input re-reads hit L1/L2).
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Fusion, ParallelType, ReductionOp, evaluate
+from ..ir import Fusion, ParallelType, ReductionOp, evaluate
 from ..ir.scalar import is_const
 from .info import InputInfo
+from .overrides import REDUCTION, names
 from .params import ReductionParams
 from .utils import (
     LogicalMap,
@@ -35,7 +36,7 @@ from .utils import (
     recompute_multi_use,
 )
 
-OVERRIDES = ("threads",)
+OVERRIDES = names(REDUCTION)
 
 
 def _reductions(fusion):
@@ -74,6 +75,10 @@ class ReductionScheduler:
         return None
 
     @staticmethod
+    def variant(params) -> str:
+        return "plain"
+
+    @staticmethod
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict) -> ReductionParams:
         ref = _reductions(fusion)[0]
         red = [i for i in ref.logical if i.is_reduction]
@@ -88,8 +93,6 @@ class ReductionScheduler:
         else:
             threads = 128
         threads = overrides.get("threads", threads)
-        if threads not in (32, 64, 128, 256, 512, 1024):
-            raise CircbufError(f"schedule(threads={threads}): must be a power of two in [32, 1024]")
         return ReductionParams(inner=inner, threads=threads)
 
     @staticmethod

@@ -2,9 +2,11 @@
 
 >>> # params = schedule(fusion, info, overrides)   # mutates ``fusion``
 
-A scheduler is a class with ``name``, ``can_schedule``, ``compute_params`` and
-``schedule``, listed in :data:`SCHEDULERS` with the override names it takes;
-an optional ``renamed`` dict maps deprecated override names to current ones.
+A scheduler is a class with ``name``, ``can_schedule``, ``compute_params``,
+``variant`` (which kernel its params describe) and ``schedule``, listed in
+:data:`SCHEDULERS` with the override names it takes (its table in
+:mod:`.overrides`); an optional ``renamed`` dict maps deprecated override names
+to current ones.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import warnings
 from ..ir import CircbufError, Fusion
 from . import matmul, normalization, outer_reduction, pointwise, pointwise_tma, reduction
 from .info import InputInfo
+from .overrides import TABLES, Declined
 from .utils import check_aliases, check_distinct_axes, prepare
 
 SCHEDULERS = [
@@ -67,11 +70,11 @@ def _rename(scheds, overrides: dict):
 
 
 def check_overrides(fusion: Fusion, overrides: dict):
-    """Check override names when ``fusion.schedule(**overrides)`` is called:
-    a name no scheduler that can take ``fusion`` takes raises, listing what
-    they take. Returns the overrides with deprecated names renamed, and a
-    deprecation message per renamed name. (Values are checked at compile,
-    where the inputs are known.)
+    """Check overrides when ``fusion.schedule(**overrides)`` is called: a name no
+    scheduler that can take ``fusion`` takes raises, listing what they take; a
+    value no such scheduler allows (type, range) raises with the rule. Returns the
+    overrides with deprecated names renamed, and a deprecation message per renamed
+    name. (Rules that depend on the inputs are checked at compile.)
 
     >>> import circbuf as cb
     >>> with cb.FusionDefinition() as fd:
@@ -82,12 +85,22 @@ def check_overrides(fusion: Fusion, overrides: dict):
     Traceback (most recent call last):
     ...
     circbuf.ir.errors.CircbufError: schedule(bogus=...): no scheduler of this fusion takes bogus; ...
+    >>> check_overrides(fd.fusion, {"threads": 0})
+    Traceback (most recent call last):
+    ...
+    circbuf.ir.errors.CircbufError: schedule(threads=0): must be a power of two in [32, 1024]
     """
     try:
         scheds, who = candidates(fusion), "no scheduler of this fusion"
     except CircbufError:  # not schedulable (yet): the compile says why; check names against all
         scheds, who = SCHEDULERS, "no scheduler"
     overrides, notes = _rename(scheds, overrides)
+    _check_names(scheds, overrides, who)
+    check_values(scheds, overrides)
+    return overrides, notes
+
+
+def _check_names(scheds, overrides: dict, who: str):
     takes = set().union(*(set(a) for _, a in scheds))
     unknown = [k for k in overrides if k not in takes]
     if unknown:
@@ -97,38 +110,69 @@ def check_overrides(fusion: Fusion, overrides: dict):
             named.append(f"{k} (an override of {' and '.join(others)})" if others else k)
         lists = "; ".join(f"the {s.name} scheduler takes {', '.join(a)}" for s, a in scheds)
         raise CircbufError(f"schedule({'=..., '.join(unknown)}=...): {who} takes {', '.join(named)}; {lists}")
-    return overrides, notes
+
+
+def check_values(scheds, overrides: dict):
+    """Each value allowed by the table of some scheduler in ``scheds`` that takes
+    its name (the one chosen at compile checks its own rule again)."""
+    for k, v in overrides.items():
+        rules = [TABLES[s.name][k] for s, _ in scheds if k in TABLES[s.name]]
+        whys = [o.why(v) for o in rules]
+        if rules and all(whys):
+            raise CircbufError(whys[0])
 
 
 def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
     """Heuristics for ``fusion`` on these inputs, with user overrides applied.
-    A scheduler may decline these inputs (params None): the next one is asked,
-    with the overrides it does not know dropped (e.g. ``stages`` when the rows
-    cannot be staged by TMA)."""
+    The candidates are asked in order of preference, each that takes every name
+    given; one may decline these inputs (the next is asked). An override the
+    chosen kernel does not use raises, naming the override and the kernel."""
     check_distinct_axes(fusion)
     cands = candidates(fusion)  # first: a fusion no one scheduler takes is segmented, each segment checked
     check_aliases(fusion)
     overrides, notes = _rename(cands, overrides)  # fusions not built by a FusionDefinition
     for note in notes:
         warnings.warn(note, DeprecationWarning, stacklevel=2)
-    allowed_any = set().union(*(set(a) for _, a in cands))
-    for sched, allowed in cands[:-1]:
-        if set(overrides) <= set(allowed):
-            params = sched.compute_params(fusion, info, overrides)
-            if params is not None:
-                return sched, params
-    sched, allowed = cands[-1]
-    if len(cands) > 1:
-        overrides = {k: v for k, v in overrides.items() if k in allowed or k not in allowed_any}
-    unknown = sorted(set(overrides) - set(allowed))
-    if unknown:
-        later = {"persistent", "stages", "warp_specialized", "tma", "prefetch"}
-        hint = " (no TMA variant takes these inputs)" if set(unknown) & later else ""
+    _check_names(cands, overrides, "no scheduler of this fusion")
+    check_values(cands, overrides)
+    declined = []
+    for k, (sched, allowed) in enumerate(cands):
+        last = k == len(cands) - 1
+        if not last and not set(overrides) <= set(allowed):
+            continue
+        mine = {n: v for n, v in overrides.items() if n in allowed}
+        for n, v in mine.items():
+            TABLES[sched.name][n].check(v)
+        params = sched.compute_params(fusion, info, mine)
+        if params is None or isinstance(params, Declined):
+            if last:
+                raise CircbufError(f"the {sched.name} scheduler declined this fusion: {params.why}")
+            declined.append((sched, getattr(params, "why", None)))
+            continue
+        _check_used(cands, sched, params, overrides, declined)
+        return sched, params
+    raise AssertionError("the last candidate always answers")  # pragma: no cover
+
+
+def _check_used(cands, sched, params, overrides: dict, declined: list):
+    """Every override is used by the kernel ``params`` describe."""
+    variant = f"{sched.name}:{sched.variant(params)}"
+    for k, v in overrides.items():
+        rules = [TABLES[s.name][k] for s, _ in cands if k in TABLES[s.name]]
+        if any(variant in o.variants(v) for o in rules):
+            continue
+        users = sorted({u for o in rules for u in o.variants(v) if not u.endswith(":declined")})
+        why = "".join(f"; the {s.name} scheduler declined these inputs" + (f" ({w})" if w else "")
+                      for s, w in declined)  # fmt: skip
         raise CircbufError(
-            f"schedule(): the {sched.name} scheduler does not take {', '.join(unknown)}{hint}; "
-            f"it takes {', '.join(allowed)}"
+            f"schedule({k}={v!r}): the kernel chosen, {_said(variant)}, does not use {k}; "
+            f"{k}={v!r} is used by {' and '.join(_said(u) for u in users) or 'no kernel'}{why}"
         )
-    return sched, sched.compute_params(fusion, info, overrides)
+
+
+def _said(variant: str) -> str:
+    sched, kind = variant.split(":")
+    return f"{sched} ({kind})"
 
 
 def schedule(fusion: Fusion, info: InputInfo, overrides: dict | None = None):
