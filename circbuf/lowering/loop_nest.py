@@ -112,13 +112,14 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
 
     # a circular buffer rotates over its loop even when fixed sizes give it one trip
     rings = {uf.find(tv.loop[tv.circular_buffer_axis()].id) for tv in fusion.used_tvs() if tv.circular}
-    # readers of a ring that is a loop nest of its own (not inlined into them)
-    # keep their one-trip serial loops too: the circular_buffer pass matches
-    # their loops level by level with the producer's (a matmul whose K fits
-    # one k tile, known when compiling, still has a k loop on both sides)
+    # a ring that is a loop nest of its own (not inlined into its readers) and
+    # its readers keep their one-trip serial loops too: the circular_buffer
+    # pass matches the two sides' loops level by level (a matmul whose tile
+    # count or K is one when compiling still has tile and k loops on both sides)
     for e in exprs:
-        if any(p.circular and p.compute_at_pos == 0 for p in e.tv_inputs()):
-            rings |= {uf.find(ax.id) for ax in e.out.loop if ax.parallel_type == ParallelType.Serial}
+        own = [p for p in e.tv_inputs() if p.circular and p.compute_at_pos == 0]
+        for tv in [*own, e.out] if own else []:
+            rings |= {uf.find(ax.id) for ax in tv.loop if ax.parallel_type == ParallelType.Serial}
     launch: dict = {}
     counter = [0]
     body: list = []
