@@ -551,7 +551,9 @@ class FusionExecutor:
             raise CircbufError(
                 f"{ck.name} needs {p.smem} bytes of shared memory; the limit per block is {info.smem_per_block}"
             )
-        p.empty = _any_output_empty(out_shapes) or 0 in p.grid
+        # launch unless nothing is to be written: an output with elements next to
+        # an empty one (the sum of a [0, 8] tensor beside its exp) still gets them
+        p.empty = _all_outputs_empty(out_shapes) or 0 in p.grid
         if max(p.grid[1:]) > 65535 or p.grid[0] > _INT32_LIMIT:
             raise CircbufError(f"grid {p.grid} exceeds the launch limits")
         knobs.dump("launch", f"{ck.name}: grid {p.grid} block {p.block} smem {p.smem}")
@@ -582,7 +584,7 @@ class FusionExecutor:
             blobs.append((off, b"\0" * 8))
             off += 8
         p.tmaps, p.hang, off = self._pack_tensor_maps_and_hang_record(
-            ck, info, out_shapes, out_strides, blobs, off
+            ck, info, out_shapes, out_strides, blobs, off, p.empty
         )
         p.name = ck.name
         p.argbuf = ctypes.create_string_buffer(max(off, 8) + (-max(off, 8) % 8))
@@ -597,7 +599,7 @@ class FusionExecutor:
         p.finish = self._finish(env)
         return p
 
-    def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, out_strides, blobs, off):
+    def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, out_strides, blobs, off, empty):
         """Tensor maps and the hang record follow the scalars in the parameters."""
         k = ck.kernel
         maps = []
@@ -611,14 +613,16 @@ class FusionExecutor:
                 shape = list(out_shapes[o])
                 strides = list(out_strides[o])
                 item = self.fusion.outputs[o].dtype.size
-                if not _any_output_empty(out_shapes):
+                if not empty:
+                    _check_not_empty(name, shape)
                     dims, gstr, box = map_geometry(spec, shape, strides, item)
                     check_map(name, 256, dims, gstr, box, item)
                 maps.append(MapSlot(spec, -1, off, name, output=o))
             else:
                 name = self.fusion.inputs[tpos[spec.param]].name
                 t = info.tensors[tpos[spec.param]]
-                if not _any_output_empty(out_shapes):
+                if not empty:
+                    _check_not_empty(name, t.sizes)
                     dims, gstr, box = map_geometry(spec, t.sizes, t.strides, t.itemsize)
                     check_map(name, t.align, dims, gstr, box, t.itemsize)
                 maps.append(MapSlot(spec, tpos[spec.param], off, name))
@@ -626,7 +630,7 @@ class FusionExecutor:
             off += 128
         hang = None
         if k.hang_record:
-            if not _any_output_empty(out_shapes):  # an empty plan launches nothing: no record to read
+            if not empty:  # an empty plan launches nothing: no record to read
                 import torch
 
                 hang = torch.zeros(4, dtype=torch.int32, pin_memory=True)
@@ -655,9 +659,19 @@ def _source(kind, k, inputs, vals, env):
     return inputs[k] if kind == "input" else vals[k] if kind == "tensor" else env[k]
 
 
-def _any_output_empty(out_shapes) -> bool:
-    """Some output has no elements: nothing to launch, no tensor map to check."""
-    return any(0 in s for s in out_shapes)
+def _all_outputs_empty(out_shapes) -> bool:
+    """No output has elements: nothing to launch, no tensor map to check."""
+    return all(0 in s for s in out_shapes)
+
+
+def _check_not_empty(name, sizes) -> None:
+    """A tensor map cannot describe an empty tensor; the schedulers stage no
+    empty tensor by TMA when a kernel still has elements to write."""
+    if 0 in sizes:
+        raise CircbufError(
+            f"{name} has no elements but is staged by TMA in a kernel that writes other outputs; "
+            "schedule(tma=False) takes the plain kernel"
+        )
 
 
 def _check_target(kernel, arch: str):

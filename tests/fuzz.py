@@ -719,8 +719,8 @@ class Gen:
             xa = xa.long() if isinstance(xa, torch.Tensor) else int(xa)
             xb = xb.long() if isinstance(xb, torch.Tensor) else int(xb)
         exact = all(v.exact for v in tv) and cdt not in FLOATS
-        ta = xa if isinstance(xa, torch.Tensor) else torch.tensor(xa)
-        tb = xb if isinstance(xb, torch.Tensor) else torch.tensor(xb)
+        ta = xa if isinstance(xa, torch.Tensor) else _scalar_tensor(xa)
+        tb = xb if isinstance(xb, torch.Tensor) else _scalar_tensor(xb)
         if op in ("div", "fmod", "remainder", "mod", "truediv"):
             if (
                 tb.numel() and (tb == 0).any()
@@ -826,8 +826,8 @@ class Gen:
                         dt = promote_scalar(dt, x)
             else:
                 dt = D.Float
-            xa = a.ref if isinstance(a, Val) else torch.tensor(a)
-            xb = b.ref if isinstance(b, Val) else torch.tensor(b)
+            xa = a.ref if isinstance(a, Val) else _scalar_tensor(a)
+            xb = b.ref if isinstance(b, Val) else _scalar_tensor(b)
             cref = c.ref
             ref = torch.where(
                 cref,
@@ -1278,6 +1278,16 @@ def _wider(to, frm):
     return order[to] >= order[frm] and not (to in (D.Half, D.BFloat16) and to != frm)
 
 
+def _scalar_tensor(v):
+    """A Python number as a 0-dim reference tensor in float64 / int64 / bool
+    (``torch.tensor(0.001)`` would round it to float32 first)."""
+    if isinstance(v, bool):
+        return torch.tensor(v)
+    if isinstance(v, int):
+        return torch.tensor(v, dtype=torch.int64)
+    return torch.tensor(float(v), dtype=torch.float64)
+
+
 def _near(x, edges, tol=1e-3):
     x = x.double()
     return any(((x - e).abs() < tol * (1 + x.abs())).any() for e in edges)
@@ -1377,6 +1387,7 @@ DOCUMENTED = (
     r"written in place into",
     r"^schedule\(",
     r"reduces no axis",
+    r"must be equal: ",  # input sizes the definition requires equal (symbolic extents that differ)
 )
 REDUCING = {
     "sum",

@@ -1,0 +1,36 @@
+"""Plans launch whenever some output has elements (issue 16: a reduction over
+an empty axis next to an empty output was left unwritten; fuzz case 101:79)."""
+
+import pytest
+import torch
+
+import circbuf as cb
+from tests.kir_interp import interpret
+from tests.util import D, assert_close
+
+
+def _sum_and_exp():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        fd.add_output(fd.ops.sum(x, [0, 1]))
+        fd.add_output(fd.ops.exp(x))
+    return fd
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (5, 0)])
+def test_reduction_of_an_empty_tensor_beside_an_empty_output_on_the_interpreter(shape, monkeypatch):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    x = torch.randn(*shape)
+    outs = interpret(_sum_and_exp(), [x])
+    for o, r in zip(outs, (x.double().sum(), x.double().exp())):
+        assert_close(o, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(0, 8), (5, 0), (0, 0)])
+def test_reduction_of_an_empty_tensor_beside_an_empty_output_matches_torch(shape, monkeypatch):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    x = torch.randn(*shape, device="cuda")
+    outs = _sum_and_exp().execute([x])
+    for o, r in zip(outs, (x.double().sum(), x.double().exp())):
+        assert_close(o, r)
