@@ -1389,37 +1389,6 @@ DOCUMENTED = (
     r"reduces no axis",
     r"must be equal: ",  # input sizes the definition requires equal (symbolic extents that differ)
 )
-REDUCING = {
-    "sum",
-    "prod",
-    "max",
-    "min",
-    "mean",
-    "var",
-    "var_mean",
-    "softmax",
-    "layer_norm",
-    "rms_norm",
-    "matmul",
-    "linear",
-}
-
-
-def _unreduced_zero_dim_output(case):
-    """Is some output 0-dim without a reduction before it (README: refused;
-    0-dim outputs come from reductions over every axis)?"""
-    made = {o: (op, args) for outs, op, args, kw in case.steps for o in outs}
-
-    def reduced(n, seen):
-        if n not in made or n in seen:
-            return False
-        seen.add(n)
-        op, args = made[n]
-        return op in REDUCING or any(reduced(a.name, seen) for a in args if isinstance(a, Ref))
-
-    return any(case.vals[n].ref.dim() == 0 and not reduced(n, set()) for n, _ in case.outputs)
-
-
 def classify(exc, phase, case=None):
     """(outcome, signature) of an exception raised in ``phase``: a CircbufError
     is a refusal when raised while defining the fusion or for a limit README
@@ -1437,10 +1406,6 @@ def classify(exc, phase, case=None):
         if phase != "define" and (f.startswith("circbuf/lowering/") or f.startswith("circbuf/ir/")):
             return "bug:lowering-check", f"{f}:{fn}: {_normalize(exc)}"
         if phase == "define" or any(re.search(p, str(exc)) for p in DOCUMENTED):
-            return "refused", f"{phase}: {_normalize(exc)}"
-        if (
-            case is not None and "0-dim" in str(exc) and _unreduced_zero_dim_output(case)
-        ):  # README: a fusion with no reduction whose outputs are 0-dim is refused
             return "refused", f"{phase}: {_normalize(exc)}"
         return "bug:refusal", f"{f}:{fn}: {_normalize(exc)}"
     if isinstance(exc, AssertionError) and f == "tests/kir_interp.py" and "out of bounds" in str(exc):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import circbuf as cb
+from tests.kir_interp import interpret
 from tests.util import D, assert_close
 
 
@@ -52,3 +53,37 @@ def test_matmul_with_k_of_one_k_tile_matches_torch(m, k):
     w = torch.randn(64, k, dtype=torch.half, device="cuda")
     (out,) = fd.execute([a, w])
     assert_close(out, a.double() @ w.double().T)
+
+
+def _zero_dim_math():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([], dtype=D.BFloat16)
+        s = fd.define_scalar(dtype=D.Float)
+        y = fd.ops.mul(fd.ops.add(x, -1.5), s)
+        fd.add_output(fd.ops.exp(y))
+        fd.add_output(fd.ops.gt(y, 0.0))
+    return fd
+
+
+def test_zero_dim_pointwise_runs_as_one_thread(monkeypatch):
+    """0-dim math with no reduction (fuzz 100:48) is a one-thread pointwise
+    kernel, not a refusal: nvFuser runs it."""
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    fd = _zero_dim_math()
+    x = torch.tensor(0.75, dtype=torch.bfloat16)
+    ck = fd.compile([x, 2.0], arch="sm_90a")
+    assert ck.kernels[0].params.threads == 1 and "threadIdx" not in ck.cuda[ck.cuda.index('extern "C"') :]
+    e, g = interpret(fd, [x, 2.0])
+    ref = (x.double() - 1.5) * 2.0
+    assert_close(e, ref.exp())
+    assert bool(g) == bool(ref > 0)
+
+
+@pytest.mark.gpu
+def test_zero_dim_pointwise_matches_torch(monkeypatch):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    x = torch.tensor(2.25, dtype=torch.bfloat16, device="cuda")
+    e, g = _zero_dim_math().execute([x, 2.0])
+    ref = (x.double() - 1.5) * 2.0
+    assert_close(e, ref.exp())
+    assert g.dtype == torch.bool and bool(g) == bool(ref > 0)

@@ -54,8 +54,8 @@ class PointwiseScheduler:
         ranks = {o.ndim for o in fusion.outputs}
         if len(ranks) != 1:
             return f"outputs have different ranks {sorted(ranks)}"
-        if 0 in ranks:
-            return "0-dim outputs"
+        if 0 in ranks:  # 0-dim math (``x + 1`` of a 0-dim x): one thread computes it
+            return None
         return _unrelated_output(fusion)
 
     @staticmethod
@@ -77,6 +77,15 @@ class PointwiseScheduler:
         ref = PointwiseScheduler.reference(fusion)
         env = info.extents
         from ..ir import evaluate
+
+        if ref.ndim == 0:  # one element: one thread, nothing to vectorize or unroll
+            return PointwiseParams(
+                vectorize=1,
+                unroll=1,
+                threads=1,
+                vectorize_inputs=(False,) * len(info.tensors),
+                vectorize_outputs=(False,) * len(fusion.outputs),
+            )
 
         shape = [evaluate(i.extent, env) for i in ref.logical]
         numel = 1
@@ -131,6 +140,9 @@ class PointwiseScheduler:
 
     @staticmethod
     def schedule(fusion: Fusion, params: PointwiseParams):
+        if PointwiseScheduler.reference(fusion).ndim == 0:  # no axes: the kernel's one thread
+            inline_intermediates(fusion)
+            return
         hoist_broadcasts(fusion)
         ref_index = PointwiseScheduler.reference_index(fusion)
         ref_out = fusion.outputs[ref_index]
