@@ -824,8 +824,9 @@ class Gen:
                 for x in (a, b):
                     if not isinstance(x, Val):
                         dt = promote_scalar(dt, x)
-            else:
-                dt = D.Float
+            else:  # two scalars: their own promoted type (Python float Double, int Int64; nvFuser)
+                kinds = [D.Double if isinstance(x, float) else D.Bool if isinstance(x, bool) else D.Int64 for x in (a, b)]
+                dt = promote(*kinds)
             xa = a.ref if isinstance(a, Val) else _scalar_tensor(a)
             xb = b.ref if isinstance(b, Val) else _scalar_tensor(b)
             cref = c.ref

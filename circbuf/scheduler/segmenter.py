@@ -249,6 +249,8 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
             k = next(k for k in sorted(members[g]) if not takers(frozenset([k])))
             f1 = _view(fusion, exprs, [k])[0]
             why = "; ".join(f"{s.name}: {s.can_schedule(f1)}" for s, _ in SCHEDULERS)
+            if schedulers_taking(f1):  # the schedulers take it: the in-place output is what no kernel can write
+                check_aliases(f1)  # raises, naming the rule
             raise CircbufError(
                 f"no scheduler can take this fusion (nor {exprs[k]} as a kernel of its own, "
                 f"nor with its neighbours: {why})"
