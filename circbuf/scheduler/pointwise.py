@@ -201,9 +201,10 @@ def _unrelated_output(fusion: Fusion) -> str | None:
     ref = fusion.outputs[ref_k]
     lmap = LogicalMap(fusion)
     have = lmap.derivable({lmap.find(i) for i in ref.logical if not i.is_broadcast})
+    joined = lmap.derivable({lmap.find(i) for i in ref.logical})  # a broadcast axis only needs joining
     for k, o in enumerate(fusion.outputs):
         for a, i in enumerate(o.logical):
-            if not i.is_broadcast and lmap.find(i) not in have:
+            if lmap.find(i) not in (joined if i.is_broadcast else have):
                 return f"output {k}'s axis {a} is not an axis of output {ref_k} (no one loop covers both)"
     return None
 
