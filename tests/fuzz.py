@@ -1386,6 +1386,7 @@ DOCUMENTED = (
     r"combined with a permutation of itself",
     r"joined through a broadcast, but their extents differ",
     r"written in place into",
+    r"is written in place \(alias_input\) by a kernel whose inputs need",  # no segment order: named
     r"^schedule\(",
     r"reduces no axis",
     r"must be equal: ",  # input sizes the definition requires equal (symbolic extents that differ)
