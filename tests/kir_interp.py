@@ -107,6 +107,9 @@ class _Thread:
         b = self.buf(ref.tv)
         if ref.tv.memory_type == MemoryType.Global:
             assert 0 <= i < b.numel(), f"{ref.tv.name}[{i}] out of bounds ({b.numel()})"
+            counts = self.run.stores.get(ref.tv.name)
+            if counts is not None:
+                counts[i] += 1
             b[i] = torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v  # inf past fp32
         else:
             b[i] = v
@@ -121,8 +124,11 @@ class _Thread:
     def exec(self, nodes):
         for n in nodes:
             if isinstance(n, ForLoop):
+                # a persistent grid loop runs for (j = blockIdx.x; j < extent; j += gridDim.x)
                 ext = evaluate(n.extent, self.env)
-                for j in range(ext):
+                start, step = evaluate(n.start, self.env), evaluate(n.step, self.env)
+                assert step > 0, f"loop {n.index} has step {step}"
+                for j in range(start, ext, step):
                     self.env[n.index.name] = j
                     yield from self.exec(n.body)
             elif isinstance(n, IfThenElse):
@@ -188,6 +194,28 @@ class _Thread:
 class _Run:
     def __init__(self, kernel, glob):
         self.k, self.glob, self.shared = kernel, glob, {}
+        self.stores: dict = {}  # output name -> stores per element of its span
+
+
+def _check_stored_once(name, t, counts, repeat=1):
+    """Every element of output ``t`` written exactly once and nothing else in
+    its span; an element of an expanded (stride 0) output shares its memory
+    with the others along that axis: its address is written once per element
+    (``repeat``: the elements of expanded axes the kernel writes to one)."""
+    if t.numel() == 0:
+        return
+    addr = torch.as_strided(torch.arange(counts.numel()), t.shape, t.stride()).reshape(-1)
+    want = torch.bincount(addr, minlength=counts.numel()) * repeat
+    bad = (counts != want).nonzero().reshape(-1)
+    if bad.numel():
+        first = bad[:4]
+        where = [tuple(int(c) for c in torch.unravel_index((addr == a).nonzero()[0, 0], t.shape))
+                 if want[a] else f"@{int(a)} (no element)" for a in first]
+        raise AssertionError(
+            f"output {name}: {bad.numel()} addresses of {t.numel()} elements not stored exactly once "
+            f"per element (e.g. {where} stored {counts[first].tolist()} times for "
+            f"{want[first].tolist()}; {int(counts.sum())} stores in all)"
+        )
 
 
 def _block(run, env, block):
@@ -231,13 +259,15 @@ def _block(run, env, block):
                 pending[i] = acc
 
 
-def interpret(fd, inputs):
+def interpret(fd, inputs, check_stores=True):
     """Compile ``fd`` for sm_90a on these CPU inputs and run the kernel here.
-    Returns what ``fd.execute`` would (outputs poisoned with NaN first)."""
-    return interpret_executor(fd._get_executor(), inputs)
+    Returns what ``fd.execute`` would (outputs poisoned with NaN first).
+    ``check_stores``: assert the kernel stores each element of each output
+    exactly once (a grid loop that misses rows, an element visited twice)."""
+    return interpret_executor(fd._get_executor(), inputs, check_stores=check_stores)
 
 
-def interpret_executor(ex, inputs, finish=True):
+def interpret_executor(ex, inputs, finish=True, check_stores=True):
     """``interpret`` for a FusionExecutor; ``finish=False``: the tensors the
     kernel wrote, as a segment hands them to the next one."""
     ck = ex.compile(inputs, arch="sm_90a")
@@ -265,10 +295,24 @@ def interpret_executor(ex, inputs, finish=True):
     for v, x in zip(k.scalar_params, scal):
         env[v.name] = x
     run = _Run(k, glob)
+    outs_of = {p.tv.name: t for p, t in zip(k.tensor_params, tensors) if p.is_output}
+    if check_stores:
+        run.stores = {name: torch.zeros(glob[name].numel(), dtype=torch.int64) for name in outs_of}
     for bz in range(plan.grid[2]):
         for by in range(plan.grid[1]):
             for bx in range(plan.grid[0]):
                 run.shared = {}
                 e = dict(env, **{"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz})
                 _block(run, e, plan.block)
+    for p in k.tensor_params:
+        if p.tv.name in run.stores:
+            # an expanded axis the buffer holds once (size 1) is written once per element along it
+            axes = p.tv.domain.no_reductions()
+            t = outs_of[p.tv.name]
+            repeat = math.prod(
+                evaluate(ax.expanded_extent, env)
+                for ax, n in zip(axes, t.shape)
+                if ax.is_broadcast and ax.expanded_extent is not None and n == 1
+            )
+            _check_stored_once(p.tv.name, t, run.stores[p.tv.name], repeat)
     return plan.finish(inputs, outs) if plan.finish and finish else outs

@@ -109,6 +109,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             r = uf.find(ax.id)
             members[r] = members.get(r, 0) + 1
     shared = {r for r, n in members.items() if n > 1}
+    chains = _class_chains(exprs, uf)
 
     # a circular buffer rotates over its loop even when fixed sizes give it one trip
     rings = {uf.find(tv.loop[tv.circular_buffer_axis()].id) for tv in fusion.used_tvs() if tv.circular}
@@ -156,7 +157,10 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             loop = None
             if key in shared:
                 loop = next((n for n in reversed(cur) if isinstance(n, ForLoop) and n.key == key), None)
-            chain = _grid_stride(ax)
+            # The loop's form belongs to its class, not to whichever member
+            # (say a broadcast input's cache, which has no grid split of its
+            # own) happens to open it first.
+            chain = chains.get(key)
             if loop is None:
                 loop = new_loop(ax, key)
                 if chain is not None:  # for (t = start; t < extent; t += step)
@@ -166,8 +170,12 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             if anchor is not None and anchor[1] is None and anchor[0] is cur:
                 anchor = (cur, loop)
             index[ax.id] = loop.index
-            if chain is not None:
-                index[chain[1].id] = loop.index  # the loop runs the split's input index itself
+            own = _grid_stride(ax)
+            if own is not None:
+                index[own[1].id] = loop.index  # the loop runs the split's input index itself
+            elif chain is not None:
+                # a member without the grid split counts the class's trips
+                index[ax.id] = simplify((loop.index - chain[2]) // chain[3])
             cur = loop.body
         stmt = ExprStmt(e, index)
         cur.append(stmt)
@@ -211,6 +219,30 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             k = tv.circular_buffer_axis()
             kernel.circular_loops[tv.name] = uf.find(tv.loop[k].id)
     return kernel
+
+
+def _class_chains(exprs, uf) -> dict:
+    """The persistent grid loop (:func:`_grid_stride`) of each loop class that
+    has one: every loop of the class strides, whichever member opens it. Two
+    members whose grid splits disagree cannot share one loop."""
+    chains: dict = {}
+    for e in exprs:
+        for ax in e.out.loop:
+            ch = _grid_stride(ax)
+            if ch is None:
+                continue
+            key = uf.find(ax.id)
+            prev = chains.setdefault(key, ch)
+            if prev is not ch and not all(
+                simplify(a) == simplify(b)
+                for a, b in ((prev[1].loop_extent, ch[1].loop_extent), (prev[2], ch[2]), (prev[3], ch[3]))
+            ):
+                raise CircbufError(
+                    f"{e.out.name}: axis {ax} shares a loop with {prev[0]} but their grid splits differ "
+                    f"({prev[1].loop_extent} from {prev[2]} step {prev[3]} vs "
+                    f"{ch[1].loop_extent} from {ch[2]} step {ch[3]})"
+                )
+    return chains
 
 
 def _grid_stride(ax):
