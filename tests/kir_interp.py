@@ -69,6 +69,39 @@ _BIN = {
     "eq": lambda a, b, dt: a == b,
     "ne": lambda a, b, dt: a != b,
 }
+
+
+def _c_mod(a, b, dt):
+    """C's ``%`` / ``fmod``: the sign of ``a``."""
+    if dt.is_float:
+        return math.fmod(a, b)
+    r = abs(a) % abs(b)
+    return r if a >= 0 else -r
+
+
+def _nextafter(a, b, dt):
+    t = {DataType.Float: torch.float32, DataType.Double: torch.float64}.get(dt, torch.float32)
+    return torch.nextafter(torch.tensor(a, dtype=t), torch.tensor(b, dtype=t)).item()
+
+
+_BIN.update(
+    {
+        "truediv": lambda a, b, dt: a / b,
+        "pow": lambda a, b, dt: a**b if dt.is_float or b >= 0 else int(1 / a**-b),
+        "fmod": _c_mod,
+        "mod": _c_mod,
+        "remainder": lambda a, b, dt: a % b,  # Python's: the sign of b, as torch.remainder
+        "atan2": lambda a, b, dt: math.atan2(a, b),
+        "nextafter": _nextafter,
+        "bitwise_and": lambda a, b, dt: a & b,
+        "bitwise_or": lambda a, b, dt: a | b,
+        "bitwise_xor": lambda a, b, dt: a ^ b,
+        "bitwise_left_shift": lambda a, b, dt: a << b,
+        "bitwise_right_shift": lambda a, b, dt: a >> b,
+        "logical_right_shift": lambda a, b, dt: (a & ((1 << 8 * dt.size) - 1)) >> b,
+        "gcd": lambda a, b, dt: math.gcd(a, b),
+    }
+)
 _RED = {"sum": lambda a, b: a + b, "max": max, "min": min}
 
 
@@ -209,8 +242,12 @@ def _check_stored_once(name, t, counts, repeat=1):
     bad = (counts != want).nonzero().reshape(-1)
     if bad.numel():
         first = bad[:4]
-        where = [tuple(int(c) for c in torch.unravel_index((addr == a).nonzero()[0, 0], t.shape))
-                 if want[a] else f"@{int(a)} (no element)" for a in first]
+        where = [
+            tuple(int(c) for c in torch.unravel_index((addr == a).nonzero()[0, 0], t.shape))
+            if want[a]
+            else f"@{int(a)} (no element)"
+            for a in first
+        ]
         raise AssertionError(
             f"output {name}: {bad.numel()} addresses of {t.numel()} elements not stored exactly once "
             f"per element (e.g. {where} stored {counts[first].tolist()} times for "

@@ -1,0 +1,340 @@
+"""Loops the schedulers' kernels can be trusted with (issue 16, silent wrong results).
+
+Operand order: ``op(w, f(x))`` with ``w`` broadcast along the rows must give the
+same kernel loops as ``op(f(x), w)``. The first expr of the former is the load
+of ``w``'s cache, whose row axis is a broadcast with no grid split of its own;
+the loop it opens is the persistent grid loop of every row, so it must start at
+``blockIdx.x`` and stride by the grid (it did not: every CTA computed the first
+row blocks and the other rows were never written).
+
+The CPU checks: each store to an output depends on ``blockIdx`` (through its
+index or the loops that make it) whenever the grid has several blocks; plain
+kernels also run in tests/kir_interp.py, which asserts every output element is
+stored exactly once, against torch in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import circbuf as cb
+from circbuf.ir import ParallelType
+from circbuf.ir.scalar import Const, free_vars
+from circbuf.lowering.kir import Assign, ForLoop, TmaLoad, TmaStore, walk
+from circbuf.runtime import nvrtc
+from circbuf.scheduler import registry
+from tests.kir_interp import interpret
+from tests.util import D, assert_close
+
+DEV = "cuda"
+
+FLOAT_OPS = [
+    "add", "sub", "mul", "div", "maximum", "minimum", "lt", "le", "gt", "ge", "eq", "ne",
+    "truediv", "pow", "fmod", "remainder", "mod", "atan2", "nextafter",
+]  # fmt: skip
+INT_OPS = [
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift",
+    "logical_right_shift", "gcd",
+]  # fmt: skip
+BINARY_OPS = FLOAT_OPS + INT_OPS
+
+
+def _ref_op(op, a, b):
+    """torch's ``op`` on float64 (or int64) tensors."""
+    if op in ("div", "truediv") and a.is_floating_point():
+        return a / b
+    if op == "mod":
+        return torch.fmod(a, b)
+    if op == "logical_right_shift":  # on int32 bits
+        return (a.to(torch.int64) & 0xFFFFFFFF) >> b
+    return getattr(torch, op)(a, b)
+
+
+def _rows(fd, x):
+    return fd.ops.neg(x)
+
+
+def _softmax(fd, x):
+    return fd.ops.softmax(x, -1)
+
+
+CASES = {
+    # name: (scheduler forced, schedule() overrides, f of the rows, f in torch, where the binary op is:
+    # after f ("epilogue"), before a sum over the rows ("outer") or the columns ("inner"), after linear)
+    "pointwise": ("pointwise", {}, _rows, lambda x: -x, "epilogue"),
+    "pointwise_tma": ("pointwise_tma", {"stages": 3}, _rows, lambda x: -x, "epilogue"),
+    "norm_registers": (
+        "normalization",
+        {"staging": "registers"},
+        _softmax,
+        lambda x: x.softmax(-1),
+        "epilogue",
+    ),
+    "norm_tma": ("normalization", {"staging": "tma"}, _softmax, lambda x: x.softmax(-1), "epilogue"),
+    "outer_reduction": ("outer_reduction", {}, None, None, "outer"),
+    # the plain path of outer reductions (tma=False) is the reduction scheduler's
+    "reduction_outer": ("reduction", {}, None, None, "outer"),
+    "reduction_inner": ("reduction", {}, None, None, "inner"),
+    # linear(a, b) then op with a bias-like [N] broadcast along the rows of the tile
+    "matmul_epilogue": ("matmul", {}, None, None, "matmul"),
+}
+
+
+def _force(monkeypatch, name):
+    """Only scheduler ``name`` may take the fusion (the test is about its kernel)."""
+    keep = [s for s in registry.SCHEDULERS if s[0].name == name]
+    assert keep, name
+    monkeypatch.setattr(registry, "SCHEDULERS", keep)
+
+
+def _fusion(case, op, w_first, dtype):
+    sched, overrides, f, _, kind = CASES[case]
+    ints = op in INT_OPS
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=dtype)
+        if kind == "matmul":
+            x = fd.ops.linear(x, fd.define_tensor([-1, -1], dtype=dtype))
+        w = fd.define_tensor([-1], dtype=dtype)
+        if ints:
+            w = fd.ops.cast(w, D.Int32)
+
+        def bin_(a, b):
+            if ints:
+                a = fd.ops.cast(a, D.Int32) if a.dtype != D.Int32 else a
+                b = fd.ops.cast(b, D.Int32) if b.dtype != D.Int32 else b
+            return getattr(fd.ops, op)(a, b) if not w_first else getattr(fd.ops, op)(b, a)
+
+        # the swap: bin_(rows, w) is op(rows, w), or op(w, rows) with w_first
+        if kind == "epilogue":
+            y = bin_(f(fd, x), w)
+        elif kind == "matmul":
+            y = bin_(x, w)
+        else:  # a prologue with w broadcast along the rows, reduced over rows (outer) or columns
+            y = fd.ops.sum(fd.ops.cast(bin_(x, w), D.Float), [0] if kind == "outer" else [1])
+        fd.add_output(y)
+    if overrides:
+        fd.fusion.schedule(**overrides)
+    return fd
+
+
+def _inputs(op, rows, cols, dtype, device="cpu", k=None):
+    """x [rows, cols] and w [cols]; with ``k``: a [rows, k], b [cols, k], w [cols] (linear)."""
+    g = torch.Generator().manual_seed(rows * 31 + cols)
+    if k is not None:
+        a, b = (torch.randn(n, k, generator=g, dtype=torch.float64) / math.sqrt(k) for n in (rows, cols))
+        w = torch.randn(cols, generator=g, dtype=torch.float64)
+        if op in INT_OPS:
+            w = (w * 8).abs() % 5 + 1
+        elif op == "pow":
+            w = w.abs() + 0.5
+        return [t.to(dtype).to(device) for t in (a, b, w)]
+    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    w = torch.randn(cols, generator=g, dtype=torch.float64)
+    if op in INT_OPS:
+        x, w = x * 8, (w * 8).abs() % 5 + 1  # small shift counts, no gcd(0, 0)
+    elif op in ("pow",):
+        x, w = x.abs() + 0.5, w.abs() + 0.5
+    return [t.to(dtype).to(device) for t in (x, w)]
+
+
+def _reference(case, op, w_first, inputs):
+    _, _, _, tf, kind = CASES[case]
+    if kind == "matmul":
+        a, b, w = (t.cpu().double() for t in inputs)
+        x = a @ b.T
+    else:
+        x, w = (t.cpu().double() for t in inputs)
+    if op in INT_OPS:
+
+        def bin_(a, b):
+            a, b = a.to(torch.int32).to(torch.int64), b.to(torch.int32).to(torch.int64)
+            r = _ref_op(op, b, a) if w_first else _ref_op(op, a, b)
+            return r.to(torch.int32)
+    else:
+
+        def bin_(a, b):
+            return _ref_op(op, b, a) if w_first else _ref_op(op, a, b)
+
+    if kind == "matmul":
+        return bin_(x, w.to(torch.int32) if op in INT_OPS else w)
+    if kind == "epilogue":
+        # the rows are computed in fp32 from the input type, as the kernel does
+        r = tf(x) if op not in INT_OPS else tf(x).to(torch.int32)
+        return bin_(r, w.to(torch.int32) if op in INT_OPS else w)
+    wx = w.to(torch.int32) if op in INT_OPS else w
+    return bin_(x, wx).double().sum(0 if kind == "outer" else 1)
+
+
+def _store_deps(kernel):
+    """For each store to a kernel output: the names its address depends on,
+    through the loops whose indices it uses (their start and extent)."""
+    outs = {p.tv.name for p in kernel.tensor_params if p.is_output}
+    found = []
+
+    def visit(n, stack):
+        if isinstance(n, Assign) and n.lhs.tv.name in outs:
+            exprs = [n.lhs.index]
+        elif isinstance(n, TmaStore):
+            exprs = list(n.coords)
+        else:
+            return
+        names = {}
+        for e in exprs:
+            free_vars(e, names)
+        for loop in reversed([s for s in stack if isinstance(s, ForLoop)]):
+            if loop.index.name in names:
+                free_vars(loop.start, names)
+        found.append((n, set(names)))
+
+    walk(kernel.body, visit)
+    return found
+
+
+def assert_stores_bind_the_grid(ck):
+    """Every output store of a kernel launched on several blocks depends on blockIdx."""
+    k = ck.kernel
+    blocks = [pt.value for pt in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz) if pt in k.launch]
+    if not blocks or all(isinstance(k.launch[ParallelType(b)], Const) and k.launch[ParallelType(b)].value == 1
+                         for b in blocks):  # fmt: skip
+        return
+    stores = _store_deps(k)
+    assert stores, "kernel stores no output"
+    for node, deps in stores:
+        assert deps & set(blocks), (
+            f"an output store does not depend on {blocks}: every CTA writes the same elements\n"
+            + "\n".join(node.lines(0))
+            + f"\n{ck.kernel_ir}"
+        )
+
+
+def _plain(ck) -> bool:
+    found = []
+    walk(ck.kernel.body, lambda n, s: found.append(n) if isinstance(n, (TmaLoad, TmaStore)) else None)
+    return not found
+
+
+SHAPES = {  # small enough for the interpreter, several CTAs each
+    "pointwise": (6, 40),
+    "pointwise_tma": (64, 256),
+    "norm_registers": (20, 64),
+    "norm_tma": (24, 256),
+    "outer_reduction": (16, 96),
+    "reduction_outer": (16, 96),
+    "reduction_inner": (6, 64),
+    "matmul_epilogue": (256, 512),  # x 64 (K)
+}
+
+
+def _check_case(monkeypatch, case, op, w_first, interp):
+    sched = CASES[case][0]
+    _force(monkeypatch, sched)
+    mm = CASES[case][4] == "matmul"
+    dtype = D.BFloat16 if mm else D.Float
+    fd = _fusion(case, op, w_first, dtype)
+    rows, cols = SHAPES[case]
+    inputs = _inputs(op, rows, cols, torch.bfloat16 if mm else torch.float32, k=64 if mm else None)
+    ck = fd.compile(inputs, arch="sm_90a")
+    assert ck.name == f"circbuf_{sched}", ck.name
+    assert_stores_bind_the_grid(ck)
+    if interp and _plain(ck):
+        (out,) = interpret(fd, inputs)
+        ref = _reference(case, op, w_first, inputs)
+        if out.is_floating_point():
+            assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        else:
+            assert torch.equal(out.to(torch.int64), ref.to(torch.int64))
+    return ck
+
+
+@pytest.mark.parametrize("w_first", [False, True], ids=["rows_op_w", "w_op_rows"])
+@pytest.mark.parametrize("op", BINARY_OPS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_operand_order_keeps_the_grid(monkeypatch, case, op, w_first):
+    # the interpreter runs three representative ops per scheduler and order
+    # (values, each element stored once); every op gets the loop check, its
+    # CUDA not compiled (NVRTC is what makes this test slow; the three are)
+    interp = op in ("mul", "atan2", "bitwise_or")
+    if not interp:
+        monkeypatch.setattr(nvrtc, "compile_cuda", lambda *a, **k: b"")
+    _check_case(monkeypatch, case, op, w_first, interp)
+
+
+@pytest.mark.parametrize("w_first", [False, True], ids=["rows_op_w", "w_op_rows"])
+def test_the_issue_softmax_kernel_strides_over_the_grid(w_first):
+    """The reported kernel: 7874 rows of 96 halves, 985 CTAs of 8 rows; the
+    row-block loop must start at blockIdx.x and step by the grid."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Half)
+        w = fd.define_tensor([-1], dtype=D.Half)
+        s = fd.ops.softmax(x, -1)
+        fd.add_output(fd.ops.mul(w, s) if w_first else fd.ops.mul(s, w))
+    ck = fd.compile(
+        [torch.randn(7874, 96, dtype=torch.half), torch.randn(96, dtype=torch.half)], arch="sm_90a"
+    )
+    assert_stores_bind_the_grid(ck)
+    loops = []
+    walk(ck.kernel.body, lambda n, s: loops.append(n) if isinstance(n, ForLoop) and n.strided else None)
+    assert len(loops) == 1 and str(loops[0].start) == "blockIdx.x", ck.kernel_ir
+
+
+# ---------------------------------------------------------------------------- GPU
+
+
+def _softmax_ref(op, w_first, x, w):
+    s = x.double().softmax(-1).to(x.dtype).double()  # softmax returns the input's type
+    w = w.double()
+    return _ref_op(op, w, s) if w_first else _ref_op(op, s, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w_first", [False, True], ids=["rows_op_w", "w_op_rows"])
+@pytest.mark.parametrize("op", ["mul", "atan2"])
+@pytest.mark.parametrize("dtype", [D.Half, D.Float])
+@pytest.mark.parametrize("shape", [(7874, 96), (4096, 4096), (300, 4096), (6, 7, 333, 96)])
+def test_gpu_broadcast_operand_times_softmax(shape, dtype, op, w_first):
+    td = torch.float16 if dtype == D.Half else torch.float32
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1] * len(shape), dtype=dtype)
+        w = fd.define_tensor([-1], dtype=dtype)
+        s = fd.ops.softmax(x, -1)
+        fd.add_output(getattr(fd.ops, op)(w, s) if w_first else getattr(fd.ops, op)(s, w))
+    x, w = torch.randn(shape, dtype=td, device=DEV), torch.randn(shape[-1], dtype=td, device=DEV)
+    (out,) = fd.execute([x, w])  # outputs NaN-poisoned (conftest): a row never written shows
+    tol = 2e-3 if dtype == D.Half else 1e-5
+    assert_close(out, _softmax_ref(op, w_first, x, w), rtol=tol, atol=tol)
+
+
+GPU_SHAPES = {  # several row blocks per CTA where the scheduler loops over the grid
+    "pointwise": (5000, 300),
+    "pointwise_tma": (4096, 1024),
+    "norm_registers": (20000, 96),
+    "norm_tma": (9000, 4096),
+    "outer_reduction": (4096, 1024),
+    "reduction_outer": (300, 2000),
+    "reduction_inner": (3000, 700),
+    "matmul_epilogue": (2048, 2048),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w_first", [False, True], ids=["rows_op_w", "w_op_rows"])
+@pytest.mark.parametrize("op", ["mul", "atan2", "bitwise_or", "sub"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gpu_operand_order(monkeypatch, case, op, w_first):
+    _force(monkeypatch, CASES[case][0])
+    mm = CASES[case][4] == "matmul"
+    fd = _fusion(case, op, w_first, D.BFloat16 if mm else D.Float)
+    rows, cols = GPU_SHAPES[case]
+    inputs = _inputs(op, rows, cols, torch.bfloat16 if mm else torch.float32, DEV, k=256 if mm else None)
+    (out,) = fd.execute(inputs)
+    ref = _reference(case, op, w_first, inputs)
+    if not out.is_floating_point():
+        assert torch.equal(out.cpu().to(torch.int64), ref.to(torch.int64))
+    elif mm:
+        # bf16 products accumulate in fp32; the sum's rounding is the tolerance
+        assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    else:
+        assert_close(out, ref, rtol=1e-4, atol=1e-3 if CASES[case][4] != "epilogue" else 1e-5)
