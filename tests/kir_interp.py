@@ -45,6 +45,9 @@ _UN = {
     "relu": lambda x: max(x, 0),
     "gelu": lambda x: 0.5 * x * (1 + math.erf(x / math.sqrt(2))),
     "silu": lambda x: x / (1 + math.exp(-x)),
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "trunc": math.trunc,
 }
 
 
@@ -300,8 +303,26 @@ def interpret(fd, inputs, check_stores=True):
     """Compile ``fd`` for sm_90a on these CPU inputs and run the kernel here.
     Returns what ``fd.execute`` would (outputs poisoned with NaN first).
     ``check_stores``: assert the kernel stores each element of each output
-    exactly once (a grid loop that misses rows, an element visited twice)."""
-    return interpret_executor(fd._get_executor(), inputs, check_stores=check_stores)
+    exactly once (a grid loop that misses rows, an element visited twice).
+    A segmented fusion runs the executor's segmented plan, each segment's
+    kernel here."""
+    ex = fd._get_executor()
+    ex.compile(inputs, arch="sm_90a")
+    if ex._segments is None:
+        return interpret_executor(ex, inputs, check_stores=check_stores)
+    info, _ = ex._bind(inputs, need_cuda=False)
+    plan = ex._segmented_plan(info)
+    subs = ex._segments[1]
+
+    def make(i, args):
+        def run(a, finish, sub=subs[i]):
+            return interpret_executor(sub, list(a), finish, check_stores=check_stores)
+
+        plan.steps[i][0] = run
+        return type("Interpreted", (), {"run": staticmethod(run)})
+
+    plan.make = make
+    return plan.run(inputs)
 
 
 def interpret_executor(ex, inputs, finish=True, check_stores=True):

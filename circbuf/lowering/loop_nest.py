@@ -182,6 +182,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
         if isinstance(e, ReductionOp):
             _place_reduction(e, index, anchor, stmt, launch)
 
+    _check_outputs_split_over_the_grid(fusion, launch)
     body = _sort_body(body)
     params = [TensorParam(t, False) for t in fusion.inputs if isinstance(t, TensorView)]
     params += [TensorParam(t, True) for t in fusion.outputs]
@@ -243,6 +244,23 @@ def _class_chains(exprs, uf) -> dict:
                     f"{ch[1].loop_extent} from {ch[2]} step {ch[3]})"
                 )
     return chains
+
+
+def _check_outputs_split_over_the_grid(fusion: Fusion, launch: dict):
+    """On a grid of several CTAs, each output must have an axis bound to a
+    block index: one with none is written whole by every CTA (a tensor the
+    scheduler left unscheduled), which for an output written in place reads
+    elements another CTA has already written."""
+    grid = {pt: ext for pt, ext in launch.items() if pt.is_block and not is_const(ext, 1)}
+    if not grid:
+        return
+    for o in fusion.outputs:
+        if not any(ax.parallel_type.is_block for ax in o.loop):
+            raise CircbufError(
+                f"output {o.name} has no axis bound to a block index, but the kernel runs on a grid "
+                f"({', '.join(f'{pt.value}: {ext}' for pt, ext in grid.items())}): every CTA would "
+                f"write all of it; bind one of its axes {o.loop} to the grid or schedule it alike"
+            )
 
 
 def _grid_stride(ax):

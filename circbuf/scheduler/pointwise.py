@@ -31,6 +31,7 @@ from .utils import (
     inline_intermediates,
     output_vectorizable,
     propagate,
+    unmapped_axis,
     vector_access,
 )
 
@@ -55,7 +56,7 @@ class PointwiseScheduler:
             return f"outputs have different ranks {sorted(ranks)}"
         if 0 in ranks:
             return "0-dim outputs"
-        return None
+        return unmapped_axis(fusion, [PointwiseScheduler.reference(fusion)])
 
     @staticmethod
     def reference_index(fusion: Fusion) -> int:

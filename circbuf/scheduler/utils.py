@@ -623,6 +623,41 @@ def once_per_row(lmap: LogicalMap, reduction: TensorView):
     return lambda tv: not any(comp(lmap.find(i)) in rclasses and not i.is_broadcast for i in tv.logical)
 
 
+def unmapped_axis(fusion: Fusion, refs, lmap: LogicalMap | None = None) -> str | None:
+    """Why ``refs`` cannot drive the loops of every tensor of ``fusion``, or
+    None: an axis of some tensor (not a plain broadcast, not of size 1) that
+    is none of the refs' axes nor split or merged from them by a view
+    (nvFuser's reference check). Transform propagation would leave such a
+    tensor unscheduled: serial loops over all of it that every thread of
+    every CTA runs, which recomputes its elements on each CTA and, for an
+    output written in place, reads elements another CTA already wrote. The
+    segmenter gives such a part (an independent output, say) its own kernel."""
+    lmap = lmap if lmap is not None else LogicalMap(fusion)
+    classes = lmap.derivable({lmap.find(i) for r in refs for i in r.logical})
+    # a reshape to sizes only the inputs give has no splits and merges yet
+    # (prepare() makes them): its axes relate to all of its input's
+    pending = [e for e in fusion.exprs() if isinstance(e, ReshapeOp) and not e.concrete]
+    grown = True
+    while grown:
+        grown = False
+        for e in pending:
+            both = {lmap.find(i) for t in (e.inputs[0], e.out) for i in t.logical}
+            if both & classes and not both <= classes:
+                classes = lmap.derivable(classes | both)
+                grown = True
+    names = " and ".join(r.name for r in refs)
+    for tv in fusion.used_tvs():
+        for d, i in enumerate(tv.logical):
+            if is_const(i.loop_extent, 1) or (i.is_broadcast and i.concrete_extent is None):
+                continue
+            if lmap.find(i) not in classes:
+                return (
+                    f"axis {d} of {tv.name} is no axis of {names}, whose loops the kernel runs "
+                    "(an independent part of the fusion: a kernel of its own)"
+                )
+    return None
+
+
 def contractions(fusion: Fusion) -> list:
     """The fusion's matmul and linear exprs (the matmul scheduler's; the
     others refuse a fusion with one)."""
