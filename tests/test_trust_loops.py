@@ -338,3 +338,99 @@ def test_gpu_operand_order(monkeypatch, case, op, w_first):
         assert_close(out, ref, rtol=2e-2, atol=2e-2)
     else:
         assert_close(out, ref, rtol=1e-4, atol=1e-3 if CASES[case][4] != "epilogue" else 1e-5)
+
+
+# ------------------------------------------------ independent parts, in place (item 2)
+
+
+def _abs_min_in_place_and_or(out_order, device="cpu", n=1000):
+    """abs(minimum(0, in0)) written into in0, and bitwise_or(in1, 5) of an
+    int64 input expanded along its columns: two parts sharing no axis."""
+    with cb.FusionDefinition() as fd:
+        in0 = fd.define_tensor([-1, -1], dtype=D.Float)
+        in1 = fd.define_tensor([-1, -1], dtype=D.Int64)
+        t2 = fd.ops.abs(fd.ops.minimum(0.0, in0))
+        t5 = fd.ops.bitwise_or(in1, 5)
+        for k in out_order:
+            fd.add_output(t2, alias_input=in0) if k == 0 else fd.add_output(t5)
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(2, n, generator=g).to(device)
+    y = torch.randint(0, 9, (2, 1), generator=g).expand(2, n).to(device)
+    return fd, [x, y], [x.cpu().double().clamp(max=0).abs(), y.cpu() | 5]
+
+
+def _add_in_place_and_floor(out_order, device="cpu", rows=32, cols=8192):
+    """cast(in0 + in2, bf16) written into in2 (in0 column-major, in2 bf16), and
+    floor(in1 * 2.5) of an fp16 view starting one element into its buffer."""
+    with cb.FusionDefinition() as fd:
+        in0 = fd.define_tensor([-1, -1], dtype=D.Half, stride_order=[0, 1])
+        in1 = fd.define_tensor([-1, -1], dtype=D.Half)
+        in2 = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        t6 = fd.ops.cast(fd.ops.add(in0, in2), D.BFloat16)
+        t9 = fd.ops.floor(fd.ops.mul(in1, 2.5))
+        for k in out_order:
+            fd.add_output(t6, alias_input=in2) if k == 0 else fd.add_output(t9)
+    g = torch.Generator().manual_seed(rows + cols)
+    a = torch.randn(cols, rows, generator=g, dtype=torch.float32).half().to(device).t()
+    b = torch.randn(rows * cols + 1, generator=g).half().to(device)[1:].view(rows, cols)
+    c = torch.randn(rows, cols, generator=g).bfloat16().to(device)
+    ref6 = (a.cpu().double() + c.cpu().double()).bfloat16()
+    return fd, [a, b, c], [ref6, (b.cpu().double() * 2.5).floor()]
+
+
+def _check_in_place(inputs, outs, refs, written):
+    """``written``: the input position written in place (refs[0]); refs[1]: the returned output."""
+    assert len(outs) == 1  # an output written in place is not returned
+    got = inputs[written].cpu()
+    assert torch.equal(got.double(), refs[0].double()), (
+        f"{int((got.double() != refs[0].double()).sum())} wrong"
+    )
+    assert torch.equal(outs[0].cpu().double(), refs[1].double())
+
+
+@pytest.mark.parametrize("out_order", [(0, 1), (1, 0)], ids=["in_place_first", "in_place_last"])
+def test_independent_parts_are_kernels_of_their_own(out_order):
+    """Neither part may be left to serial loops every CTA runs: each gets a
+    kernel (segment), each element stored exactly once (the interpreter
+    counts), the in-place one read before written."""
+    fd, inputs, refs = _abs_min_in_place_and_or(out_order, n=700)
+    ck = fd.compile(inputs, arch="sm_90a")
+    assert len(ck.kernels) == 2
+    for k in ck.kernels:
+        assert_stores_bind_the_grid(k)
+    outs = interpret(fd, inputs)
+    _check_in_place(inputs, outs, refs, written=0)
+
+
+@pytest.mark.parametrize("out_order", [(0, 1), (1, 0)], ids=["in_place_first", "in_place_last"])
+def test_independent_parts_with_views_in_place(out_order):
+    fd, inputs, refs = _add_in_place_and_floor(out_order, rows=8, cols=160)
+    outs = interpret(fd, inputs)
+    _check_in_place(inputs, outs, refs, written=2)
+
+
+def test_an_output_left_unscheduled_on_a_grid_is_refused():
+    """The lowering's net under the schedulers: a manual schedule that binds
+    one output to the grid and leaves the other's loops serial would have
+    every CTA write all of the second."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1], dtype=D.Float)
+        y = fd.define_tensor([-1], dtype=D.Float)
+        a, b = fd.ops.exp(x), fd.ops.neg(y)
+        fd.add_output(a)
+        fd.add_output(b)
+    a.split(0, 128)
+    a.axis(0).parallelize(ParallelType.BIDx)
+    a.axis(1).parallelize(ParallelType.TIDx)
+    with pytest.raises(cb.CircbufError, match=r"output T\d+ has no axis bound to a block index.*every CTA"):
+        fd.compile([torch.randn(1000), torch.randn(1000)], arch="sm_90a")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_order", [(0, 1), (1, 0)], ids=["in_place_first", "in_place_last"])
+def test_gpu_independent_parts_in_place(out_order):
+    for make in (_abs_min_in_place_and_or, _add_in_place_and_floor):
+        fd, inputs, refs = make(out_order, device=DEV)
+        written = 0 if make is _abs_min_in_place_and_or else 2
+        outs = fd.execute(inputs)
+        _check_in_place(inputs, outs, refs, written)
