@@ -362,14 +362,16 @@ def interpret_executor(ex, inputs, finish=True, check_stores=True):
                 run.shared = {}
                 e = dict(env, **{"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz})
                 _block(run, e, plan.block)
-    for p in k.tensor_params:
+    # an axis the user expanded (expand, broadcast_in_dim to a size) that the
+    # buffer holds once (size 1) is written once per element along it; the
+    # fusion as defined says which (the scheduler gives the others loop extents)
+    declared = [p for p in k.tensor_params if p.is_output]
+    for p, o in zip(declared, ex.fusion.outputs):
         if p.tv.name in run.stores:
-            # an expanded axis the buffer holds once (size 1) is written once per element along it
-            axes = p.tv.domain.no_reductions()
             t = outs_of[p.tv.name]
             repeat = math.prod(
                 evaluate(ax.expanded_extent, env)
-                for ax, n in zip(axes, t.shape)
+                for ax, n in zip(o.domain.no_reductions(), t.shape)
                 if ax.is_broadcast and ax.expanded_extent is not None and n == 1
             )
             _check_stored_once(p.tv.name, t, run.stores[p.tv.name], repeat)

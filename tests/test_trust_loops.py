@@ -434,3 +434,95 @@ def test_gpu_independent_parts_in_place(out_order):
         written = 0 if make is _abs_min_in_place_and_or else 2
         outs = fd.execute(inputs)
         _check_in_place(inputs, outs, refs, written)
+
+
+# ------------------------------------------- layer norm from primitives (item 3)
+
+
+def _prim_layer_norm(shape, keepdim, var_mean):
+    """nvFuser's test_prim_layer_norm_fwd: layer norm over the last axis from
+    sum/div/sub/mul (or var_mean), outputs (out, mean, invstd); with keepdim the
+    per-row values keep a size-1 axis and broadcast by themselves."""
+    n = shape[-1]
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1], contiguity=[True] * 3, dtype=D.Float)
+        w = fd.define_tensor([-1], contiguity=[True], dtype=D.Float)
+        b = fd.define_tensor([-1], contiguity=[True], dtype=D.Float)
+
+        def rows(t):  # a per-row value against the rows
+            return t if keepdim else fd.ops.broadcast_in_dim(t, shape=shape, broadcast_dims=[0, 1])
+
+        if var_mean:
+            var, mean = fd.ops.var_mean(x, dims=[2], correction=0, keepdim=keepdim)
+            diff = fd.ops.sub(x, rows(mean))
+        else:
+            size = fd.define_scalar(n)
+            mean = fd.ops.div(fd.ops.sum(x, dims=[2], keepdim=keepdim), size)
+            diff = fd.ops.sub(x, rows(mean))
+            var = fd.ops.div(fd.ops.sum(fd.ops.mul(diff, diff), dims=[2], keepdim=keepdim), size)
+        invstd = fd.ops.rsqrt(fd.ops.add(var, fd.define_scalar(1e-12)))
+        y = fd.ops.mul(
+            fd.ops.mul(diff, rows(invstd)), fd.ops.broadcast_in_dim(w, shape=shape, broadcast_dims=[2])
+        )
+        fd.add_output(fd.ops.add(y, fd.ops.broadcast_in_dim(b, shape=shape, broadcast_dims=[2])))
+        fd.add_output(mean)
+        fd.add_output(invstd)
+    return fd
+
+
+def _prim_layer_norm_ref(inputs, keepdim):
+    x, w, b = (t.cpu().double() for t in inputs)
+    mean = x.mean(2, keepdim=True)
+    invstd = ((x - mean) ** 2).mean(2, keepdim=True).add(1e-12).rsqrt()
+    out = (x - mean) * invstd * w + b
+    return [out, mean if keepdim else mean[..., 0], invstd if keepdim else invstd[..., 0]]
+
+
+LN_SCHEDULES = {  # scheduler forced, overrides, interpretable
+    "norm_registers": ("normalization", {"staging": "registers"}, True),
+    "norm_tma": ("normalization", {"staging": "tma"}, False),
+    "reduction": ("reduction", {}, True),
+}
+
+
+@pytest.mark.parametrize("var_mean", [False, True], ids=["sum_div", "var_mean"])
+@pytest.mark.parametrize("keepdim", [False, True], ids=["dropdim", "keepdim"])
+@pytest.mark.parametrize("sched", sorted(LN_SCHEDULES))
+def test_prim_layer_norm_lowers_and_runs(monkeypatch, sched, keepdim, var_mean):
+    """keepdim=True ended in StopIteration in the loop nest: the normalization
+    scheduler inlined the mean/invstd outputs' caches (one value per row, with a
+    size-1 axis) into the row's element loop, so the variance's accumulation and
+    the output it feeds shared one loop."""
+    name, overrides, plain = LN_SCHEDULES[sched]
+    _force(monkeypatch, name)
+    shape = [2, 6, 256] if sched == "norm_tma" else [2, 5, 64]
+    fd = _prim_layer_norm(shape, keepdim, var_mean)
+    if overrides:
+        fd.fusion.schedule(**overrides)
+    g = torch.Generator().manual_seed(7)
+    inputs = [
+        torch.randn(*shape, generator=g),
+        torch.randn(shape[2], generator=g),
+        torch.randn(shape[2], generator=g),
+    ]
+    ck = fd.compile(inputs, arch="sm_90a")
+    assert ck.name == f"circbuf_{name}"
+    assert_stores_bind_the_grid(ck)
+    if plain:
+        for o, r in zip(interpret(fd, inputs), _prim_layer_norm_ref(inputs, keepdim)):
+            assert_close(o, r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("var_mean", [False, True], ids=["sum_div", "var_mean"])
+@pytest.mark.parametrize("keepdim", [False, True], ids=["dropdim", "keepdim"])
+def test_gpu_prim_layer_norm(keepdim, var_mean):
+    shape = [64, 128, 1024]
+    fd = _prim_layer_norm(shape, keepdim, var_mean)
+    inputs = [
+        torch.randn(*shape, device=DEV),
+        torch.randn(shape[2], device=DEV),
+        torch.randn(shape[2], device=DEV),
+    ]
+    for o, r in zip(fd.execute(inputs), _prim_layer_norm_ref(inputs, keepdim)):
+        assert_close(o, r, rtol=1e-4, atol=1e-4)

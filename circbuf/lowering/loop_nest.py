@@ -392,7 +392,26 @@ def _sort_body(nodes: list) -> list:
                 preds[k].add(init[x])
     out, done = [], set()
     while len(out) < len(nodes):
-        k = next(k for k in range(len(nodes)) if k not in done and preds[k] <= done)
+        k = next((k for k in range(len(nodes)) if k not in done and preds[k] <= done), None)
+        if k is None:
+            # a loop shared by a tensor's producers and its consumers (a value
+            # per row inlined into the row's element loop, past the reduction
+            # it needs): no order defines everything before its use
+            stuck = sorted({x.expr.out.name for n in nodes if n not in out for x in _stmts(n)})
+            raise CircbufError(
+                f"no order of the loops computes each tensor before it is read: {', '.join(stuck)} "
+                "share loops with the tensors they depend on (inline positions past a reduction's "
+                "consumers?)"
+            )
         done.add(k)
         out.append(nodes[k])
     return out
+
+
+def _stmts(node) -> list:
+    """The ExprStmts in ``node`` (itself, or inside its loops)."""
+    if isinstance(node, ExprStmt):
+        return [node]
+    if isinstance(node, ForLoop):
+        return [s for c in node.body for s in _stmts(c)]
+    return []
