@@ -233,16 +233,18 @@ class _Run:
         self.stores: dict = {}  # output name -> stores per element of its span
 
 
-def _check_stored_once(name, t, counts, repeat=1):
+def _check_stored_once(name, t, counts, expanded=False):
     """Every element of output ``t`` written exactly once and nothing else in
-    its span; an element of an expanded (stride 0) output shares its memory
-    with the others along that axis: its address is written once per element
-    (``repeat``: the elements of expanded axes the kernel writes to one)."""
+    its span; an element of a stride-0 output shares its memory with the
+    others along that axis: its address is written once per element.
+    ``expanded``: the buffer holds an axis the fusion expanded once (size 1),
+    which kernels may write any number of times: each address at least once."""
     if t.numel() == 0:
         return
     addr = torch.as_strided(torch.arange(counts.numel()), t.shape, t.stride()).reshape(-1)
-    want = torch.bincount(addr, minlength=counts.numel()) * repeat
-    bad = (counts != want).nonzero().reshape(-1)
+    want = torch.bincount(addr, minlength=counts.numel())
+    bad = ((counts < 1) & (want > 0)) | ((counts > 0) & (want == 0)) if expanded else counts != want
+    bad = bad.nonzero().reshape(-1)
     if bad.numel():
         first = bad[:4]
         where = [
@@ -252,9 +254,9 @@ def _check_stored_once(name, t, counts, repeat=1):
             for a in first
         ]
         raise AssertionError(
-            f"output {name}: {bad.numel()} addresses of {t.numel()} elements not stored exactly once "
-            f"per element (e.g. {where} stored {counts[first].tolist()} times for "
-            f"{want[first].tolist()}; {int(counts.sum())} stores in all)"
+            f"output {name}: {bad.numel()} addresses of {t.numel()} elements not stored "
+            f"{'at least' if expanded else 'exactly'} once per element (e.g. {where} stored "
+            f"{counts[first].tolist()} times for {want[first].tolist()}; {int(counts.sum())} stores in all)"
         )
 
 
@@ -362,17 +364,15 @@ def interpret_executor(ex, inputs, finish=True, check_stores=True):
                 run.shared = {}
                 e = dict(env, **{"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz})
                 _block(run, e, plan.block)
-    # an axis the user expanded (expand, broadcast_in_dim to a size) that the
-    # buffer holds once (size 1) is written once per element along it; the
-    # fusion as defined says which (the scheduler gives the others loop extents)
+    # an axis the fusion expanded (expand, broadcast_in_dim to a size) is held
+    # once in the buffer (size 1); the fusion as defined says which
     declared = [p for p in k.tensor_params if p.is_output]
     for p, o in zip(declared, ex.fusion.outputs):
         if p.tv.name in run.stores:
             t = outs_of[p.tv.name]
-            repeat = math.prod(
-                evaluate(ax.expanded_extent, env)
+            expanded = any(
+                ax.is_broadcast and ax.expanded_extent is not None and n == 1
                 for ax, n in zip(o.domain.no_reductions(), t.shape)
-                if ax.is_broadcast and ax.expanded_extent is not None and n == 1
             )
-            _check_stored_once(p.tv.name, t, run.stores[p.tv.name], repeat)
+            _check_stored_once(p.tv.name, t, run.stores[p.tv.name], expanded)
     return plan.finish(inputs, outs) if plan.finish and finish else outs

@@ -56,6 +56,13 @@ class LogicalMap:
             for p in e.tv_inputs():
                 for a, b in e.logical_map(p):
                     self.union(a, b)
+        # a recomputed copy's axes are its original's, even where nothing else
+        # joins them (a copied broadcast's new axes, met only by the copy's consumer)
+        for tv in fusion.used_tvs():
+            src = tv.recomputes
+            if src is not None:
+                for a, b in zip(src.logical + src.domain.root, tv.logical + tv.domain.root):
+                    self.union(b, a)
 
     def view_classes(self):
         """(input classes, output classes) of every view split and merge."""
@@ -319,6 +326,7 @@ def _clone_tv(fusion: Fusion, tv: TensorView) -> TensorView:
     if tv.domain.has_root:  # a reshape's output: its root axes and transforms too
         c.domain = tv.domain.clone()
     fusion.register(c)
+    c.recomputes = tv.recomputes or tv
     nd = copy.copy(d)
     nd.outputs = [c]
     nd.inputs = list(d.inputs)
