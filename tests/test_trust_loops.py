@@ -526,3 +526,90 @@ def test_gpu_prim_layer_norm(keepdim, var_mean):
     ]
     for o, r in zip(fd.execute(inputs), _prim_layer_norm_ref(inputs, keepdim)):
         assert_close(o, r, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------ lowering checks on valid fusions (item 3)
+
+
+def _recomputed_broadcast(fd):
+    """A broadcast read by an output and by a reduction: the scheduler gives the
+    reduction its own copy, whose fresh axes must stay the original's."""
+    x = fd.define_tensor([-1], dtype=D.Float)
+    b = fd.ops.broadcast_in_dim(x, [2, 16, 96], [0])
+    t = fd.ops.add(b, b)
+    fd.add_output(t)
+    fd.add_output(fd.ops.add(b, fd.ops.broadcast_in_dim(fd.ops.sum(t, [0]), [2, 16, 96], [1, 2])))
+    return [(2,)], lambda x: [
+        2 * x[:, None, None].expand(2, 16, 96),
+        (x[:, None, None] + 2 * x.sum()).expand(2, 16, 96),
+    ]
+
+
+def _recomputed_broadcast_reduced(fd):
+    x = fd.define_tensor([-1, -1, -1], dtype=D.Float)
+    w = fd.define_tensor([-1, -1], dtype=D.Float)
+    wb = fd.ops.broadcast_in_dim(w, [3, 16, 4], [0, 1])
+    fd.add_output(fd.ops.mul(fd.ops.exp(wb), fd.ops.exp(x)))
+    fd.add_output(fd.ops.sum(wb, [1]))
+    return [(3, 16, 4), (3, 16)], lambda x, w: [
+        w.exp()[..., None] * x.exp(),
+        w.sum(1)[:, None].expand(3, 4),
+    ]
+
+
+def _fixed_size_meets_input_size(fd):
+    """An input's extent and a size the fusion fixes (broadcast_in_dim to
+    [2, 5, 4]) in one axis class: the loops must read one extent."""
+    x = fd.define_tensor([-1, -1], dtype=D.Float)
+    z = fd.define_tensor([-1, -1], dtype=D.Float)
+    y = fd.define_tensor([-1, -1, -1], dtype=D.Float)
+    fd.add_output(fd.ops.permute(fd.ops.broadcast_in_dim(z, [2, 5, 4], [0, 1]), [0, 1, 2]))
+    fd.add_output(fd.ops.add(y, fd.ops.broadcast_in_dim(x, [2, 5, 4], [0, 2])))
+    return [(2, 4), (2, 5), (2, 5, 4)], lambda x, z, y: [z[..., None].expand(2, 5, 4), y + x[:, None, :]]
+
+
+def _fixed_size_meets_input_size_reduced(fd):
+    w = fd.define_tensor([-1], dtype=D.Float)
+    v = fd.define_tensor([-1], dtype=D.Float)
+    u = fd.define_tensor([-1], dtype=D.Float)
+    vb = fd.ops.broadcast_in_dim(v, [3, 16, 96], [2])
+    fd.add_output(fd.ops.add(fd.ops.exp(fd.ops.broadcast_in_dim(w, [3, 16, 96], [2])), vb))
+    t = fd.ops.add(fd.ops.broadcast_in_dim(u, [3, 16, 96], [0]), vb)
+    fd.add_output(fd.ops.sum(fd.ops.mul(t, t), [2], keepdim=True))
+
+    def ref(w, v, u):
+        t = u[:, None, None] + v
+        return [(w.exp() + v).expand(3, 16, 96), (t * t).sum(2, keepdim=True).expand(3, 16, 1)]
+
+    return [(96,), (96,), (3,)], ref
+
+
+LOWERING_CASES = {
+    "recomputed_broadcast": _recomputed_broadcast,  # output left off the grid
+    "recomputed_broadcast_reduced": _recomputed_broadcast_reduced,  # blockIdx.x with two extents
+    "fixed_size_meets_input_size": _fixed_size_meets_input_size,  # as the fuzzer wrote it, segmented
+    "fixed_size_meets_input_size_reduced": _fixed_size_meets_input_size_reduced,  # loop axis 0 differs
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOWERING_CASES))
+def test_valid_fusions_pass_the_lowering_checks(name):
+    with cb.FusionDefinition() as fd:
+        shapes, ref = LOWERING_CASES[name](fd)
+    g = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(*s, generator=g) for s in shapes]
+    outs = interpret(fd, inputs)
+    refs = ref(*[x.double() for x in inputs])
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        assert_close(o, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(LOWERING_CASES))
+def test_gpu_valid_fusions_pass_the_lowering_checks(name):
+    with cb.FusionDefinition() as fd:
+        shapes, ref = LOWERING_CASES[name](fd)
+    inputs = [torch.randn(*s, device=DEV) for s in shapes]
+    for o, r in zip(fd.execute(inputs), ref(*[x.double().cpu() for x in inputs])):
+        assert_close(o, r, rtol=1e-5, atol=1e-5)

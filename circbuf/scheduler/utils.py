@@ -151,8 +151,16 @@ def bind_axis_extents(fusion: Fusion, env: dict) -> None:
                     f"(extent {v}) are one axis of the fusion, joined through a broadcast, but their "
                     "extents differ: one kernel cannot cover both (define them in separate fusions)"
                 )
-            if ext != first[3] and isinstance(ext, Var) and isinstance(first[3], Var):
-                fusion.extent_equalities.append((first[3], ext))
+            # a size the fusion fixes (a broadcast_in_dim to [2, 5, 4]) names the
+            # class as well as an input's extent does: loops over the class
+            # must all read one extent
+            pair = (first[3], ext)
+            if (
+                ext != first[3]
+                and any(isinstance(x, Var) for x in pair)
+                and all(isinstance(x, (Var, Const)) for x in pair)
+            ):
+                fusion.extent_equalities.append(pair)
                 added = True
     if added:
         canonicalize_extents(fusion)
