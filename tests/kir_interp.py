@@ -237,8 +237,8 @@ def _check_stored_once(name, t, counts, expanded=False):
     """Every element of output ``t`` written exactly once and nothing else in
     its span; an element of a stride-0 output shares its memory with the
     others along that axis: its address is written once per element.
-    ``expanded``: the buffer holds an axis the fusion expanded once (size 1),
-    which kernels may write any number of times: each address at least once."""
+    ``expanded``: the buffer holds a broadcast axis once (size 1), which
+    kernels may write any number of times: each address at least once."""
     if t.numel() == 0:
         return
     addr = torch.as_strided(torch.arange(counts.numel()), t.shape, t.stride()).reshape(-1)
@@ -364,15 +364,14 @@ def interpret_executor(ex, inputs, finish=True, check_stores=True):
                 run.shared = {}
                 e = dict(env, **{"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz})
                 _block(run, e, plan.block)
-    # an axis the fusion expanded (expand, broadcast_in_dim to a size) is held
-    # once in the buffer (size 1); the fusion as defined says which
+    # a broadcast axis of an output is held once in the buffer (size 1), and a
+    # kernel may loop over it at the extent it meets (the fusion expanded it,
+    # or the scheduler runs it with the axis it is joined to): every thread on
+    # it stores the same value; the fusion as defined says which axes
     declared = [p for p in k.tensor_params if p.is_output]
     for p, o in zip(declared, ex.fusion.outputs):
         if p.tv.name in run.stores:
             t = outs_of[p.tv.name]
-            expanded = any(
-                ax.is_broadcast and ax.expanded_extent is not None and n == 1
-                for ax, n in zip(o.domain.no_reductions(), t.shape)
-            )
+            expanded = any(ax.is_broadcast and n == 1 for ax, n in zip(o.domain.no_reductions(), t.shape))
             _check_stored_once(p.tv.name, t, run.stores[p.tv.name], expanded)
     return plan.finish(inputs, outs) if plan.finish and finish else outs
