@@ -357,7 +357,9 @@ def _abs_min_in_place_and_or(out_order, device="cpu", n=1000):
             fd.add_output(t2, alias_input=in0) if k == 0 else fd.add_output(t5)
     g = torch.Generator().manual_seed(n)
     x = torch.randn(2, n, generator=g).to(device)
-    y = torch.randint(0, 9, (2, 1), generator=g).to(device).expand(2, n)  # stride 0 (to() would copy it dense)
+    y = (
+        torch.randint(0, 9, (2, 1), generator=g).to(device).expand(2, n)
+    )  # stride 0 (to() would copy it dense)
     return fd, [x, y], [x.cpu().double().clamp(max=0).abs(), y.cpu() | 5]
 
 
