@@ -45,6 +45,9 @@ _UN = {
     "relu": lambda x: max(x, 0),
     "gelu": lambda x: 0.5 * x * (1 + math.erf(x / math.sqrt(2))),
     "silu": lambda x: x / (1 + math.exp(-x)),
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "trunc": math.trunc,
 }
 
 
@@ -68,8 +71,40 @@ _BIN = {
     "ge": lambda a, b, dt: a >= b,
     "eq": lambda a, b, dt: a == b,
     "ne": lambda a, b, dt: a != b,
-    "pow": lambda a, b, dt: math.pow(a, b) if dt.is_float else a**b,
 }
+
+
+def _c_mod(a, b, dt):
+    """C's ``%`` / ``fmod``: the sign of ``a``."""
+    if dt.is_float:
+        return math.fmod(a, b)
+    r = abs(a) % abs(b)
+    return r if a >= 0 else -r
+
+
+def _nextafter(a, b, dt):
+    t = {DataType.Float: torch.float32, DataType.Double: torch.float64}.get(dt, torch.float32)
+    return torch.nextafter(torch.tensor(a, dtype=t), torch.tensor(b, dtype=t)).item()
+
+
+_BIN.update(
+    {
+        "truediv": lambda a, b, dt: a / b,
+        "pow": lambda a, b, dt: a**b if dt.is_float or b >= 0 else int(1 / a**-b),
+        "fmod": _c_mod,
+        "mod": _c_mod,
+        "remainder": lambda a, b, dt: a % b,  # Python's: the sign of b, as torch.remainder
+        "atan2": lambda a, b, dt: math.atan2(a, b),
+        "nextafter": _nextafter,
+        "bitwise_and": lambda a, b, dt: a & b,
+        "bitwise_or": lambda a, b, dt: a | b,
+        "bitwise_xor": lambda a, b, dt: a ^ b,
+        "bitwise_left_shift": lambda a, b, dt: a << b,
+        "bitwise_right_shift": lambda a, b, dt: a >> b,
+        "logical_right_shift": lambda a, b, dt: (a & ((1 << 8 * dt.size) - 1)) >> b,
+        "gcd": lambda a, b, dt: math.gcd(a, b),
+    }
+)
 _RED = {"sum": lambda a, b: a + b, "max": max, "min": min}
 
 
@@ -108,6 +143,9 @@ class _Thread:
         b = self.buf(ref.tv)
         if ref.tv.memory_type == MemoryType.Global:
             assert 0 <= i < b.numel(), f"{ref.tv.name}[{i}] out of bounds ({b.numel()})"
+            counts = self.run.stores.get(ref.tv.name)
+            if counts is not None:
+                counts[i] += 1
             b[i] = torch.tensor(v, dtype=torch.float64) if isinstance(v, float) else v  # inf past fp32
         else:
             b[i] = v
@@ -122,8 +160,11 @@ class _Thread:
     def exec(self, nodes):
         for n in nodes:
             if isinstance(n, ForLoop):
+                # a persistent grid loop runs for (j = blockIdx.x; j < extent; j += gridDim.x)
                 ext = evaluate(n.extent, self.env)
-                for j in range(ext):
+                start, step = evaluate(n.start, self.env), evaluate(n.step, self.env)
+                assert step > 0, f"loop {n.index} has step {step}"
+                for j in range(start, ext, step):
                     self.env[n.index.name] = j
                     yield from self.exec(n.body)
             elif isinstance(n, IfThenElse):
@@ -189,6 +230,34 @@ class _Thread:
 class _Run:
     def __init__(self, kernel, glob):
         self.k, self.glob, self.shared = kernel, glob, {}
+        self.stores: dict = {}  # output name -> stores per element of its span
+
+
+def _check_stored_once(name, t, counts, expanded=False):
+    """Every element of output ``t`` written exactly once and nothing else in
+    its span; an element of a stride-0 output shares its memory with the
+    others along that axis: its address is written once per element.
+    ``expanded``: the buffer holds a broadcast axis once (size 1), which
+    kernels may write any number of times: each address at least once."""
+    if t.numel() == 0:
+        return
+    addr = torch.as_strided(torch.arange(counts.numel()), t.shape, t.stride()).reshape(-1)
+    want = torch.bincount(addr, minlength=counts.numel())
+    bad = ((counts < 1) & (want > 0)) | ((counts > 0) & (want == 0)) if expanded else counts != want
+    bad = bad.nonzero().reshape(-1)
+    if bad.numel():
+        first = bad[:4]
+        where = [
+            tuple(int(c) for c in torch.unravel_index((addr == a).nonzero()[0, 0], t.shape))
+            if want[a]
+            else f"@{int(a)} (no element)"
+            for a in first
+        ]
+        raise AssertionError(
+            f"output {name}: {bad.numel()} addresses of {t.numel()} elements not stored "
+            f"{'at least' if expanded else 'exactly'} once per element (e.g. {where} stored "
+            f"{counts[first].tolist()} times for {want[first].tolist()}; {int(counts.sum())} stores in all)"
+        )
 
 
 def _block(run, env, block):
@@ -232,13 +301,34 @@ def _block(run, env, block):
                 pending[i] = acc
 
 
-def interpret(fd, inputs):
+def interpret(fd, inputs, check_stores=True):
     """Compile ``fd`` for sm_90a on these CPU inputs and run the kernel here.
-    Returns what ``fd.execute`` would (outputs poisoned with NaN first)."""
-    return interpret_executor(fd._get_executor(), fd._flat_inputs(inputs))
+    Returns what ``fd.execute`` would (outputs poisoned with NaN first).
+    ``check_stores``: assert the kernel stores each element of each output
+    exactly once (a grid loop that misses rows, an element visited twice).
+    A segmented fusion runs the executor's segmented plan, each segment's
+    kernel here."""
+    inputs = fd._flat_inputs(inputs)  # define_vector inputs spread
+    ex = fd._get_executor()
+    ex.compile(inputs, arch="sm_90a")
+    if ex._segments is None:
+        return interpret_executor(ex, inputs, check_stores=check_stores)
+    info, _ = ex._bind(inputs, need_cuda=False)
+    plan = ex._segmented_plan(info)
+    subs = ex._segments[1]
+
+    def make(i, args):
+        def run(a, finish, sub=subs[i]):
+            return interpret_executor(sub, list(a), finish, check_stores=check_stores)
+
+        plan.steps[i][0] = run
+        return type("Interpreted", (), {"run": staticmethod(run)})
+
+    plan.make = make
+    return plan.run(inputs)
 
 
-def interpret_executor(ex, inputs, finish=True):
+def interpret_executor(ex, inputs, finish=True, check_stores=True):
     """``interpret`` for a FusionExecutor; ``finish=False``: the tensors the
     kernel wrote, as a segment hands them to the next one."""
     ck = ex.compile(inputs, arch="sm_90a")
@@ -269,10 +359,23 @@ def interpret_executor(ex, inputs, finish=True):
     for v, x in zip(k.scalar_params, scal):
         env[v.name] = x
     run = _Run(k, glob)
+    outs_of = {p.tv.name: t for p, t in zip(k.tensor_params, tensors) if p.is_output}
+    if check_stores:
+        run.stores = {name: torch.zeros(glob[name].numel(), dtype=torch.int64) for name in outs_of}
     for bz in range(plan.grid[2]):
         for by in range(plan.grid[1]):
             for bx in range(plan.grid[0]):
                 run.shared = {}
                 e = dict(env, **{"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz})
                 _block(run, e, plan.block)
+    # a broadcast axis of an output is held once in the buffer (size 1), and a
+    # kernel may loop over it at the extent it meets (the fusion expanded it,
+    # or the scheduler runs it with the axis it is joined to): every thread on
+    # it stores the same value; the fusion as defined says which axes
+    declared = [p for p in k.tensor_params if p.is_output]
+    for p, o in zip(declared, ex.fusion.outputs):
+        if p.tv.name in run.stores:
+            t = outs_of[p.tv.name]
+            expanded = any(ax.is_broadcast and n == 1 for ax, n in zip(o.domain.no_reductions(), t.shape))
+            _check_stored_once(p.tv.name, t, run.stores[p.tv.name], expanded)
     return plan.finish(inputs, outs) if plan.finish and finish else outs

@@ -147,6 +147,10 @@ class TensorView:
         self.swizzle_bytes = 0  # shared memory: 32/64/128-byte XOR swizzle of 16-byte chunks
         self.ring_axis: int | None = None  # circular_buffer(axis=...): the loop it rotates over
         self.turns = None  # ParallelType whose groups alternate their MMA and epilogue phases
+        # the tensor this one is a copy of, recomputed for one of its consumers:
+        # its axes are that tensor's axes (each broadcast makes fresh axes, which
+        # only this link relates to the original's)
+        self.recomputes: TensorView | None = None
 
     # ------------------------------------------------------------ shape
     @property

@@ -109,6 +109,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             r = uf.find(ax.id)
             members[r] = members.get(r, 0) + 1
     shared = {r for r, n in members.items() if n > 1}
+    chains = _class_chains(exprs, uf)
 
     # a circular buffer rotates over its loop even when fixed sizes give it one trip
     rings = {uf.find(tv.loop[tv.circular_buffer_axis()].id) for tv in fusion.used_tvs() if tv.circular}
@@ -164,7 +165,10 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             loop = None
             if key in shared:
                 loop = next((n for n in reversed(cur) if isinstance(n, ForLoop) and n.key == key), None)
-            chain = _grid_stride(ax)
+            # The loop's form belongs to its class, not to whichever member
+            # (say a broadcast input's cache, which has no grid split of its
+            # own) happens to open it first.
+            chain = chains.get(key)
             if loop is None:
                 loop = new_loop(ax, key)
                 if chain is not None:  # for (t = start; t < extent; t += step)
@@ -174,14 +178,19 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             if anchor is not None and anchor[1] is None and anchor[0] is cur:
                 anchor = (cur, loop)
             index[ax.id] = loop.index
-            if chain is not None:
-                index[chain[1].id] = loop.index  # the loop runs the split's input index itself
+            own = _grid_stride(ax)
+            if own is not None:
+                index[own[1].id] = loop.index  # the loop runs the split's input index itself
+            elif chain is not None:
+                # a member without the grid split counts the class's trips
+                index[ax.id] = simplify((loop.index - chain[2]) // chain[3])
             cur = loop.body
         stmt = ExprStmt(e, index)
         cur.append(stmt)
         if isinstance(e, ReductionOp):
             _place_reduction(e, index, anchor, stmt, launch)
 
+    _check_outputs_split_over_the_grid(fusion, launch)
     body = _sort_body(body)
     params = [TensorParam(t, False) for t in fusion.inputs if isinstance(t, TensorView)]
     params += [TensorParam(t, True) for t in fusion.outputs]
@@ -219,6 +228,47 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             k = tv.circular_buffer_axis()
             kernel.circular_loops[tv.name] = uf.find(tv.loop[k].id)
     return kernel
+
+
+def _class_chains(exprs, uf) -> dict:
+    """The persistent grid loop (:func:`_grid_stride`) of each loop class that
+    has one: every loop of the class strides, whichever member opens it. Two
+    members whose grid splits disagree cannot share one loop."""
+    chains: dict = {}
+    for e in exprs:
+        for ax in e.out.loop:
+            ch = _grid_stride(ax)
+            if ch is None:
+                continue
+            key = uf.find(ax.id)
+            prev = chains.setdefault(key, ch)
+            if prev is not ch and not all(
+                simplify(a) == simplify(b)
+                for a, b in ((prev[1].loop_extent, ch[1].loop_extent), (prev[2], ch[2]), (prev[3], ch[3]))
+            ):
+                raise CircbufError(
+                    f"{e.out.name}: axis {ax} shares a loop with {prev[0]} but their grid splits differ "
+                    f"({prev[1].loop_extent} from {prev[2]} step {prev[3]} vs "
+                    f"{ch[1].loop_extent} from {ch[2]} step {ch[3]})"
+                )
+    return chains
+
+
+def _check_outputs_split_over_the_grid(fusion: Fusion, launch: dict):
+    """On a grid of several CTAs, each output must have an axis bound to a
+    block index: one with none is written whole by every CTA (a tensor the
+    scheduler left unscheduled), which for an output written in place reads
+    elements another CTA has already written."""
+    grid = {pt: ext for pt, ext in launch.items() if pt.is_block and not is_const(ext, 1)}
+    if not grid:
+        return
+    for o in fusion.outputs:
+        if not any(ax.parallel_type.is_block for ax in o.loop):
+            raise CircbufError(
+                f"output {o.name} has no axis bound to a block index, but the kernel runs on a grid "
+                f"({', '.join(f'{pt.value}: {ext}' for pt, ext in grid.items())}): every CTA would "
+                f"write all of it; bind one of its axes {o.loop} to the grid or schedule it alike"
+            )
 
 
 def _grid_stride(ax):
@@ -350,7 +400,26 @@ def _sort_body(nodes: list) -> list:
                 preds[k].add(init[x])
     out, done = [], set()
     while len(out) < len(nodes):
-        k = next(k for k in range(len(nodes)) if k not in done and preds[k] <= done)
+        k = next((k for k in range(len(nodes)) if k not in done and preds[k] <= done), None)
+        if k is None:
+            # a loop shared by a tensor's producers and its consumers (a value
+            # per row inlined into the row's element loop, past the reduction
+            # it needs): no order defines everything before its use
+            stuck = sorted({x.expr.out.name for n in nodes if n not in out for x in _stmts(n)})
+            raise CircbufError(
+                f"no order of the loops computes each tensor before it is read: {', '.join(stuck)} "
+                "share loops with the tensors they depend on (inline positions past a reduction's "
+                "consumers?)"
+            )
         done.add(k)
         out.append(nodes[k])
     return out
+
+
+def _stmts(node) -> list:
+    """The ExprStmts in ``node`` (itself, or inside its loops)."""
+    if isinstance(node, ExprStmt):
+        return [node]
+    if isinstance(node, ForLoop):
+        return [s for c in node.body for s in _stmts(c)]
+    return []

@@ -59,7 +59,7 @@ from ..ir.circular import REGISTERS_RULE
 from .info import InputInfo
 from .overrides import MATMUL, names
 from .params import MatmulParams
-from .utils import LogicalMap, concretize_broadcasts, contractions, hoist_broadcasts
+from .utils import LogicalMap, concretize_broadcasts, contractions, hoist_broadcasts, unmapped_axis
 
 OVERRIDES = names(MATMUL)
 _EPILOGUE = (*ELEMENTWISE, BroadcastOp)
@@ -82,7 +82,7 @@ class MatmulScheduler:
                 return f"a reduction ({e.out.name}) next to a matmul needs a kernel of its own"
             if not isinstance(e, (*_EPILOGUE, MatmulOp, LinearOp)):
                 return f"{type(e).__name__} {e.out.name} cannot be part of a matmul's epilogue"
-        return None
+        return unmapped_axis(fusion, [cs[0].out, *cs[0].tv_inputs()])
 
     @staticmethod
     def variant(params) -> str:

@@ -334,9 +334,9 @@ class NormalizationScheduler:
                     tv.inline_at(5)
                     tv.axis(5).parallelize(ParallelType.Vectorize)
         for o, c, vec in outs:
-            if len(o.loop) == 6 and not isinstance(
-                c.definition, ReductionOp
-            ):  # a full row, stored in vectors
+            # a full row, stored in vectors; a value per row kept at its row's
+            # size-1 axis (sum(..., keepdim=True) / n) stays at the row loops
+            if len(o.loop) == 6 and not isinstance(c.definition, ReductionOp) and not row_scalar(c):
                 c.inline_at(5)
                 if vec:
                     o.axis(5).parallelize(ParallelType.Vectorize)

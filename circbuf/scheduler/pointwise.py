@@ -32,6 +32,7 @@ from .utils import (
     inline_intermediates,
     output_vectorizable,
     propagate,
+    unmapped_axis,
     vector_access,
 )
 
@@ -56,7 +57,7 @@ class PointwiseScheduler:
             return f"outputs have different ranks {sorted(ranks)}"
         if 0 in ranks:  # 0-dim math (``x + 1`` of a 0-dim x): one thread computes it
             return None
-        return _unrelated_output(fusion)
+        return unmapped_axis(fusion, [PointwiseScheduler.reference(fusion)]) or _unrelated_output(fusion)
 
     @staticmethod
     def variant(params) -> str:

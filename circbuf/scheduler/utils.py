@@ -56,6 +56,13 @@ class LogicalMap:
             for p in e.tv_inputs():
                 for a, b in e.logical_map(p):
                     self.union(a, b)
+        # a recomputed copy's axes are its original's, even where nothing else
+        # joins them (a copied broadcast's new axes, met only by the copy's consumer)
+        for tv in fusion.used_tvs():
+            src = tv.recomputes
+            if src is not None:
+                for a, b in zip(src.logical + src.domain.root, tv.logical + tv.domain.root):
+                    self.union(b, a)
 
     def view_classes(self):
         """(input classes, output classes) of every view split and merge."""
@@ -149,8 +156,16 @@ def bind_axis_extents(fusion: Fusion, env: dict) -> None:
                     f"(extent {v}) are one axis of the fusion, joined through a broadcast, but their "
                     "extents differ: one kernel cannot cover both (define them in separate fusions)"
                 )
-            if ext != first[3] and isinstance(ext, Var) and isinstance(first[3], Var):
-                fusion.extent_equalities.append((first[3], ext))
+            # a size the fusion fixes (a broadcast_in_dim to [2, 5, 4]) names the
+            # class as well as an input's extent does: loops over the class
+            # must all read one extent
+            pair = (first[3], ext)
+            if (
+                ext != first[3]
+                and any(isinstance(x, Var) for x in pair)
+                and all(isinstance(x, (Var, Const)) for x in pair)
+            ):
+                fusion.extent_equalities.append(pair)
                 added = True
     if added:
         canonicalize_extents(fusion)
@@ -324,6 +339,7 @@ def _clone_tv(fusion: Fusion, tv: TensorView) -> TensorView:
     if tv.domain.has_root:  # a reshape's output: its root axes and transforms too
         c.domain = tv.domain.clone()
     fusion.register(c)
+    c.recomputes = tv.recomputes or tv
     nd = copy.copy(d)
     nd.outputs = [c]
     nd.inputs = list(d.inputs)
@@ -626,6 +642,41 @@ def once_per_row(lmap: LogicalMap, reduction: TensorView):
     comp = lmap.view_component()
     rclasses = frozenset(comp(lmap.find(i)) for i in reduction.logical if i.is_reduction)
     return lambda tv: not any(comp(lmap.find(i)) in rclasses and not i.is_broadcast for i in tv.logical)
+
+
+def unmapped_axis(fusion: Fusion, refs, lmap: LogicalMap | None = None) -> str | None:
+    """Why ``refs`` cannot drive the loops of every tensor of ``fusion``, or
+    None: an axis of some tensor (not a plain broadcast, not of size 1) that
+    is none of the refs' axes nor split or merged from them by a view
+    (nvFuser's reference check). Transform propagation would leave such a
+    tensor unscheduled: serial loops over all of it that every thread of
+    every CTA runs, which recomputes its elements on each CTA and, for an
+    output written in place, reads elements another CTA already wrote. The
+    segmenter gives such a part (an independent output, say) its own kernel."""
+    lmap = lmap if lmap is not None else LogicalMap(fusion)
+    classes = lmap.derivable({lmap.find(i) for r in refs for i in r.logical})
+    # a reshape to sizes only the inputs give has no splits and merges yet
+    # (prepare() makes them): its axes relate to all of its input's
+    pending = [e for e in fusion.exprs() if isinstance(e, ReshapeOp) and not e.concrete]
+    grown = True
+    while grown:
+        grown = False
+        for e in pending:
+            both = {lmap.find(i) for t in (e.inputs[0], e.out) for i in t.logical}
+            if both & classes and not both <= classes:
+                classes = lmap.derivable(classes | both)
+                grown = True
+    names = " and ".join(r.name for r in refs)
+    for tv in fusion.used_tvs():
+        for d, i in enumerate(tv.logical):
+            if is_const(i.loop_extent, 1) or (i.is_broadcast and i.concrete_extent is None):
+                continue
+            if lmap.find(i) not in classes:
+                return (
+                    f"axis {d} of {tv.name} is no axis of {names}, whose loops the kernel runs "
+                    "(an independent part of the fusion: a kernel of its own)"
+                )
+    return None
 
 
 def contractions(fusion: Fusion) -> list:
