@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..ir import CircbufError, Fusion
+from ..ir import CircbufError, Fusion, ReductionOp
 from . import matmul, normalization, outer_reduction, pointwise, pointwise_tma, reduction
 from .info import InputInfo
 from .overrides import TABLES, Declined
@@ -33,12 +33,38 @@ class Unschedulable(CircbufError):
     """No one scheduler takes the whole fusion (the compile driver segments it)."""
 
 
+def stray_zero_dim_output(fusion: Fusion) -> str | None:
+    """Why no kernel with a grid takes ``fusion``: a 0-dim output that no
+    reduction made (a copy or math of a 0-dim input) beside outputs with axes
+    would be written by every CTA; it is a one-thread kernel of its own. A
+    0-dim reduction result is written once (one thread writes ``out[0]``)."""
+    if all(o.ndim == 0 for o in fusion.outputs):
+        return None
+
+    def reduced(t, seen) -> bool:
+        e = t.definition
+        if e is None or id(e) in seen:
+            return False
+        seen.add(id(e))
+        return isinstance(e, ReductionOp) or any(reduced(p, seen) for p in e.tv_inputs())
+
+    for o in fusion.outputs:
+        if o.ndim == 0 and not reduced(o, set()):
+            return f"0-dim output {o.name} is no reduction's result, beside outputs with axes (a kernel of its own)"
+    return None
+
+
+def can_schedule(sched, fusion: Fusion) -> str | None:
+    """``sched.can_schedule`` after the rules every scheduler shares."""
+    return stray_zero_dim_output(fusion) or sched.can_schedule(fusion)
+
+
 def candidates(fusion: Fusion):
     """Schedulers that accept the fusion's structure, in order of preference;
     raises :class:`Unschedulable` when none does."""
     reasons, out = [], []
     for sched, overrides in SCHEDULERS:
-        why = sched.can_schedule(fusion)
+        why = can_schedule(sched, fusion)
         if why is None:
             out.append((sched, overrides))
         else:

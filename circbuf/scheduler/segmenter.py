@@ -100,9 +100,9 @@ def _override_names(schedulers: list) -> frozenset:
 
 def schedulers_taking(fusion: Fusion) -> list:
     """Names of the schedulers whose ``can_schedule`` takes ``fusion``."""
-    from .registry import SCHEDULERS
+    from .registry import SCHEDULERS, can_schedule
 
-    return [s.name for s, _ in SCHEDULERS if s.can_schedule(fusion) is None]
+    return [s.name for s, _ in SCHEDULERS if can_schedule(s, fusion) is None]
 
 
 def extents_differ(fusion: Fusion, env: dict | None = None) -> str | None:
@@ -244,11 +244,11 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
 
     for g in sorted(members):
         if not takers(members[g]):
-            from .registry import SCHEDULERS
+            from .registry import SCHEDULERS, can_schedule
 
             k = next(k for k in sorted(members[g]) if not takers(frozenset([k])))
             f1 = _view(fusion, exprs, [k])[0]
-            why = "; ".join(f"{s.name}: {s.can_schedule(f1)}" for s, _ in SCHEDULERS)
+            why = "; ".join(f"{s.name}: {can_schedule(s, f1)}" for s, _ in SCHEDULERS)
             if schedulers_taking(f1):  # the schedulers take it: the in-place output is what no kernel can write
                 check_aliases(f1)  # raises, naming the rule
             raise CircbufError(
