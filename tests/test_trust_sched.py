@@ -87,3 +87,33 @@ def test_zero_dim_pointwise_matches_torch(monkeypatch):
     ref = (x.double() - 1.5) * 2.0
     assert_close(e, ref.exp())
     assert g.dtype == torch.bool and bool(g) == bool(ref > 0)
+
+
+def _residual_square(k=64):
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Half)
+        w = fd.define_tensor([k, k], dtype=D.Half)
+        fd.add_output(fd.ops.add(fd.ops.linear(x, w), x))  # K and N are one axis of the fusion
+        fd.add_output(fd.ops.abs(x))  # an output along an operand's K axis
+    return fd
+
+
+def test_matmul_epilogue_reading_an_operand_along_k_is_segmented():
+    """``x @ W.T + x`` with a square W, and ``abs(x)`` beside ``linear(x, w)``
+    (fuzz 0:6, 0:222): the matmul kernel cannot write along K; the segmenter
+    gives that part a kernel of its own (before: ValueError in _tile, or two
+    extents bound to blockIdx.x)."""
+    fd = _residual_square()
+    ck = fd.compile([torch.randn(16, 64, dtype=torch.half), torch.randn(64, 64, dtype=torch.half)], arch="sm_90a")
+    kinds = sorted(k.params.brief().split(" ")[0] for k in ck.kernels)
+    assert len(ck.kernels) == 2 and kinds[0] == "Pointwise" and "tile" in " ".join(k.params.brief() for k in ck.kernels)
+
+
+@pytest.mark.gpu
+def test_matmul_epilogue_reading_an_operand_along_k_matches_torch(monkeypatch):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    x = torch.randn(130, 64, dtype=torch.half, device="cuda")
+    w = torch.randn(64, 64, dtype=torch.half, device="cuda") / 8
+    y, a = _residual_square().execute([x, w])
+    assert_close(y, x.double() @ w.double().T + x.double())
+    assert_close(a, x.double().abs())

@@ -56,6 +56,7 @@ from ..ir import (
     reduction_init,
 )
 from ..ir.circular import REGISTERS_RULE
+from ..ir.scalar import is_const
 from .info import InputInfo
 from .overrides import MATMUL, names
 from .params import MatmulParams
@@ -82,7 +83,18 @@ class MatmulScheduler:
                 return f"a reduction ({e.out.name}) next to a matmul needs a kernel of its own"
             if not isinstance(e, (*_EPILOGUE, MatmulOp, LinearOp)):
                 return f"{type(e).__name__} {e.out.name} cannot be part of a matmul's epilogue"
-        return unmapped_axis(fusion, [cs[0].out, *cs[0].tv_inputs()])
+        out = cs[0].out
+        lmap = LogicalMap(fusion)
+        tile = lmap.derivable({lmap.find(i) for i in out.logical})
+        k_axis = cs[0].inputs[0].logical[-1]  # a: [.., K] for matmul and linear
+        if lmap.find(k_axis) in {lmap.find(i) for i in out.logical}:
+            # x @ W.T + x with a square W: K is one axis of the fusion with N or M
+            return f"the epilogue reads an operand of {out.name} along its K axis (a kernel of its own)"
+        for o in fusion.outputs:  # written by the epilogue: along the output's tile, never along K
+            for d, i in enumerate(o.logical):
+                if not (i.is_broadcast or is_const(i.loop_extent, 1)) and lmap.find(i) not in tile:
+                    return f"output {o.name}'s axis {d} is no axis of the matmul's {out.name} (a kernel of its own)"
+        return unmapped_axis(fusion, [out, *cs[0].tv_inputs()], lmap)
 
     @staticmethod
     def variant(params) -> str:
