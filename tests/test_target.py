@@ -77,7 +77,10 @@ def test_unknown_target_is_named(bad):
 def test_from_props_of_a_known_gpu_is_its_table_entry():
     t = tg.Target.from_props(_props())
     assert t == dataclasses.replace(tg.H100, name="NVIDIA H100 80GB HBM3")
-    h200 = tg.Target.from_props(_props(name="NVIDIA H200", L2_cache_size=62914560))
+    # what an H200 reports (read on one, issue 17)
+    h200 = tg.Target.from_props(
+        _props(name="NVIDIA H200", L2_cache_size=62914560, memory_clock_rate=3201000, memory_bus_width=6016)
+    )
     assert h200 == dataclasses.replace(tg.H200, name="NVIDIA H200")
 
 
@@ -230,3 +233,28 @@ def test_stray_literal_check_catches_one(tmp_path):
     p = tmp_path / "x.py"
     p.write_text("# 132 SMs in a comment is fine\nSMEM = 228 * 1024\ngrid = min(tiles, 132)\n")
     assert [re.sub(r".*:(\d+): ", r"\1 ", s) for s in _stray_literals(p)] == ["2 228 * 1024", "3 132"]
+
+
+@pytest.mark.gpu
+def test_from_device_matches_the_driver():
+    """On a GPU: the limits torch reports are the driver's (what the runtime read before)."""
+    from cuda.bindings import driver as drv
+
+    from circbuf.runtime.driver import check, device_arch, init
+
+    init()
+    a = drv.CUdevice_attribute
+    dev = check(drv.cuDeviceGet(torch.cuda.current_device()), "cuDeviceGet")
+
+    def attr(x):
+        return check(drv.cuDeviceGetAttribute(x, dev), "cuDeviceGetAttribute")
+
+    t = tg.Target.from_device()
+    assert t.sm_count == attr(a.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+    assert t.smem_per_block == attr(a.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    assert t.registers_per_sm == attr(a.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)
+    assert t.l2_bytes == attr(a.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+    assert t.arch == device_arch()
+    name = torch.cuda.get_device_name()
+    if "H100 80GB HBM3" in name or "H200" in name:  # a table entry: its measured bandwidth
+        assert t.copy_bandwidth in (tg.H100.copy_bandwidth, tg.H200.copy_bandwidth)
