@@ -19,6 +19,7 @@ from .ir import (
     TensorView,
     WarpSpecialized,
 )
+from .target import Target
 
 __version__ = "0.1.0"
 
@@ -35,4 +36,5 @@ __all__ = [
     "TensorView",
     "Pipelined",
     "WarpSpecialized",
+    "Target",
 ]

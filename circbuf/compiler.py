@@ -50,13 +50,13 @@ from .runtime.executor import (
     MapSlot,
     Plan,
     SegmentedPlan,
-    device_props,
     torch_dtype,
 )
 from .scheduler import InputInfo, TensorInfo
 from .scheduler.registry import Unschedulable, compute_params
 from .scheduler.segmenter import segment
 from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, check_aliases, prepare
+from .target import DEFAULT, Target, resolve
 
 _INT32_LIMIT = 2**31 - 1
 
@@ -80,7 +80,9 @@ class FusionExecutor:
         self.last: CompiledKernel | CompiledFusion | None = None
 
     # ------------------------------------------------------------- bind
-    def _bind(self, inputs, need_cuda: bool):
+    def _bind(self, inputs, need_cuda: bool, target: Target = DEFAULT):
+        """Check the inputs against the definition; their InputInfo (for ``target``, or
+        with ``need_cuda``, the target of the device they are on) and that device."""
         import torch
 
         f = self.fusion
@@ -151,14 +153,13 @@ class FusionExecutor:
                     f"extent {a} ({where.get(str(a), a)}) = {va} and extent {b} "
                     f"({where.get(str(b), b)}) = {vb} must be equal: {why}"
                 )
-        sm, smem = 132, 232448
         if need_cuda and device is None:  # only scalar inputs: run on the current device
             if not torch.cuda.is_available():
                 raise CircbufError("execute needs a CUDA device (compile() works without one)")
             device = torch.device("cuda", torch.cuda.current_device())
         if need_cuda:
-            sm, smem = device_props(device)
-        return InputInfo(tuple(infos), env, sm, smem), device
+            target = Target.from_device(device)  # read once per device
+        return InputInfo(tuple(infos), env, target), device
 
     # ---------------------------------------------------------- compile
     def _layout(self, info: InputInfo, out_shapes):
@@ -301,6 +302,7 @@ class FusionExecutor:
             views,
             index_type,
             arch,
+            info.target,  # lowering checks its limits
             id(self.fusion) if manual else None,
             knobs.debug_hang(),
         )
@@ -322,6 +324,7 @@ class FusionExecutor:
             name=name,
             orders=[o for o, _ in layouts],
             after_pass=_dump_pass,
+            target=info.target,
         )
         knobs.dump("kernel_ir", kernel)
         _check_target(kernel, arch)
@@ -338,15 +341,23 @@ class FusionExecutor:
         if not self.fusion.outputs and not self.fusion.returns:
             raise CircbufError("the fusion has no outputs: mark its results with fd.add_output(tensor)")
 
-    def compile(self, inputs, arch: str | None = None) -> CompiledKernel:
-        """Compile for ``inputs`` (CPU tensors are fine) without launching."""
+    def compile(self, inputs, arch: str | None = None, target=None) -> CompiledKernel:
+        """Compile for ``inputs`` (CPU tensors are fine) without launching, for ``target``
+        (a Target or a known one's name); by default the current GPU's, or with no GPU
+        or an explicit ``arch``, circbuf.target.DEFAULT (an H100)."""
         self._check_outputs()
-        if arch is None:
-            arch = _default_arch()
+        if target is not None:
+            target = resolve(target)
+            if arch is None:
+                arch = target.arch
+        elif arch is None:
+            arch, target = _default_arch(), _default_target()
+        else:
+            target = DEFAULT
         from .runtime.nvrtc import parse_arch
 
         parse_arch(arch)  # a string NVRTC cannot build a cubin for is named before any work
-        info, _ = self._bind(inputs, need_cuda=False)
+        info, _ = self._bind(inputs, need_cuda=False, target=target)
         if not self.fusion.outputs:  # every output is an input or a view of one: no kernel
             from .scheduler.segmenter import SegmentedFusion
 
@@ -361,7 +372,7 @@ class FusionExecutor:
                     raise
                 self._segment(info.extents)
         if self._segments is not None:
-            ck = self._compile_segments(inputs, info.extents, arch)
+            ck = self._compile_segments(inputs, info.extents, arch, target)
         self.last = ck
         return ck
 
@@ -394,7 +405,7 @@ class FusionExecutor:
                 f"segment's scheduler takes {', '.join(unknown)}: {takers}"
             )
 
-    def _compile_segments(self, inputs, env: dict, arch: str) -> CompiledFusion:
+    def _compile_segments(self, inputs, env: dict, arch: str, target: Target) -> CompiledFusion:
         """Compile each segment for the sizes its inputs will have (tensors
         between segments stand in as empty ones of the right shape)."""
         import torch
@@ -405,7 +416,7 @@ class FusionExecutor:
         vals, kernels = {}, []
         for s, sub in zip(seg.segments, subs):
             args = [_source(kind, k, inputs, vals, env) for kind, k in s.inputs]
-            kernels.append(sub.compile(args, arch))
+            kernels.append(sub.compile(args, arch, target))
             info, _ = sub._bind(args, need_cuda=False)
             shapes = sub._out_shapes(info.extents)
             for name, o, shape, st in zip(
@@ -500,12 +511,10 @@ class FusionExecutor:
             p.scalar_slots = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
             p.finish = self._finish(info.extents)
             return p
-        from .runtime.driver import device_arch
-
         if self._segments is None:
             try:
                 with torch.cuda.device(device):
-                    ck = self._compile(info, device_arch())
+                    ck = self._compile(info, info.target.arch)
                     ck.loaded()
             except (Unschedulable, AxisExtentsDiffer):
                 if self.is_segment or self.fusion.manual_schedule:
@@ -547,14 +556,14 @@ class FusionExecutor:
             for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz)
         )
         p.smem = int(evaluate(k.smem_bytes, ev)) if not isinstance(k.smem_bytes, int) else k.smem_bytes
-        if p.smem > info.smem_per_block:
+        if p.smem > info.target.smem_per_block:
             raise CircbufError(
-                f"{ck.name} needs {p.smem} bytes of shared memory; the limit per block is {info.smem_per_block}"
+                f"{ck.name} needs {p.smem} bytes of shared memory; the limit per block is {info.target.smem_per_block}"
             )
         # launch unless nothing is to be written: an output with elements next to
         # an empty one (the sum of a [0, 8] tensor beside its exp) still gets them
         p.empty = _all_outputs_empty(out_shapes) or 0 in p.grid
-        if max(p.grid[1:]) > 65535 or p.grid[0] > _INT32_LIMIT:
+        if max(p.grid[1:]) > info.target.max_grid_yz or p.grid[0] > _INT32_LIMIT:
             raise CircbufError(f"grid {p.grid} exceeds the launch limits")
         knobs.dump("launch", f"{ck.name}: grid {p.grid} block {p.block} smem {p.smem}")
         # argument buffer: each tensor param is {T* data; index_t size[N]; index_t stride[N]}
@@ -791,7 +800,19 @@ def _default_arch() -> str:
             return device_arch()
     except Exception:  # noqa: BLE001 - no usable GPU: build for Hopper
         pass
-    return "sm_90a"
+    return DEFAULT.arch
+
+
+def _default_target() -> Target:
+    """The current GPU's target; DEFAULT (an H100) with none."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return Target.from_device()
+    except Exception:  # noqa: BLE001 - no usable GPU: build for Hopper
+        pass
+    return DEFAULT
 
 
 __all__ = ["FusionExecutor"]

@@ -183,16 +183,19 @@ class FusionDefinition:
         ex = self._executor or self._get_executor()
         return ex.execute(self._flat_inputs(inputs) if self._vectors else inputs)
 
-    def compile(self, inputs, arch: str | None = None):
-        """Compile without running (no GPU needed when ``arch`` is given).
+    def compile(self, inputs, arch: str | None = None, target=None):
+        """Compile without running (no GPU needed when ``arch`` or ``target`` is given).
         ``inputs`` only give dtypes, shapes and strides; CPU tensors are fine.
-        Returns a CompiledKernel, or a CompiledFusion when the fusion runs
-        as several kernels; both list them in ``ck.kernels``.
+        ``target``: the GPU the heuristics size kernels for (a ``circbuf.Target``, or
+        ``"H100"``/``"H200"``); by default the current GPU's, or an H100's when there is
+        none or ``arch`` is given. Returns a CompiledKernel, or a CompiledFusion when the
+        fusion runs as several kernels; both list them in ``ck.kernels``.
 
         >>> # ck = fd.compile([torch.empty(4, 8)], arch="sm_90a"); ck.cuda, ck.cubin
         >>> # print(ck); [k.cuda for k in ck.kernels]
+        >>> # fd.compile(inputs, target="H200")  # sm_90a, sized for an H200
         """
-        return self._get_executor().compile(self._flat_inputs(inputs), arch=arch)
+        return self._get_executor().compile(self._flat_inputs(inputs), arch=arch, target=target)
 
     def last_params(self):
         """The scheduler params of the most recent compile or execute (a list,

@@ -8,6 +8,7 @@ and lives in its own file. ``CIRCBUF_DUMP=kernel_ir`` prints the result,
 from __future__ import annotations
 
 from ..ir import Const, DataType, Fusion, TensorView, Var
+from ..target import DEFAULT, Target
 from .allocation import insert_allocations
 from .circular_buffer import circular_buffer
 from .codegen import codegen
@@ -60,14 +61,20 @@ def stride_exprs(tv: TensorView, contiguity, order=None) -> list:
 
 
 def lower(
-    fusion: Fusion, contiguity=None, index_type=DataType.Int32, name="kernel", orders=None, after_pass=None
+    fusion: Fusion,
+    contiguity=None,
+    index_type=DataType.Int32,
+    name="kernel",
+    orders=None,
+    after_pass=None,
+    target: Target = DEFAULT,
 ) -> Kernel:
     """Scheduled fusion -> Kernel. ``contiguity[k]`` gives, per axis of the k-th
     tensor parameter (inputs then outputs), whether its stride is the product
     of the inner extents; ``orders[k]`` its axes in memory order (default
     row-major; tensor maps follow it too). ``after_pass(name, kernel)``, if
     given, sees the kernel after the loop nest is built (``"loop_nest"``) and
-    after each pass.
+    after each pass. ``target``: the GPU whose limits the passes check (``kernel.target``).
 
     >>> import circbuf as cb
     >>> with cb.FusionDefinition() as fd:
@@ -79,6 +86,7 @@ def lower(
     """
     kernel = generate_loop_nest(fusion, name)
     kernel.index_type = index_type
+    kernel.target = target
     for k, p in enumerate(kernel.tensor_params):
         nd = p.tv.ndim
         contig = contiguity[k] if contiguity is not None else [True] * nd

@@ -356,8 +356,9 @@ def _warp_specialize(kernel, allocs, names):
         )
     kernel.launch[ParallelType.TIDy] = Const(y.value + 1)  # the producer row
     kernel.max_threads = consumers + tx.value
-    if kernel.max_threads > 1024:
-        raise CircbufError(f"{label}: {kernel.max_threads} threads with the producer row exceed 1024")
+    limit = kernel.target.max_threads_per_block
+    if kernel.max_threads > limit:
+        raise CircbufError(f"{label}: {kernel.max_threads} threads with the producer row exceed {limit}")
     full = kernel.mbarrier(f"{label}_full", S, 1)  # the producer's expect_tx arrival
     empty = f"{label}_empty"  # registered below, once its arrival count is known
 

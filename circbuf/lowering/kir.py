@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..ir import Bin, CircbufError, Const, DataType, Expr, MemoryType, ParallelType, Scalar, TensorView, Var
 from ..ir.scalar import is_const
+from ..target import DEFAULT, Target
 
 
 @dataclass(frozen=True)
@@ -521,6 +522,7 @@ class Kernel:
     index_type: DataType = DataType.Int32
     smem_bytes: object = 0  # dynamic shared memory: int or Scalar of extents
     max_threads: int = 0
+    target: Target = DEFAULT  # the GPU's limits, set by lower() before any pass
     circular_loops: dict = field(default_factory=dict)  # tv name -> loop key
     tensor_maps: list = field(default_factory=list)  # TensorMapSpec, passed after scalars
     mbarriers: list = field(default_factory=list)  # (name, count, arrivals), set up by the mbarriers pass

@@ -40,8 +40,9 @@ def device_arch() -> str:
     """``sm_90a`` on compute capability 9.0 (wgmma/setmaxnreg need the a), else sm_XY."""
     import torch
 
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
+    from ..target import arch_of
+
+    return arch_of(*torch.cuda.get_device_capability())
 
 
 class LoadedKernel:

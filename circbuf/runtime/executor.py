@@ -229,33 +229,6 @@ class MapSlot:
     output: int = -1  # >= 0: the map describes this output (a TMA store)
 
 
-_PROPS: dict = {}
-
-
-def device_props(device):
-    """(SM count, opt-in shared memory per block) of a CUDA device, cached."""
-    import torch
-
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _PROPS:
-        from cuda.bindings import driver as drv
-
-        from .driver import check, init
-
-        init()
-        a = drv.CUdevice_attribute
-        dev = check(drv.cuDeviceGet(idx), "cuDeviceGet")
-        sm = check(
-            drv.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute"
-        )
-        smem = check(
-            drv.cuDeviceGetAttribute(a.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
-            "cuDeviceGetAttribute",
-        )
-        _PROPS[idx] = (sm, smem)
-    return _PROPS[idx]
-
-
 def check_hang(plan, record):
     """CIRCBUF_DEBUG_HANG: wait for the kernel; a trapped barrier wait becomes a CircbufError."""
     import torch
@@ -276,6 +249,6 @@ def check_hang(plan, record):
 
 
 __all__ = [
-    "CompiledFusion", "CompiledKernel", "MapSlot", "Plan", "SegmentedPlan", "check_hang", "device_props",
+    "CompiledFusion", "CompiledKernel", "MapSlot", "Plan", "SegmentedPlan", "check_hang",
     "torch_dtype",
 ]  # fmt: skip

@@ -1,9 +1,12 @@
 """What the heuristics know about the inputs of one compile: sizes, strides,
-pointer alignment. Built by the runtime from torch tensors; plain ints here."""
+pointer alignment, and the GPU (its Target). Built by the runtime from torch tensors;
+plain ints here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..target import DEFAULT, Target
 
 
 @dataclass(frozen=True)
@@ -18,8 +21,7 @@ class TensorInfo:
 class InputInfo:
     tensors: tuple  # TensorInfo or None (scalar), one per fusion input
     extents: dict  # symbolic extent name -> value
-    sm_count: int = 132  # of the target GPU (an H100/H200 when compiling without one)
-    smem_per_block: int = 232448  # opt-in dynamic shared memory limit per block, bytes
+    target: Target = DEFAULT  # the GPU's limits (an H100 when compiling without one)
 
     def __hash__(self):
         return hash(self.tensors)

@@ -64,8 +64,14 @@ from .utils import LogicalMap, concretize_broadcasts, contractions, hoist_broadc
 
 OVERRIDES = names(MATMUL)
 _EPILOGUE = (*ELEMENTWISE, BroadcastOp)
-SMEM_LIMIT = 232448 - 1024  # opt-in shared memory per block, less barriers and alignment
-ENTRY_REGISTERS = 168  # per thread of 384 under __launch_bounds__(384, 1): 65536 / 384, a multiple of 8
+SMEM_RESERVED = 1024  # of the opt-in shared memory per block: barriers and alignment
+CTA_THREADS = 384  # a producer warpgroup and two consumer warpgroups
+
+
+def _entry_registers(target) -> int:
+    """Registers each of the CTA_THREADS threads starts with under
+    __launch_bounds__(384, 1): the SM's registers / 384, a multiple of 8 (168 on Hopper)."""
+    return target.registers_per_sm // CTA_THREADS // 8 * 8
 
 
 class MatmulScheduler:
@@ -276,7 +282,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         buffers * 2 * 64 * epi[1] * 2 * len(fusion.outputs) if tma_ok else 0
     )  # [B][2 warpgroups][64][en]
     stage_bytes = (bm + bn) * bk * a.dtype.size
-    budget = SMEM_LIMIT - staging
+    budget = info.target.smem_per_block - SMEM_RESERVED - staging
     fit = budget // stage_bytes
     stages = ov.get("stages", min(fit, 7))
     if not isinstance(stages, int) or stages < 2:
@@ -319,16 +325,17 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         WarpSpecialized(on=ParallelType.TIDy, registers=registers)
     except CircbufError:
         raise CircbufError(f"schedule(registers={registers!r}): {REGISTERS_RULE}") from None
-    if not registers[0] <= ENTRY_REGISTERS <= registers[1]:
+    entry, per_sm = _entry_registers(info.target), info.target.registers_per_sm
+    if not registers[0] <= entry <= registers[1]:
         raise CircbufError(
             f"schedule(registers={tuple(registers)}): the producer gives registers back and the "
-            f"consumers take them: producer <= {ENTRY_REGISTERS} <= consumers (384 threads start with "
-            f"{ENTRY_REGISTERS} each)"
+            f"consumers take them: producer <= {entry} <= consumers ({CTA_THREADS} threads start with "
+            f"{entry} each)"
         )
-    if (registers[0] + 2 * registers[1]) * 128 > 65536:
+    if (registers[0] + 2 * registers[1]) * 128 > per_sm:
         raise CircbufError(
             f"schedule(registers={tuple(registers)}): producer + 2 x consumer registers x 128 threads "
-            "exceed the 65536 registers of an SM"
+            f"exceed the {per_sm} registers of an SM"
         )
     acc_regs = (bm // warpgroups) * bn // 128
     if acc_regs + 24 > registers[1]:
@@ -337,7 +344,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
             f"accumulator registers per thread do not fit in {registers[1]}"
         )
     tiles = batch * tiles_m * tiles_n
-    grid = min(tiles, info.sm_count) if persistent else tiles
+    grid = min(tiles, info.target.sm_count) if persistent else tiles
     return MatmulParams(
         tile=tuple(tile),
         stages=stages,

@@ -12,7 +12,7 @@ Two ways to bring the rows in (``NormalizationParams.staging``):
 thread): each input row is read once from global memory with 16-byte loads into a
 register copy that every pass reads (vectors of 16 bytes of the widest input dtype); G = ceilDiv(I, Y), one row block per CTA, and
 the hardware overlaps the loads of the CTAs resident on an SM. __launch_bounds__ asks
-for enough CTAs per SM to keep ROW_BYTES_IN_FLIGHT of rows loading::
+for enough CTAs per SM to keep row_bytes_in_flight(target) of rows loading (48 KB on an H100)::
 
     x_l[iS{1}, iblockIdx.x{G}, ithreadIdx.y{Y}, iS{R/(T*V)}, ithreadIdx.x{T}, iV{V}] ca_pos(3)
 
@@ -47,6 +47,7 @@ from ..ir import (
     Var,
     evaluate,
 )
+from ..target import H100, Target
 from .info import InputInfo
 from .overrides import NORMALIZATION, Declined, names, ring
 from .params import NormalizationParams
@@ -123,6 +124,8 @@ class NormalizationScheduler:
         if (box * item) % 16:
             return _decline(overrides, f"a row of {R} x {item} bytes is not a multiple of 16 bytes")
         padded = -(-R // box) * box
+        gpu = info.target
+        max_cta = gpu.max_threads_per_block
         threads = overrides.get("threads")
         if threads is None:
             threads = 32
@@ -130,7 +133,7 @@ class NormalizationScheduler:
             # (layer_norm there spills 16 bytes at the 64-register cap and still runs at 0.78 of
             # copy against 0.50 at 512 threads re-reading shared memory, H100); warp
             # specialization adds a producer row of as many threads, so it stops at 512
-            most = 512 if overrides.get("warp_specialized") else 1024
+            most = max_cta // 2 if overrides.get("warp_specialized") else max_cta
             while threads < most and threads * vec * 4 < R:
                 threads *= 2
         y = overrides.get("rows")
@@ -138,16 +141,17 @@ class NormalizationScheduler:
             y = 1
             spare = threads if overrides.get("warp_specialized") else 0  # the producer row
             while (
-                y * 2 * threads + spare <= 1024
+                y * 2 * threads + spare <= max_cta
                 and y * 2 * padded * item <= 16384
                 and y * 2 <= 16
                 and y < rows
             ):
                 y *= 2
         producer = threads if overrides.get("warp_specialized") else 0
-        if threads * y + producer > 1024:
+        if threads * y + producer > max_cta:
             raise CircbufError(
-                f"schedule(rows={y}, threads={threads}): {threads * y + producer} threads per CTA exceed 1024"
+                f"schedule(rows={y}, threads={threads}): {threads * y + producer} threads per CTA "
+                f"exceed {max_cta}"
             )
         per_thread = -(-R // (threads * vec)) * vec  # row elements each thread holds
         # a row kept in registers is compiled for its length: an extent the kernel
@@ -210,7 +214,7 @@ class NormalizationScheduler:
                 stages=1,
                 prefetch=0,
                 grid=max(1, blocks),
-                blocks_per_sm=_register_bound(overrides, threads * y, cta_bytes, info, blocks),
+                blocks_per_sm=_register_bound(overrides, threads * y, cta_bytes, gpu, blocks),
                 row_length=R,
                 **common,
             )
@@ -221,7 +225,7 @@ class NormalizationScheduler:
         stages = overrides.get("stages", 3 if stage_bytes >= (32768 if in_regs else 16384) else 2)
         prefetch = overrides.get("prefetch", stages - 1)
         ring(stages, prefetch, overrides)
-        if stages * stage_bytes > min(SMEM_BUDGET, info.smem_per_block - 8192):
+        if stages * stage_bytes > min(SMEM_BUDGET, gpu.smem_per_block - 8192):
             if "stages" in overrides:
                 raise CircbufError(
                     f"schedule(stages={stages}): {stages} x {stage_bytes} bytes of row buffers exceed shared memory"
@@ -234,18 +238,20 @@ class NormalizationScheduler:
         # ~40 registers beyond a row held in registers; 4 spill. __launch_bounds__ caps the
         # registers so that the whole grid is resident.
         cta = threads * y
-        want = 3 if cta <= 256 and 65536 // (3 * cta) // 8 * 8 >= (per_thread if in_regs else 24) + 40 else 2
-        per_sm = max(1, min(want, 228 * 1024 // (stages * stage_bytes + 2048), 2048 // cta))
+        cap3 = gpu.registers_per_sm // (3 * cta) // 8 * 8  # registers per thread at 3 CTAs per SM
+        want = 3 if cta <= 256 and cap3 >= (per_thread if in_regs else 24) + 40 else 2
+        fit = gpu.smem_per_sm // (stages * stage_bytes + 2048)  # CTAs whose row buffers fit an SM
+        per_sm = max(1, min(want, fit, gpu.max_threads_per_sm // cta))
         bound = per_sm
         if "blocks_per_sm" in overrides:
-            per_sm = bound = _blocks_override(overrides["blocks_per_sm"], threads * y)
-            if per_sm * (stages * stage_bytes + 2048) > 228 * 1024:
+            per_sm = bound = _blocks_override(overrides["blocks_per_sm"], threads * y, gpu)
+            if per_sm * (stages * stage_bytes + 2048) > gpu.smem_per_sm:
                 raise CircbufError(
                     f"schedule(blocks_per_sm={per_sm}): {per_sm} x {stages} x {stage_bytes} bytes of row buffers "
                     "exceed an SM's shared memory"
                 )
-        grid = max(1, min(-(-rows // y), info.sm_count * per_sm))
-        if grid < info.sm_count * per_sm and "blocks_per_sm" not in overrides:
+        grid = max(1, min(-(-rows // y), gpu.sm_count * per_sm))
+        if grid < gpu.sm_count * per_sm and "blocks_per_sm" not in overrides:
             bound = 0  # fewer row blocks than CTA slots: no register cap needed
         return NormalizationParams(
             staging="tma",
@@ -363,7 +369,20 @@ def _vectorize_outputs(fusion, info, lmap, ref, R, vec):
 # 0.76 of copy (layer_norm 10000x5000, 3 CTAs of 10 KB), 32 KB -> 0.77 (layer_norm
 # 8192x16384, 1 CTA), 48 KB -> 0.98 (layer_norm 32768x4096, 3 CTAs of 16 KB), 50 KB ->
 # 0.92, 64 KB -> 0.97-0.98.
-ROW_BYTES_IN_FLIGHT = 48 * 1024
+H100_ROW_BYTES_IN_FLIGHT = 48 * 1024
+# Little's law: bytes in flight per SM = bandwidth per SM x latency. The H100's 48 KB at its
+# measured 3.0 TB/s / 132 SMs (22.7 GB/s per SM) is an effective latency of 2.16 us (DRAM
+# latency plus each CTA's issue and reduction time); another GPU needs its own bandwidth per
+# SM x that latency: the H200 (4.2 TB/s, same SMs and latency) 67 KB.
+ROW_LATENCY_S = H100_ROW_BYTES_IN_FLIGHT / H100.bandwidth_per_sm
+
+
+def row_bytes_in_flight(target: Target) -> int:
+    """Bytes of rows per SM the register-staged kernel keeps loading on ``target``
+    (exactly H100_ROW_BYTES_IN_FLIGHT on the H100)."""
+    return target.bytes_in_flight(ROW_LATENCY_S)
+
+
 MIN_REGISTER_CAP = 64  # below it, layer_norm at 5000 columns spills 64+ bytes
 
 
@@ -376,22 +395,23 @@ def _decline(overrides, why):
     return Declined(why)
 
 
-def _blocks_override(b, cta):
+def _blocks_override(b, cta, target):
     """The ``blocks_per_sm`` override, checked: CTAs per SM of ``cta`` threads."""
-    if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b * cta <= 2048:
-        raise CircbufError(f"schedule(blocks_per_sm={b!r}): {cta} threads per CTA allow 1 to {2048 // cta}")
+    most = target.max_threads_per_sm
+    if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b * cta <= most:
+        raise CircbufError(f"schedule(blocks_per_sm={b!r}): {cta} threads per CTA allow 1 to {most // cta}")
     return b
 
 
-def _register_bound(overrides, cta, cta_bytes, info, grid):
+def _register_bound(overrides, cta, cta_bytes, target, grid):
     """CTAs per SM for __launch_bounds__ of the register-staged kernel: enough for
-    ROW_BYTES_IN_FLIGHT, never a register cap below MIN_REGISTER_CAP; 0 (no cap) when
-    the grid does not fill the SMs at that count."""
+    row_bytes_in_flight(target), never a register cap below MIN_REGISTER_CAP; 0 (no cap)
+    when the grid does not fill the SMs at that count."""
     if "blocks_per_sm" in overrides:
-        return _blocks_override(overrides["blocks_per_sm"], cta)
-    want = -(-ROW_BYTES_IN_FLIGHT // cta_bytes)
-    b = min(want, 2048 // cta, 65536 // (MIN_REGISTER_CAP * cta))
-    return b if b >= 1 and grid >= info.sm_count * b else 0
+        return _blocks_override(overrides["blocks_per_sm"], cta, target)
+    want = -(-row_bytes_in_flight(target) // cta_bytes)
+    b = min(want, target.max_threads_per_sm // cta, target.registers_per_sm // (MIN_REGISTER_CAP * cta))
+    return b if b >= 1 and grid >= target.sm_count * b else 0
 
 
 def _row_transforms(tv, params):

@@ -124,7 +124,7 @@ class OuterReductionScheduler:
         W = overrides.get("cols")
         if W is None:
             W = 128
-            while W * item > 32 and -(-C // W) < info.sm_count:
+            while W * item > 32 and -(-C // W) < info.target.sm_count:
                 W //= 2
             while W > 16 // small and W // 2 >= C:
                 W //= 2
@@ -135,8 +135,8 @@ class OuterReductionScheduler:
         ty = max(2, min(32, 256 // W))
         if (W * ty) % 32:
             ty = max(ty, 32)
-        # warp specialization adds a producer row of W threads: the CTA stays <= 1024
-        rows_max = 1024 // W - (1 if overrides.get("warp_specialized") else 0)
+        # warp specialization adds a producer row of W threads: the CTA stays within the limit
+        rows_max = info.target.max_threads_per_block // W - (1 if overrides.get("warp_specialized") else 0)
         if ty > rows_max:
             ty = rows_max
         tile_bytes_row = sum(W * fusion.inputs[k].dtype.size for k in cands)
@@ -149,10 +149,10 @@ class OuterReductionScheduler:
             # per SM or more, 2 stages beat deeper rings (0.77-0.88 vs 0.60-0.71 of
             # copy at 8 stages); with fewer strips than SMs a deeper ring helps a little
             strips = -(-C // W)
-            stages = 2 if strips >= info.sm_count else max(2, min(4, SMEM_BUDGET // tile))
+            stages = 2 if strips >= info.target.sm_count else max(2, min(4, SMEM_BUDGET // tile))
         prefetch = overrides.get("prefetch", stages - 1)
         ring(stages, prefetch, overrides)
-        if stages * tile > min(SMEM_BUDGET, info.smem_per_block - 8192):
+        if stages * tile > min(SMEM_BUDGET, info.target.smem_per_block - 8192):
             raise CircbufError(
                 f"schedule(stages={stages}): {stages} x {tile} bytes of tiles exceed shared memory"
             )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from ..target import DEFAULT
+
 
 class Params:
     name = "params"
@@ -69,7 +71,7 @@ class PointwiseTmaParams(Params):
     threads_y: int = 4
     stages: int = 3
     prefetch: int = 2
-    grid: int = 132
+    grid: int = DEFAULT.sm_count
     war: str = "block_sync"
     warp_specialized: bool = False
     vectorize_outputs: tuple = ()
@@ -97,7 +99,7 @@ class NormalizationParams(Params):
     box_cols: int = field(default=256, metadata={"tma": True})
     stages: int = field(default=2, metadata={"tma": True})
     prefetch: int = field(default=1, metadata={"tma": True})
-    grid: int = 132
+    grid: int = DEFAULT.sm_count
     blocks_per_sm: int = 0  # > 0: __launch_bounds__ caps registers so that this many CTAs fit per SM (tma: the grid holds that many)
     war: str = field(default="block_sync", metadata={"tma": True})
     warp_specialized: bool = field(default=False, metadata={"tma": True})
@@ -146,8 +148,8 @@ class MatmulParams(Params):
     sum-of-products path taken where the tensor cores cannot be (fp32
     operands, strides a tensor map cannot describe, K = 0).
 
-    >>> print(MatmulParams(tile=(128, 256, 64), stages=4, grid=132).brief())
-    tile 128x256x64, 4 stages (prefetch 3), persistent, cooperative, raster M/8, grid 132
+    >>> print(MatmulParams(tile=(128, 256, 64), stages=4, grid=114).brief())
+    tile 128x256x64, 4 stages (prefetch 3), persistent, cooperative, raster M/8, grid 114
     """
 
     name = "Matmul params"
@@ -161,7 +163,7 @@ class MatmulParams(Params):
     group: int = 8  # tiles per band (L2 reuse of the operand panels)
     registers: tuple = (40, 232)  # setmaxnreg: producer, consumers
     epilogue_tile: tuple = (64, 64)
-    grid: int = 132
+    grid: int = DEFAULT.sm_count
     store: str = "tma"  # outputs: "tma" (staged in shared memory, TMA stores) or "direct" (from registers)
     store_buffers: int = 2  # staging buffers per warpgroup that sub-tiles alternate between
     a_major: str = "K"  # which axis of A is contiguous in memory: "K" or "M"

@@ -124,7 +124,7 @@ class PointwiseScheduler:
             # to hide its issue time. Never unroll below ~8 CTAs per SM.
             want = 4 if _math_cost(fusion) >= 4 else 2
             unroll = 1
-            while unroll < want and n_vec >= threads * unroll * 2 * 132 * 8:
+            while unroll < want and n_vec >= threads * unroll * 2 * info.target.sm_count * 8:
                 unroll *= 2
         return PointwiseParams(
             vectorize=vec,

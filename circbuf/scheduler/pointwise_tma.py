@@ -46,7 +46,6 @@ from .utils import (
 )
 
 OVERRIDES = names(POINTWISE_TMA)
-SMEM_PER_SM = 228 * 1024
 
 
 class PointwiseTmaScheduler:
@@ -198,16 +197,18 @@ def _tma_params(fusion: Fusion, info: InputInfo, overrides: dict):
     if store and fusion.aliases:  # an output written into an input has that input's layout
         return Declined("tma_store: an output is written into an input")
     out_bytes = sum(tr * tc * o.dtype.size for o in fusion.outputs) if store else 0
-    if stages * stage_bytes + out_bytes > info.smem_per_block - 8192:
+    if stages * stage_bytes + out_bytes > info.target.smem_per_block - 8192:
         raise CircbufError(
             f"schedule(stages={stages}): {stages} x {stage_bytes} bytes"
             + (f" + {out_bytes} bytes of output tiles" if out_bytes else "")
             + " exceed shared memory"
         )
     threads = tx * ty + (tx * ty if overrides.get("warp_specialized") else 0)
-    per_sm = max(1, min(SMEM_PER_SM // (stages * stage_bytes + out_bytes + 1024), 2048 // threads))
+    gpu = info.target
+    fit = gpu.smem_per_sm // (stages * stage_bytes + out_bytes + 1024)  # CTAs whose ring fits an SM
+    per_sm = max(1, min(fit, gpu.max_threads_per_sm // threads))
     tiles = -(-rows // tr) * -(-C // tc)
-    grid = max(1, min(tiles, info.sm_count * per_sm))
+    grid = max(1, min(tiles, gpu.sm_count * per_sm))
     vout = tuple(
         C % vec == 0
         and aligned(lmap, o, ref, broadcast=True)
