@@ -162,7 +162,9 @@ def test_where_of_two_scalars_on_the_gpu(poison):
         fd.add_output(fd.ops.where(c, True, False))
     cond = torch.rand(1000, device=DEV) > 0.5
     d, i, b = fd.execute([cond])
-    assert d.dtype == torch.float64 and torch.equal(d, torch.where(cond, 0.1, 0.2))
+    f64 = {"dtype": torch.float64, "device": DEV}  # torch.where(cond, 0.1, 0.2) would be float32
+    assert d.dtype == torch.float64
+    assert torch.equal(d, torch.where(cond, torch.tensor(0.1, **f64), torch.tensor(0.2, **f64)))
     assert i.dtype == torch.int64 and torch.equal(i, torch.where(cond, 2**40, -3))
     assert b.dtype == torch.bool and torch.equal(b, cond)
 

@@ -328,6 +328,8 @@ def test_gpu_operand_order(monkeypatch, case, op, w_first):
     mm = CASES[case][4] == "matmul"
     if mm and op in INT_OPS:
         pytest.skip("the fp32 accumulation order decides where a product truncates to an integer")
+    if case.startswith("norm") and op in INT_OPS:
+        pytest.skip("a softmax value an ulp below 1.0 (GPU exp2) truncates to 0 where float64's is 1.0")
     fd = _fusion(case, op, w_first, D.BFloat16 if mm else D.Float)
     rows, cols = GPU_SHAPES[case]
     inputs = _inputs(op, rows, cols, torch.bfloat16 if mm else torch.float32, DEV, k=256 if mm else None)

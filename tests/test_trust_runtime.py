@@ -34,3 +34,18 @@ def test_reduction_of_an_empty_tensor_beside_an_empty_output_matches_torch(shape
     outs = _sum_and_exp().execute([x])
     for o, r in zip(outs, (x.double().sum(), x.double().exp())):
         assert_close(o, r)
+
+
+def test_tensor_map_of_a_size_one_axis_takes_a_dense_stride():
+    """A [1, 33] view of a [33, 1] tensor has stride 1 on its size-1 axis
+    (fuzz 0:151: "globalStride[1] = 2 bytes is not a multiple of 16" when a
+    matmul staged it by TMA); the map never steps along it, so it gets the
+    dense stride rounded to 16 bytes."""
+    from types import SimpleNamespace
+
+    from circbuf.runtime.tensormap import check_map, map_geometry
+
+    spec = SimpleNamespace(dims=[((1,), 64), ((0,), 128)])
+    dims, gstr, box = map_geometry(spec, [1, 33], [1, 1], 2)
+    assert dims == [33, 1] and gstr == [2, 80] and box == [64, 128]
+    check_map("x", 256, dims, gstr, box, 2)

@@ -974,7 +974,8 @@ def test_hypothesis_reshape_then_sum(shape, seed, dim):
     x = torch.randn(shape, device=DEV)
     (out,) = fd.execute([x])
     r = x.double().reshape(new)
-    assert_close(out, (r * r).sum(dim), rtol=1e-4, atol=1e-4)
+    tol = 1e-4 if x.numel() <= 65536 else 1e-3  # an fp32 sum of up to 520k squares in its order
+    assert_close(out, (r * r).sum(dim), rtol=tol, atol=tol)
 
 
 @pytest.mark.gpu

@@ -39,8 +39,12 @@ def map_geometry(spec, shape, strides, itemsize):
         ext = 1
         for a in axes:
             ext *= shape[a]
+        stride = strides[axes[-1]] * itemsize
+        if ext == 1:  # never stepped along: torch's stride of a size-1 axis is arbitrary (a [1, K] view
+            # of a [K, 1] tensor has stride 1 there); give it the dense one, a multiple of 16 bytes
+            stride = itemsize if not gstrides else -(-(gstrides[-1] * dims[-1]) // 16) * 16
         dims.append(ext)
-        gstrides.append(strides[axes[-1]] * itemsize)
+        gstrides.append(stride)
         box.append(b)
     return dims, gstrides, box
 
