@@ -189,7 +189,8 @@ class Case:
 
     # ---------------------------------------------------------- inputs
     def input_tensors(self, device="cpu"):
-        return [_apply_view(b.to(device), s.view) for b, s in zip(self.base, self.inputs)]
+        # copies: an input written in place must not change the reference (a view of it, say)
+        return [_apply_view(b.to(device, copy=True), s.view) for b, s in zip(self.base, self.inputs)]
 
     # ---------------------------------------------------------- building
     def build(self, overrides=None):

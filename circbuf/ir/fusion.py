@@ -131,16 +131,22 @@ class Fusion:
             self.returns.append(("input", self.inputs.index(tv)))
             return
         src = _viewed_input(tv)
-        if src is not None:  # as nvFuser: an alias of the input, not a kernel's copy
+        if src is not None and self.inputs.index(src) not in self.aliases.values():
+            # as nvFuser: an alias of the input, not a kernel's copy (unless the fusion
+            # also writes that input in place: then the view would show the new values)
             self.input_views.append((self.inputs.index(src), tv))
             self.returns.append(("view", len(self.input_views) - 1))
             return
+        self.returns.append(("output", self._kernel_output(tv)))
+
+    def _kernel_output(self, tv: TensorView) -> int:
+        """Make ``tv`` an output the kernels write; its position in ``outputs``."""
         if tv not in self.outputs:
             tv.memory_type = MemoryType.Global
             if tv.domain.stride_order is None:
                 tv.domain.stride_order = _elementwise_layout(tv)
             self.outputs.append(tv)
-        self.returns.append(("output", self.outputs.index(tv)))
+        return self.outputs.index(tv)
 
     def _alias(self, tv: TensorView, x: TensorView):
         what = f"add_output({tv.name}, alias_input={getattr(x, 'name', x)})"
@@ -175,6 +181,10 @@ class Fusion:
             tv.memory_type = MemoryType.Global
             self.outputs.append(tv)
         self.aliases[self.outputs.index(tv)] = k_in
+        # views of x returned earlier would show x's new values: the kernels copy them instead
+        for r, (kind, k) in enumerate(self.returns):
+            if kind == "view" and self.input_views[k][0] == k_in:
+                self.returns[r] = ("output", self._kernel_output(self.input_views[k][1]))
 
     # -------------------------------------------------------- traversal
     def exprs(self) -> list[Expr]:
