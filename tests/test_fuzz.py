@@ -30,6 +30,9 @@ REGRESSIONS = [
     ("104:3", *K),  # outputs no one loop covers ([5] and [n])
     ("203:111", *K),  # an unrelated [1] output beside a [n] one
     ("100:48", *K),  # 0-dim math with no reduction
+    ("300:35", *K),  # a squeezed symbolic axis (required to be 1) taken for an independent part
+    ("307:50", *K),  # an in-place output read by a later segment was declared dense (its input's strides)
+    ("307:50", "full", "interp"),
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice

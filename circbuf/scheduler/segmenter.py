@@ -390,6 +390,8 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None):
     new: dict[int, TensorView] = {}
     boundary: list = []
 
+    in_place = {id(fusion.outputs[k]) for k in fusion.aliases}
+
     def tv(t: TensorView) -> TensorView:
         if id(t) not in new:
             t2 = copy.copy(t)
@@ -397,7 +399,10 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None):
             if t.definition is not None and id(t.definition) not in gid:  # from another segment
                 t2.is_input = True
                 t2.memory_type = MemoryType.Global
-                t2.domain = TensorDomain(t.domain.no_reductions(), stride_order=_layout(t))
+                if id(t) in in_place:  # it lives in the input it was written into: that input's strides
+                    t2.domain = TensorDomain(t.domain.no_reductions(), contiguity=[None] * len(t.domain.no_reductions()))
+                else:
+                    t2.domain = TensorDomain(t.domain.no_reductions(), stride_order=_layout(t))
                 boundary.append(t)
             new[id(t)] = t2
         return new[id(t)]

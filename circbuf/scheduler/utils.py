@@ -667,9 +667,14 @@ def unmapped_axis(fusion: Fusion, refs, lmap: LogicalMap | None = None) -> str |
                 classes = lmap.derivable(classes | both)
                 grown = True
     names = " and ".join(r.name for r in refs)
+    # extents the fusion requires to be 1 (a squeezed symbolic axis): one element, no loop
+    ones = {str(a) for a, b in getattr(fusion, "extent_equalities", ()) if is_const(b, 1)}
+    ones |= {str(b) for a, b in getattr(fusion, "extent_equalities", ()) if is_const(a, 1)}
     for tv in fusion.used_tvs():
         for d, i in enumerate(tv.logical):
             if is_const(i.loop_extent, 1) or (i.is_broadcast and i.concrete_extent is None):
+                continue
+            if str(i.extent) in ones:
                 continue
             if lmap.find(i) not in classes:
                 return (
