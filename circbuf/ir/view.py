@@ -69,11 +69,19 @@ def concretize(op, in_sizes, out_sizes) -> tuple:
             f"({math.prod(in_sizes)} elements), the new shape {list(out_sizes)} has {math.prod(out_sizes)}"
         )
     ki, ko = _kept(op)
-    groups = [
+    # an input axis of size 1 (a symbolic extent that is 1 for these sizes) is
+    # squeezed, as nvFuser's view analysis does, not merged into a neighbour:
+    # merged, it makes the neighbour's class out of its own, and a broadcast
+    # of the result meeting the input again ([8, 1, 1] -> reshape [8, 1, 1]
+    # == x) puts one axis of the fusion on both sides of the merge
+    some = math.prod(in_sizes) > 1
+    ones = [k for k in ki if in_sizes[k] == 1] if some else []
+    ki = [k for k in ki if k not in ones]
+    groups = [((k,), ()) for k in ones] + [
         (tuple(ki[a] for a in gi), tuple(ko[b] for b in go))
         for gi, go in reshape_groups([in_sizes[k] for k in ki], [out_sizes[k] for k in ko])
     ]
-    return build(op, groups)
+    return build(op, sorted(groups))
 
 
 def _kept(op):
