@@ -39,8 +39,35 @@ def _reshape_back_onto_itself(fd):
     return inputs, ref
 
 
+def _output_without_a_row_axis(fd):
+    """fuzz 302:135: a [n, m] tensor is an output and, broadcast to [5, n, m, 2],
+    the input of a softmax: the reduction's grid covers 5 * n * m rows, the
+    output has n * m (blockIdx.x bound to two extents). The reduction
+    schedulers refuse it; the segmenter gives the output its own kernel."""
+    x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+    z = fd.define_tensor([-1], dtype=D.Float)
+    a = fd.ops.abs(x)
+    b = fd.ops.broadcast_in_dim(a, [5, -1, -1, 2], [1, 2])
+    fd.add_output(fd.ops.softmax(fd.ops.add(b, fd.ops.broadcast_in_dim(z, [5, -1, -1, 2], [3])), 3))
+    fd.add_output(a)
+    fd.add_output(fd.ops.exp(fd.ops.add(a, 0.1)))
+
+    def inputs(device):
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(7, 24, generator=g).bfloat16()[:, 1::2]
+        return [x.to(device), torch.randn(2, generator=g).to(device)]
+
+    def ref(x, z):
+        a = x.float().abs().double()
+        s = (a[None, :, :, None] + z).softmax(3).expand(5, -1, -1, -1)
+        return [s, a, (a + 0.1).exp()]
+
+    return inputs, ref
+
+
 CASES = {
     "301:27": _reshape_back_onto_itself,
+    "302:135": _output_without_a_row_axis,
 }
 
 

@@ -72,7 +72,7 @@ class ReductionScheduler:
                         f"axis {d} of {tv.name} is not an axis of the reduction {ref.name} "
                         "(its result is broadcast to a larger tensor: that needs a second kernel)"
                     )
-        return None
+        return _output_lacks_a_row_axis(fusion, ref, lmap)
 
     @staticmethod
     def variant(params) -> str:
@@ -135,6 +135,29 @@ class ReductionScheduler:
         propagate(ref, fusion.used_tvs(), lmap)
 
         inline_intermediates(fusion, row_pos, row_scalar)
+
+
+def _output_lacks_a_row_axis(fusion, ref, lmap) -> str | None:
+    """Why the grid over ``ref``'s rows cannot write every output, or None:
+    an output with no axis (broadcast or not) of one of the row axes (a
+    tensor later broadcast to [5, ...] and reduced, itself an output of the
+    smaller shape) would be bound to a grid of another extent, each CTA
+    writing elements of another row. The segmenter gives it its own kernel."""
+    rows = {lmap.find(i) for i in ref.logical if not i.is_reduction and not _one(i)}
+    for k, o in enumerate(fusion.outputs):
+        have = lmap.derivable({lmap.find(i) for i in o.logical})
+        for c in rows - have:
+            d = next(d for d, i in enumerate(ref.logical) if lmap.find(i) == c)
+            return (
+                f"output {k} ({o.name}) has no axis of the reduction {ref.name}'s axis {d}: the grid over "
+                "its rows cannot write it (a kernel of its own)"
+            )
+    return None
+
+
+def _one(i) -> bool:
+    """One element: no loop, no grid."""
+    return is_const(i.loop_extent, 1) or (i.is_broadcast and i.concrete_extent is None)
 
 
 def _red_classes(tv, lmap) -> frozenset:
