@@ -65,9 +65,92 @@ def _output_without_a_row_axis(fd):
     return inputs, ref
 
 
+def _weight_output_beside_rms_norm(fd):
+    """fuzz 304:182: rms_norm(silu(floor(x)), w) beside outputs of w alone
+    (a [257] tensor) and of x: the row grid had no block axis for the [257]
+    output (every CTA wrote all of it). Refused by the reduction schedulers,
+    segmented."""
+    x = fd.define_tensor([-1, -1], dtype=D.Double)
+    w = fd.define_tensor([257], dtype=D.Double)
+    fd.add_output(fd.ops.neg(fd.ops.sigmoid(w)))
+    fd.add_output(fd.ops.abs(x))
+    fd.add_output(fd.ops.rms_norm(fd.ops.silu(fd.ops.floor(x)), w, 1e-6))
+
+    def inputs(device):
+        g = torch.Generator().manual_seed(304)
+        x = torch.randn(6 * 257 + 1, generator=g, dtype=torch.float64)[1:].view(6, 257)
+        return [x.to(device), torch.randn(257, generator=g, dtype=torch.float64).to(device)]
+
+    def ref(x, w):
+        s = torch.nn.functional.silu(x.floor())
+        return [-w.sigmoid(), x.abs(), s * (s.pow(2).mean(1, keepdim=True) + 1e-6).rsqrt() * w]
+
+    return inputs, ref
+
+
+def _empty_layer_norm_beside_a_weight_output(fd):
+    """fuzz 307:108: an empty layer norm (x [0, 64, 4, 128]) then rms_norm,
+    beside w * s (s a 0-dim input): the [128] output had no block axis."""
+    x = fd.define_tensor([-1, 64, -1, 128], dtype=D.Float)
+    w = fd.define_tensor([-1], dtype=D.Float)
+    v = fd.define_tensor([-1], dtype=D.Float)
+    s = fd.define_tensor([], dtype=D.Int64)
+    fd.add_output(fd.ops.mul(w, s))
+    fd.add_output(fd.ops.rms_norm(fd.ops.layer_norm(x, w, None, 1e-5), v, 1e-6))
+
+    def inputs(device):
+        g = torch.Generator().manual_seed(307)
+        return [
+            torch.randn(0, 64, 4, 131, generator=g)[..., :128].to(device),
+            torch.randn(128, generator=g).to(device),
+            torch.randn(128, generator=g).to(device),
+            torch.tensor(-3, dtype=torch.int64).to(device),
+        ]
+
+    def ref(x, w, v, s):
+        return [w * s, torch.empty(0, 64, 4, 128, dtype=torch.float64)]
+
+    return inputs, ref
+
+
+def _reshape_through_a_size_one_axis(fd):
+    """fuzz 301:198: a [16, 7, 1, 7] result (inputs of symbolic sizes, one
+    [16, 1, 1, 7]) reshaped to [16, 7, 1, 7] and then [112, 7]: the size-1
+    axis, merged into its neighbour, met itself through the broadcast of
+    the [.., 1, ..] input (loop axes bound to blockIdx.x that differ)."""
+    x1 = fd.define_tensor([-1, -1, -1, -1], dtype=D.Double)
+    x3 = fd.define_tensor([-1, 7, -1, 7], dtype=D.BFloat16)
+    x5 = fd.define_tensor([], dtype=D.Bool)
+    x7 = fd.define_tensor([-1, -1, -1, 7], dtype=D.Bool)
+    x9 = fd.define_tensor([-1, 1, -1, 7], dtype=D.Half)
+    t8 = fd.ops.minimum(fd.ops.le(fd.ops.sub(x1, x3), x5), x7)
+    t11 = fd.ops.gt(fd.ops.add(t8, x9), x9)
+    fd.add_output(fd.ops.reshape(fd.ops.reshape(t11, [16, 7, 1, 7]), [112, 7]))
+
+    def inputs(device):
+        g = torch.Generator().manual_seed(301)
+        return [
+            torch.randn(16, 7, 1, 7, generator=g, dtype=torch.float64).to(device),
+            torch.randn(16, 7, 7, 1, generator=g).bfloat16().to(device).permute(0, 1, 3, 2),
+            torch.tensor(True).to(device),
+            (torch.rand(16, 14, 1, 7, generator=g) > 0.5).to(device)[:, 1::2],
+            torch.randn(16, 1, 1, 7, generator=g).half().to(device),
+        ]
+
+    def ref(x1, x3, x5, x7, x9):
+        t8 = torch.minimum((x1 - x3.float().double()) <= x5, x7.bool())
+        h = x9.half()
+        return [((t8.half() + h) > h).reshape(112, 7)]
+
+    return inputs, ref
+
+
 CASES = {
     "301:27": _reshape_back_onto_itself,
     "302:135": _output_without_a_row_axis,
+    "304:182": _weight_output_beside_rms_norm,
+    "307:108": _empty_layer_norm_beside_a_weight_output,
+    "301:198": _reshape_through_a_size_one_axis,
 }
 
 
