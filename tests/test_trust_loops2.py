@@ -145,12 +145,60 @@ def _reshape_through_a_size_one_axis(fd):
     return inputs, ref
 
 
+def _scalar_math_reshaped(fd):
+    """fuzz 307:37: addcmul(cast(x), s, s) with s a 0-dim input, reshaped to
+    [1, 3, 11]. The broadcast of s, hoisted through the reshape, was split
+    by the view into broadcast axes of extent 3 and 11 with no expanded
+    extent; the scheduler's split then gave its loops one trip (threadIdx.x
+    of extent 1 inlined into one of 128)."""
+    x = fd.define_tensor([-1], dtype=D.Int64)
+    s = fd.define_tensor([], dtype=D.Float)
+    fd.add_output(fd.ops.reshape(fd.ops.addcmul(fd.ops.cast(x, D.Float), s, s, 2.0), [1, 3, 11]))
+
+    def inputs(device):
+        g = torch.Generator().manual_seed(37)
+        x = torch.randint(-9, 10, [34], generator=g, dtype=torch.int64)[1:]
+        return [x.to(device), torch.randn([], generator=g).to(device)]
+
+    def ref(x, s):
+        return [(x + 2.0 * s * s).reshape(1, 3, 11)]
+
+    return inputs, ref
+
+
+def _where_of_a_scalar_reshaped(fd):
+    """fuzz 305:234: where(c, x, b) with b a 0-dim Bool input, reshaped to
+    [11, 3, 1] (the same split broadcast), beside an output of c."""
+    c = fd.define_tensor([33], dtype=D.Bool)
+    x = fd.define_tensor([-1], dtype=D.Float)
+    b = fd.define_tensor([], dtype=D.Bool)
+    nc = fd.ops.eq(c, False)
+    fd.add_output(fd.ops.reshape(fd.ops.where(nc, x, b), [11, 3, 1]))
+    fd.add_output(fd.ops.eq(nc, False))
+
+    def inputs(device):
+        g = torch.Generator().manual_seed(234)
+        return [
+            (torch.rand(36, generator=g) > 0.5)[:33].to(device),
+            torch.randn(33, generator=g).to(device),
+            torch.tensor(True).to(device),
+        ]
+
+    def ref(c, x, b):
+        c = c.bool()
+        return [torch.where(~c, x, b.double()).reshape(11, 3, 1), c]
+
+    return inputs, ref
+
+
 CASES = {
     "301:27": _reshape_back_onto_itself,
     "302:135": _output_without_a_row_axis,
     "304:182": _weight_output_beside_rms_norm,
     "307:108": _empty_layer_norm_beside_a_weight_output,
     "301:198": _reshape_through_a_size_one_axis,
+    "307:37": _scalar_math_reshaped,
+    "305:234": _where_of_a_scalar_reshaped,
 }
 
 

@@ -250,9 +250,19 @@ def _replay_view(t, axes, forward: bool) -> list:
     """Apply view transform ``t`` (forward) or its inverse to ``axes`` (t's
     inputs, resp. outputs); returns the new axes (t's outputs, resp. inputs)."""
     if isinstance(t, Split) == forward:  # a split, or undoing a merge: into t.outer x t.inner
-        return list(exact_split(axes[0], t.outer.extent, t.inner.extent))
-    whole = t.out if forward else t.in_  # a merge, or undoing a split
-    return [exact_merge(axes[0], axes[1], whole.extent)]
+        made = list(exact_split(axes[0], t.outer.extent, t.inner.extent))
+    else:
+        whole = t.out if forward else t.in_  # a merge, or undoing a split
+        made = [exact_merge(axes[0], axes[1], whole.extent)]
+    # a broadcast axis given the view's pieces stays a broadcast as split()
+    # and merge() make one: extent 1, the pieces' extents as its expanded
+    # ones where it had one (else a later split gives its loops one trip
+    # where the concrete axes it is inlined with have many)
+    expanded = any(a.expanded_extent is not None for a in axes)
+    for a in made:
+        if a.is_broadcast:
+            a.extent, a.expanded_extent = Const(1), (a.extent if expanded else None)
+    return made
 
 
 def replay_like(ref: TensorView, tv: TensorView, lmap: LogicalMap) -> dict:
