@@ -191,6 +191,35 @@ def _where_of_a_scalar_reshaped(fd):
     return inputs, ref
 
 
+def _where_of_a_scalar_over_a_reshaped_sum(fd):
+    """fuzz 306:7: sum(x, [0, 3]) reshaped to [n], compared with an input and
+    chosen by where() against a 0-dim input: its broadcast, split by the
+    view into [i1, i2], lost the grid's extent (blockIdx.x of extent 1
+    inlined into one of ceilDiv(i1 * i2, 128))."""
+    x = fd.define_tensor([-1, -1, -1, -1], dtype=D.Int32)
+    v = fd.define_tensor([-1], dtype=D.Float)
+    w = fd.define_tensor([-1], dtype=D.Double)
+    s = fd.define_tensor([], dtype=D.Double)
+    t = fd.ops.sum(x, [0, 3])
+    fd.add_output(fd.ops.where(fd.ops.gt(fd.ops.reshape(t, [48]), v), w, s))
+    fd.add_output(t)
+
+    def inputs(device):
+        g = torch.Generator().manual_seed(7)
+        return [
+            torch.randint(-9, 10, [2, 8, 3, 24], generator=g, dtype=torch.int32).permute(1, 3, 0, 2).to(device),
+            (torch.randn(48, generator=g) * 4).to(device),
+            torch.randn(49, generator=g, dtype=torch.float64)[1:].to(device),
+            torch.tensor(0.25, dtype=torch.float64).to(device),
+        ]
+
+    def ref(x, v, w, s):
+        t = x.sum([0, 3])
+        return [torch.where(t.reshape(48).float().double() > v, w, s), t]
+
+    return inputs, ref
+
+
 CASES = {
     "301:27": _reshape_back_onto_itself,
     "302:135": _output_without_a_row_axis,
@@ -199,6 +228,7 @@ CASES = {
     "301:198": _reshape_through_a_size_one_axis,
     "307:37": _scalar_math_reshaped,
     "305:234": _where_of_a_scalar_reshaped,
+    "306:7": _where_of_a_scalar_over_a_reshaped_sum,
 }
 
 
