@@ -33,14 +33,14 @@ REGRESSIONS = [
     ("300:35", *K),  # a squeezed symbolic axis (required to be 1) taken for an independent part
     ("307:50", *K),  # an in-place output read by a later segment was declared dense (its input's strides)
     ("307:50", "full", "interp"),
-    ("301:27", *K),
-    ("302:135", *K),
+    ("301:27", *K),  # a size-1 input axis of a reshape merged into its neighbour (squeezed now)
+    ("302:135", *K),  # an output lacking a row axis of the reduction (broadcast to [5, ...] and reduced)
     ("304:182", *K),  # a [257] output of the weight beside rms_norm rows (no block axis)
     ("307:108", *K),  # likewise beside an empty layer norm
-    ("301:198", *K),
+    ("301:198", *K),  # a reshape through a size-1 axis that meets itself through a broadcast
     ("307:37", *K),  # a 0-dim input's broadcast split by a reshape: broadcast pieces lost their extents
     ("305:234", *K),  # likewise (where of a 0-dim Bool)
-    ("306:7", *K),  # likewise, split over the grid  # a reshape through a size-1 axis that meets itself through a broadcast  # an output lacking a row axis of the reduction (broadcast to [5, ...] and reduced)  # a size-1 input axis of a reshape merged into its neighbour (squeezed now)
+    ("306:7", *K),  # likewise, split over the grid
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice

@@ -207,7 +207,9 @@ def _where_of_a_scalar_over_a_reshaped_sum(fd):
     def inputs(device):
         g = torch.Generator().manual_seed(7)
         return [
-            torch.randint(-9, 10, [2, 8, 3, 24], generator=g, dtype=torch.int32).permute(1, 3, 0, 2).to(device),
+            torch.randint(-9, 10, [2, 8, 3, 24], generator=g, dtype=torch.int32)
+            .permute(1, 3, 0, 2)
+            .to(device),
             (torch.randn(48, generator=g) * 4).to(device),
             torch.randn(49, generator=g, dtype=torch.float64)[1:].to(device),
             torch.tensor(0.25, dtype=torch.float64).to(device),
