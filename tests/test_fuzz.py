@@ -33,6 +33,7 @@ REGRESSIONS = [
     ("300:35", *K),  # a squeezed symbolic axis (required to be 1) taken for an independent part
     ("307:50", *K),  # an in-place output read by a later segment was declared dense (its input's strides)
     ("307:50", "full", "interp"),
+    ("304:19", *K),  # an expanded (stride-0) input staged by TMA
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice

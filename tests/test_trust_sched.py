@@ -119,3 +119,29 @@ def test_matmul_epilogue_reading_an_operand_along_k_matches_torch(monkeypatch):
     ref = (x.double() @ w.double().T).half().double() + x.double()
     assert_close(y, ref, rtol=2e-3, atol=2e-3)
     assert_close(a, x.double().abs())
+
+
+def _column_sum():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([3, -1], dtype=D.Float)
+        fd.add_output(fd.ops.sum(x, [0]))
+    return fd
+
+
+def test_expanded_input_is_not_staged_by_tma():
+    """An input expanded along the reduced axis (stride 0; fuzz 304:19,
+    300:26) is no tensor map's: the plain kernel takes it (before: "bulk
+    axes must follow the memory order" in indexing)."""
+    x = torch.randn(1, 8).expand(3, 8)
+    ck = _column_sum().compile([x], arch="sm_90a")
+    assert "UTMALDG" not in ck.sass()
+    (out,) = interpret(_column_sum(), [x])
+    assert_close(out, x.double().sum(0))
+
+
+@pytest.mark.gpu
+def test_expanded_input_reduction_matches_torch(monkeypatch):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    x = torch.randn(1, 4099, device="cuda").expand(3, 4099)
+    (out,) = _column_sum().execute([x])
+    assert_close(out, x.double().sum(0))
