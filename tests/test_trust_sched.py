@@ -145,3 +145,31 @@ def test_expanded_input_reduction_matches_torch(monkeypatch):
     x = torch.randn(1, 4099, device="cuda").expand(3, 4099)
     (out,) = _column_sum().execute([x])
     assert_close(out, x.double().sum(0))
+
+
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_matmul_of_an_expanded_operand_takes_no_tensor_map(which):
+    """An operand expanded along M or N (stride 0) is no tensor map's (before:
+    "bulk axes must follow the memory order" in indexing); the SIMT path runs it
+    until a cp.async fill exists (issue 18)."""
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=D.Half)
+        b = fd.define_tensor([-1, -1], dtype=D.Half)
+        fd.add_output(fd.ops.linear(a, b))
+    A, B = torch.randn(64, 64, dtype=torch.half), torch.randn(16, 64, dtype=torch.half)
+    A, B = (A[:1].expand(64, 64), B) if which == "a" else (A, B[:1].expand(16, 64))
+    ck = fd.compile([A, B], arch="sm_90a")
+    assert ck.kernels[0].params.simt is not None
+
+
+@pytest.mark.gpu
+def test_matmul_of_an_expanded_operand_matches_torch(monkeypatch):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=D.Half)
+        b = fd.define_tensor([-1, -1], dtype=D.Half)
+        fd.add_output(fd.ops.linear(a, b))
+    A = torch.randn(1, 64, dtype=torch.half, device="cuda").expand(130, 64)
+    B = torch.randn(16, 64, dtype=torch.half, device="cuda")
+    (out,) = fd.execute([A, B])
+    assert_close(out, (A.double() @ B.double().T).half())

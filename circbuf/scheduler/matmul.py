@@ -190,6 +190,8 @@ def _operand_layout(t) -> tuple:
     "outer") and whether a tensor map can describe the rest."""
     if t.align % 16:
         return None, "data pointer not 16-byte aligned"
+    if any(n > 1 and st == 0 for n, st in zip(t.sizes, t.strides)):
+        return None, "an expanded axis (stride 0; a tensor map steps through memory)"
     n = len(t.sizes)
     inner_c = t.sizes[-1] == 1 or t.strides[-1] == 1
     outer_c = t.sizes[-2] == 1 or t.strides[-2] == 1
