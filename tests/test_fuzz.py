@@ -34,6 +34,8 @@ REGRESSIONS = [
     ("307:50", *K),  # an in-place output read by a later segment was declared dense (its input's strides)
     ("307:50", "full", "interp"),
     ("304:19", *K),  # an expanded (stride-0) input staged by TMA
+    ("500:115", *K),  # a K-major [K, 1] operand: its size-1 axis is innermost in memory order
+    ("501:143", *K),  # an empty input defined contiguous (torch's strides of a 0-size tensor)
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice

@@ -173,3 +173,29 @@ def test_matmul_of_an_expanded_operand_matches_torch(monkeypatch):
     B = torch.randn(16, 64, dtype=torch.half, device="cuda")
     (out,) = fd.execute([A, B])
     assert_close(out, (A.double() @ B.double().T).half())
+
+
+def test_matmul_of_a_one_column_operand_in_k_major_layout():
+    """B = [K, 1] with K contiguous (a permuted [1, K]; fuzz 500:115): its
+    memory order puts the size-1 axis innermost, so a K-major tensor map
+    would not follow it; it runs on the SIMT path (a matrix-vector product)
+    instead of ending in "bulk axes must follow the memory order"."""
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, 64], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.matmul(a, b))
+    A, B = torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(1, 64, dtype=torch.bfloat16).permute(1, 0)
+    ck = fd.compile([A, B], arch="sm_90a")
+    assert ck.kernels[0].params.simt is not None
+    (out,) = interpret(fd, [A[:8].contiguous(), B])
+    assert_close(out, (A[:8].double() @ B.double()).to(torch.bfloat16))
+
+
+def test_contiguity_of_an_empty_input_is_not_checked():
+    """A [3, 0, 1] input defined contiguous has torch's strides (0, 1, 1)
+    (fuzz 501:143): no element is addressed, so no stride breaks a promise."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1], contiguity=[True, True, True], dtype=D.Double)
+        fd.add_output(fd.ops.add(x, 1.0))
+    ck = fd.compile([torch.randn(3, 0, 1, dtype=torch.float64)], arch="sm_90a")  # raised before
+    assert ck.kernels[0].params.brief().startswith("Pointwise")

@@ -197,7 +197,8 @@ def _operand_layout(t) -> tuple:
     outer_c = t.sizes[-2] == 1 or t.strides[-2] == 1
     if inner_c and (t.sizes[-2] == 1 or t.strides[-2] * t.itemsize % 16 == 0):
         major = "inner"
-    elif outer_c and t.strides[-1] * t.itemsize % 16 == 0:
+    elif outer_c and t.sizes[-1] > 1 and t.strides[-1] * t.itemsize % 16 == 0:
+        # (a last axis of size 1 is innermost in the kernel's memory order, compiler._layout_of)
         major = "outer"
     else:
         return None, f"strides {t.strides} (a tensor map needs one unit stride and 16-byte multiples)"
