@@ -20,6 +20,7 @@ declarations to them).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -69,9 +70,19 @@ LOOP_NEST_PROVIDES = (
 
 def check_order(passes) -> None:
     """Raise :class:`PassOrderError` naming the first pass that requires a
-    fact neither the loop nest nor an earlier pass provides, or a fact a
-    later pass still changes (unless it changes it too: a shared table such
-    as ``mbarriers``, which each pass adds to)."""
+    fact neither the loop nest nor an earlier pass provides, one an earlier
+    pass consumed, or one a later pass still changes (unless it changes it
+    too: a shared table such as ``mbarriers``, which several passes add to).
+
+    >>> def f(k):
+    ...     return k
+    >>> check_order([Pass("a", f, provides=("x",)), Pass("b", f, requires=("x",))])
+    >>> try:
+    ...     check_order([Pass("b", f, requires=("x",)), Pass("a", f, provides=("x",))])
+    ... except PassOrderError as e:
+    ...     print(str(e).split(" (")[0])
+    lowering pass 'b' requires 'x', which neither the loop nest nor an earlier pass provides
+    """
     have = set(LOOP_NEST_PROVIDES)
     gone: dict = {}
     for k, p in enumerate(passes):
@@ -101,8 +112,6 @@ def check_order(passes) -> None:
 def contract_table(passes, width: int = 100) -> str:
     """The loop nest's and each pass's facts, a few lines each (the lowering
     package's docstring shows it; tests keep the two the same)."""
-    import textwrap
-
     out = []
     for name, req, prov, cons in [("loop_nest", (), LOOP_NEST_PROVIDES, ())] + [
         (p.name, p.requires, p.provides, p.consumes) for p in passes
