@@ -1,5 +1,9 @@
 """Pass: circular buffering of TMA-filled shared-memory buffers.
 
+Requires: allocated, indexed, predicated, wgmma_synced, turns, tma_stores_synced, mbarriers,
+named_barriers; provides: rings, mbarriers, named_barriers, consumer_barrier, launch, max_threads,
+min_blocks.
+
 A buffer ``X`` marked ``circular_buffer(S, P)`` holds ``S`` stages; the
 loop it rotates over (its *ring loop*) gives one ring position per
 iteration. ``full[s]`` barriers say "stage s landed" (one elected thread

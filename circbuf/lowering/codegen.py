@@ -1,5 +1,7 @@
 """Print a lowered Kernel as CUDA C++ (one method per node kind).
 
+Requires: every fact of ``PASSES`` (it runs after them); provides: hang_record.
+
 >>> # src = codegen(kernel)   # prelude + extern "C" __global__ void kernel(...)
 """
 

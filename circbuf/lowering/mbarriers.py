@@ -1,5 +1,7 @@
 """Pass: set up the mbarriers the kernel waits on, in one place.
 
+Requires: rings, turns, mbarriers, launch; provides: mbarriers_allocated.
+
 The circular-buffer and turn-taking passes register each mbarrier array
 they use (``kernel.mbarrier(name, count, arrivals)``) and emit only the
 waits and arrivals. This pass allocates every registered array, has one

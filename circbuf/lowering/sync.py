@@ -1,5 +1,8 @@
 """Pass: block syncs for shared-memory hazards.
 
+Requires: predicated, tma_stores_synced, rings, consumer_barrier, mbarriers_allocated; provides:
+synced.
+
 Read-after-write: a statement reading a shared buffer that an earlier sibling
 wrote gets a sync before it. Write-after-read across iterations: a loop whose
 body reads and writes one shared buffer ends its body with a sync. Two syncs

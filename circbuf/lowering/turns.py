@@ -1,5 +1,7 @@
 """Pass: ping-pong warpgroups take turns on the tensor cores.
 
+Requires: allocated, wgmma_synced; provides: turns, mbarriers.
+
 Each of two warpgroups (``threadIdx.y`` 0 and 1) owns whole tiles. An MMA
 output marked ``take_turns(TIDy)`` orders them with two pairs of mbarriers:
 a warpgroup waits for its turn before issuing a tile's MMAs and hands the
