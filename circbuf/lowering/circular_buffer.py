@@ -26,15 +26,19 @@ Pipelined (every thread loads and computes; ``P`` copies in flight)::
         BLOCK_SYNC | ARRIVE X_empty[use_stage]     // right after the last read
         ADVANCE X_use
 
-WarpSpecialized: one more row of threads (``threadIdx.y == Y``) is the
-producer; one elected lane issues the copies of every buffer of the ring
+WarpSpecialized: the kernel gets two warp roles (``kernel.roles``): one
+more row of threads (``threadIdx.y == Y``) is the ``producer`` role, the
+rows below it the ``consumers`` (each with its setmaxnreg count, and, when
+the rows split the ring positions as ping-pong warpgroups do, one sync group
+per row); a ``RoleSwitch`` runs each role's branch. One elected lane issues the copies of every buffer of the ring
 into one stage per position (one ``full``/``empty`` pair per stage). The
 copies either sit inside the readers' loops (then the producer runs a
 copy-only clone of the loops around them) or form a loop nest of their
 own (a matmul's operand tiles: the tile loop and the k loop of the loads,
 separate from the readers' tile loop, k loop and epilogue)::
 
-    IF (threadIdx.y == Y)                         // producer
+    ROLES
+    ROLE producer: threadIdx.y == Y
       SETMAXNREG.DEC 40
       IF elect_one(warp 0 of the row)
         RING X_load
@@ -43,7 +47,7 @@ separate from the readers' tile loop, k loop and epilogue)::
             WAIT X_empty[load_stage] parity=load_phase ^ 1
             EXPECT_TX X_full[load_stage] bytes=A + B; TMA_LOAD A, B -> stage; ADVANCE X_load
       RETURN
-    ELSE                                          // consumers
+    ROLE consumers: threadIdx.y in 0..Y
       SETMAXNREG.INC 232
       RING X_use at position p0                   // a ping-pong warpgroup starts a tile later
       FOR t in blockIdx.x + threadIdx.y * G..T step 2 * G
@@ -65,8 +69,11 @@ per iteration)`` after each of its iterations. A stage read by asynchronous
 wgmmas is released only once they are done: after the next k step's
 ``wgmma.wait_group 1``, or the ``wait_group 0`` after the k loop.
 
-The pass registers the ``full``/``empty`` arrays with their arrival counts
-(``kernel.mbarrier``); the mbarriers pass allocates and initializes them.
+The pass describes each ring as IR data (``kernel.rings``: a ``Ring`` with
+its stages, prefetch, producer and consumer roles, fill ``tma``, the
+``full``/``empty`` arrays and their arrival counts, and the ``load``/``use``
+sides' stage and phase); the mbarriers pass allocates and initializes the
+arrays, and the sync pass gives each role's syncs its own named barrier.
 """
 
 from __future__ import annotations

@@ -504,7 +504,9 @@ class Ring:
         return out
 
     def __str__(self):
-        who = f"{self.producer}->{','.join(self.consumers)}" if self.producer else "thread0->block (pipelined)"
+        who = (
+            f"{self.producer}->{','.join(self.consumers)}" if self.producer else "thread0->block (pipelined)"
+        )
         empty = f" empty={self.empty}[{self.stages}]" if self.has_empty else " empty=block_sync"
         return (
             f"ring {self.name}: stages={self.stages} prefetch={self.prefetch} fill={self.fill} {who} "
