@@ -24,6 +24,8 @@ from circbuf.lowering.kir import (
     MBarrierRef,
     MBarrierWait,
     Return,
+    Role,
+    RoleSwitch,
     TensorRef,
     walk,
 )
@@ -278,7 +280,7 @@ def test_the_pass_list_keeps_its_contracts():
         (("allocation", 1), r"'allocation' requires 'loop_nest', which the earlier pass 'indexing' consumed"),
         (("predicate", 2), r"'predicate' requires 'vectorized'"),
         # sync must see the consumers' named barrier and every barrier the others add
-        (("sync", 7), r"'sync' requires 'rings'"),
+        (("sync", 7), r"'sync' requires 'pipelined'"),
         (("circular_buffer", 5), r"'circular_buffer' requires 'turns'"),
     ],
 )
@@ -324,7 +326,7 @@ def test_the_package_docstring_shows_the_contracts():
 # ---------------------------------------------------- reads and writes per pass
 _IR_FACTS = {
     "loop_nest", "allocated", "indexed", "vectorized", "predicated", "wgmma_synced", "turns",
-    "tma_stores_synced", "rings", "mbarriers_allocated", "simplified", "synced",
+    "tma_stores_synced", "pipelined", "mbarriers_allocated", "simplified", "synced",
 }  # fmt: skip
 
 
@@ -373,7 +375,7 @@ def test_the_tracker_sees_reads_writes_and_in_place_changes():
     fd, _ = _pointwise()  # lowered unscheduled: one thread, one loop per axis
 
     def reader(k):
-        _ = k.launch, k.consumer_barrier
+        _ = k.launch, k.roles
         return k
 
     def appender(k):
@@ -394,7 +396,7 @@ def test_the_tracker_sees_reads_writes_and_in_place_changes():
     finally:
         mp.undo()
     (log,) = logs
-    assert log.reads["reader"] == {"launch", "consumer_barrier"} and "reader" not in log.writes
+    assert log.reads["reader"] == {"launch", "roles"} and "reader" not in log.writes
     assert log.reads["appender"] == {"mbarriers"} and log.writes["appender"] == {"mbarriers"}
     assert log.writes["setter"] == {"min_blocks", "named_barriers"}
 
@@ -482,10 +484,14 @@ def test_sync_pass_on_hand_built_ir():
     # consumers of a warp-specialized kernel sync on their named barrier (the
     # producer branch gets none)
     consumers = [_copy(s, g), _copy(r, s)]
-    roles = IfThenElse(Var("threadIdx.y").eq(2), [_copy(s, g), Return()], consumers, roles=True)
-    k = insert_syncs(_kernel([roles], consumer_barrier=(1, 256)))
-    assert [type(n).__name__ for n in roles.else_] == ["Assign", "BlockSync", "Assign"]
-    assert roles.else_[1].barrier == (1, 256) and not _of(roles.then, BlockSync)
+    producer = Role("producer", lo=2, hi=3, threads=128, registers=40, increase=False)
+    mma = Role("consumers", lo=0, hi=2, threads=256)
+    switch = RoleSwitch([producer, mma], [[_copy(s, g), Return()], consumers])
+    k = _kernel([switch], threads=128, roles=[producer, mma])
+    k.launch[ParallelType.TIDy] = Const(3)
+    k = insert_syncs(k)
+    assert [type(n).__name__ for n in switch.bodies[1]] == ["Assign", "BlockSync", "Assign"]
+    assert switch.bodies[1][1].barrier == (1, 256) and not _of(switch.bodies[0], BlockSync)
 
 
 def test_sync_pass_merges_syncs_separated_by_fences():

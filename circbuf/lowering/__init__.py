@@ -31,17 +31,15 @@ row; ``mbarriers`` reads it after, so it requires it)::
                     provides: turns, mbarriers
     tma_store       requires: indexed
                     provides: tma_stores_synced, named_barriers
-    circular_buffer requires: allocated, indexed, predicated, wgmma_synced, turns, tma_stores_synced,
-                              mbarriers, named_barriers
-                    provides: rings, mbarriers, named_barriers, consumer_barrier, launch, max_threads,
-                              min_blocks
+    circular_buffer requires: allocated, indexed, predicated, wgmma_synced, turns, tma_stores_synced
+                    provides: pipelined, rings, roles, launch, max_threads, min_blocks
     mbarriers       requires: rings, turns, mbarriers, launch
                     provides: mbarriers_allocated
-    simplify        requires: indexed, predicated, turns, tma_stores_synced, rings, mbarriers_allocated
+    simplify        requires: indexed, predicated, turns, tma_stores_synced, pipelined, mbarriers_allocated
                     provides: simplified
-    sync            requires: predicated, tma_stores_synced, rings, consumer_barrier,
+    sync            requires: predicated, tma_stores_synced, pipelined, named_barriers,
                               mbarriers_allocated
-                    provides: synced
+                    provides: synced, named_barriers
 
 IR facts: ``loop_nest`` the fusion's exprs placed in their loops, not yet
 indexed; ``allocated`` an Allocate per local/shared buffer; ``indexed`` every
@@ -49,7 +47,9 @@ access an explicit index, its bounds recorded; ``vectorized`` vector loops
 collapsed into wide accesses; ``predicated`` guarded statements wrapped in
 their conditions; ``wgmma_synced`` wgmma fences, commits and waits;
 ``turns`` ping-pong turn barriers; ``tma_stores_synced`` fences and barriers
-around TMA stores; ``rings`` circular-buffer rings and warp roles;
+around TMA stores; ``pipelined`` circular buffers lowered to their rings (barrier
+waits, arrivals, stage and phase), ``Kernel.rings`` and ``Kernel.roles`` (with the
+role switch in the body) describing them;
 ``mbarriers_allocated`` every registered mbarrier allocated, initialized and
 invalidated; ``simplified`` indices and conditions simplified; ``synced``
 block syncs for shared-memory hazards. ``codegen`` prints the result and
@@ -100,14 +100,11 @@ PASSES = [
             "wgmma_synced",
             "turns",
             "tma_stores_synced",
-            "mbarriers",
-            "named_barriers",
         ),
         provides=(
+            "pipelined",
             "rings",
-            "mbarriers",
-            "named_barriers",
-            "consumer_barrier",
+            "roles",
             "launch",
             "max_threads",
             "min_blocks",
@@ -122,14 +119,14 @@ PASSES = [
     Pass(
         "simplify",
         simplify_indices,
-        requires=("indexed", "predicated", "turns", "tma_stores_synced", "rings", "mbarriers_allocated"),
+        requires=("indexed", "predicated", "turns", "tma_stores_synced", "pipelined", "mbarriers_allocated"),
         provides=("simplified",),
     ),
     Pass(
         "sync",
         insert_syncs,
-        requires=("predicated", "tma_stores_synced", "rings", "consumer_barrier", "mbarriers_allocated"),
-        provides=("synced",),
+        requires=("predicated", "tma_stores_synced", "pipelined", "named_barriers", "mbarriers_allocated"),
+        provides=("synced", "named_barriers"),
     ),
 ]
 
