@@ -237,16 +237,16 @@ def test_debug_hang_knob_bounds_every_wait(monkeypatch):
 
 
 def test_warp_specialized_structure():
-    from circbuf.lowering.kir import ElectOne, IfThenElse, Return
+    from circbuf.lowering.kir import ElectOne, Return, RoleSwitch
 
     ck = compile_norm("layer_norm", 4096, 4096, stages=3, warp_specialized=True)
     assert ck.params.warp_specialized
     k = ck.kernel
     y = ck.params.rows
     assert k.launch[ParallelType.TIDy].value == y + 1  # the producer row
-    roles = [n for n in k.body if isinstance(n, IfThenElse) and n.else_]
-    assert len(roles) == 1
-    producer = roles[0].then
+    roles = [n for n in k.body if isinstance(n, RoleSwitch)]
+    assert len(roles) == 1 and [r.name for r in roles[0].roles] == ["producer", "consumers"]
+    producer = roles[0].bodies[0]
     assert isinstance(producer[-1], Return)
     prod_loads = []
     walk(producer, lambda n, s: prod_loads.append((n, s)) if isinstance(n, TmaLoad) else None)

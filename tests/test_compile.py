@@ -129,7 +129,7 @@ def test_dump_passes_prints_the_kernel_after_every_pass(capsys, monkeypatch):
     for block in out.split("===== CIRCBUF_DUMP passes =====\n")[1:]:
         head, _, body = block.partition("\n")
         sections[head] = body.strip()
-    names = ["loop_nest"] + [name for name, _ in PASSES]
+    names = ["loop_nest"] + [p.name for p in PASSES]
     assert list(sections) == [f"after {n}:" for n in names]  # every pass, in the order of PASSES
     # each section is the kernel IR at that point: the pipeline appears with circular_buffer
     assert "MBARRIER_WAIT" not in sections["after tma_store:"]

@@ -33,6 +33,9 @@ REGRESSIONS = [
     ("300:35", *K),  # a squeezed symbolic axis (required to be 1) taken for an independent part
     ("307:50", *K),  # an in-place output read by a later segment was declared dense (its input's strides)
     ("307:50", "full", "interp"),
+    ("304:19", *K),  # an expanded (stride-0) input staged by TMA
+    ("500:115", *K),  # a K-major [K, 1] operand: its size-1 axis is innermost in memory order
+    ("501:143", *K),  # an empty input defined contiguous (torch's strides of a 0-size tensor)
     ("301:27", *K),  # a size-1 input axis of a reshape merged into its neighbour (squeezed now)
     ("302:135", *K),  # an output lacking a row axis of the reduction (broadcast to [5, ...] and reduced)
     ("304:182", *K),  # a [257] output of the weight beside rms_norm rows (no block axis)

@@ -302,14 +302,15 @@ PINGPONG_BROKEN = textwrap.dedent(
     import torch, circbuf as cb
     import circbuf.lowering as L
     from circbuf.lowering.kir import MBarrierArrive, rewrite
-    k = [i for i, (name, _) in enumerate(L.PASSES) if name == "turns"][0]
-    orig = L.PASSES[k][1]
+    import dataclasses
+    k = [i for i, p in enumerate(L.PASSES) if p.name == "turns"][0]
+    orig = L.PASSES[k].fn
     def broken(kernel):  # the MMA turn is never handed over: the second warpgroup waits for ever
         kernel = orig(kernel)
         drop = lambda n: [] if isinstance(n, MBarrierArrive) and n.bar.name.endswith("_mma_turn") else None
         kernel.body = rewrite(kernel.body, drop)
         return kernel
-    L.PASSES[k] = ("turns", broken)
+    L.PASSES[k] = dataclasses.replace(L.PASSES[k], fn=broken)
     from tests.test_gpu_matmul import mm_fusion
     fd = mm_fusion("matmul")
     fd.fusion.schedule(pingpong=True)

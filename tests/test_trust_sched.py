@@ -119,3 +119,83 @@ def test_matmul_epilogue_reading_an_operand_along_k_matches_torch(monkeypatch):
     ref = (x.double() @ w.double().T).half().double() + x.double()
     assert_close(y, ref, rtol=2e-3, atol=2e-3)
     assert_close(a, x.double().abs())
+
+
+def _column_sum():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([3, -1], dtype=D.Float)
+        fd.add_output(fd.ops.sum(x, [0]))
+    return fd
+
+
+def test_expanded_input_is_not_staged_by_tma():
+    """An input expanded along the reduced axis (stride 0; fuzz 304:19,
+    300:26) is no tensor map's: the plain kernel takes it (before: "bulk
+    axes must follow the memory order" in indexing)."""
+    x = torch.randn(1, 8).expand(3, 8)
+    ck = _column_sum().compile([x], arch="sm_90a")
+    assert "UTMALDG" not in ck.sass()
+    (out,) = interpret(_column_sum(), [x])
+    assert_close(out, x.double().sum(0))
+
+
+@pytest.mark.gpu
+def test_expanded_input_reduction_matches_torch(monkeypatch):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    x = torch.randn(1, 4099, device="cuda").expand(3, 4099)
+    (out,) = _column_sum().execute([x])
+    assert_close(out, x.double().sum(0))
+
+
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_matmul_of_an_expanded_operand_takes_no_tensor_map(which):
+    """An operand expanded along M or N (stride 0) is no tensor map's (before:
+    "bulk axes must follow the memory order" in indexing); the SIMT path runs it
+    until a cp.async fill exists (issue 18)."""
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=D.Half)
+        b = fd.define_tensor([-1, -1], dtype=D.Half)
+        fd.add_output(fd.ops.linear(a, b))
+    A, B = torch.randn(64, 64, dtype=torch.half), torch.randn(16, 64, dtype=torch.half)
+    A, B = (A[:1].expand(64, 64), B) if which == "a" else (A, B[:1].expand(16, 64))
+    ck = fd.compile([A, B], arch="sm_90a")
+    assert ck.kernels[0].params.simt is not None
+
+
+@pytest.mark.gpu
+def test_matmul_of_an_expanded_operand_matches_torch(monkeypatch):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=D.Half)
+        b = fd.define_tensor([-1, -1], dtype=D.Half)
+        fd.add_output(fd.ops.linear(a, b))
+    A = torch.randn(1, 64, dtype=torch.half, device="cuda").expand(130, 64)
+    B = torch.randn(16, 64, dtype=torch.half, device="cuda")
+    (out,) = fd.execute([A, B])
+    assert_close(out, (A.double() @ B.double().T).half())
+
+
+def test_matmul_of_a_one_column_operand_in_k_major_layout():
+    """B = [K, 1] with K contiguous (a permuted [1, K]; fuzz 500:115): its
+    memory order puts the size-1 axis innermost, so a K-major tensor map
+    would not follow it; it runs on the SIMT path (a matrix-vector product)
+    instead of ending in "bulk axes must follow the memory order"."""
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, 64], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.matmul(a, b))
+    A, B = torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(1, 64, dtype=torch.bfloat16).permute(1, 0)
+    ck = fd.compile([A, B], arch="sm_90a")
+    assert ck.kernels[0].params.simt is not None
+    (out,) = interpret(fd, [A[:8].contiguous(), B])
+    assert_close(out, (A[:8].double() @ B.double()).to(torch.bfloat16))
+
+
+def test_contiguity_of_an_empty_input_is_not_checked():
+    """A [3, 0, 1] input defined contiguous has torch's strides (0, 1, 1)
+    (fuzz 501:143): no element is addressed, so no stride breaks a promise."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1], contiguity=[True, True, True], dtype=D.Double)
+        fd.add_output(fd.ops.add(x, 1.0))
+    ck = fd.compile([torch.randn(3, 0, 1, dtype=torch.float64)], arch="sm_90a")  # raised before
+    assert ck.kernels[0].params.brief().startswith("Pointwise")

@@ -3,6 +3,57 @@
 The passes run in the order of :data:`PASSES`; each is ``Kernel -> Kernel``
 and lives in its own file. ``CIRCBUF_DUMP=kernel_ir`` prints the result,
 ``CIRCBUF_DUMP=passes`` the kernel IR after each pass (``lower``'s ``after_pass``).
+
+Each pass declares the facts it requires and provides (:mod:`.passes`): Kernel
+fields it reads from an earlier pass or writes, and properties of the kernel
+IR. ``lower()`` refuses a list whose order breaks them, naming the pass and
+the fact. A pass may read the loop nest's fields without declaring them only
+while no earlier pass has changed them (``predicate``, ``turns`` and
+``tma_store`` read ``launch`` before ``circular_buffer`` adds the producer
+row; ``mbarriers`` reads it after, so it requires it)::
+
+    loop_nest       requires: -
+                    provides: loop_nest, name, tensor_params, scalar_params, launch, extent_bindings,
+                              max_threads, min_blocks, circular_loops, strides, memory_orders,
+                              index_type, target
+    allocation      requires: loop_nest
+                    provides: allocated, smem_bytes
+    indexing        requires: loop_nest
+                    provides: indexed, tensor_maps, descriptors
+                    consumes: loop_nest
+    vectorize       requires: indexed
+                    provides: vectorized
+    predicate       requires: indexed, vectorized
+                    provides: predicated
+    wgmma           requires: indexed
+                    provides: wgmma_synced
+    turns           requires: allocated, wgmma_synced
+                    provides: turns, mbarriers
+    tma_store       requires: indexed
+                    provides: tma_stores_synced, named_barriers
+    circular_buffer requires: allocated, indexed, predicated, wgmma_synced, turns, tma_stores_synced
+                    provides: pipelined, rings, roles, launch, max_threads, min_blocks
+    mbarriers       requires: rings, turns, mbarriers, launch
+                    provides: mbarriers_allocated
+    simplify        requires: indexed, predicated, turns, tma_stores_synced, pipelined, mbarriers_allocated
+                    provides: simplified
+    sync            requires: predicated, tma_stores_synced, pipelined, named_barriers,
+                              mbarriers_allocated
+                    provides: synced, named_barriers
+
+IR facts: ``loop_nest`` the fusion's exprs placed in their loops, not yet
+indexed; ``allocated`` an Allocate per local/shared buffer; ``indexed`` every
+access an explicit index, its bounds recorded; ``vectorized`` vector loops
+collapsed into wide accesses; ``predicated`` guarded statements wrapped in
+their conditions; ``wgmma_synced`` wgmma fences, commits and waits;
+``turns`` ping-pong turn barriers; ``tma_stores_synced`` fences and barriers
+around TMA stores; ``pipelined`` circular buffers lowered to their rings (barrier
+waits, arrivals, stage and phase), ``Kernel.rings`` and ``Kernel.roles`` (with the
+role switch in the body) describing them;
+``mbarriers_allocated`` every registered mbarrier allocated, initialized and
+invalidated; ``simplified`` indices and conditions simplified; ``synced``
+block syncs for shared-memory hazards. ``codegen`` prints the result and
+sets ``hang_record``.
 """
 
 from __future__ import annotations
@@ -16,6 +67,7 @@ from .indexing import lower_indexing
 from .kir import Kernel
 from .loop_nest import generate_loop_nest
 from .mbarriers import setup_mbarriers
+from .passes import Pass, check_order
 from .predicate import insert_predicates
 from .simplify_indices import simplify_indices
 from .sync import insert_syncs
@@ -25,17 +77,57 @@ from .vectorize import vectorize_loops
 from .wgmma import wgmma_sync
 
 PASSES = [
-    ("allocation", insert_allocations),
-    ("indexing", lower_indexing),
-    ("vectorize", vectorize_loops),
-    ("predicate", insert_predicates),
-    ("wgmma", wgmma_sync),
-    ("turns", take_turns),
-    ("tma_store", tma_stores),
-    ("circular_buffer", circular_buffer),
-    ("mbarriers", setup_mbarriers),
-    ("simplify", simplify_indices),
-    ("sync", insert_syncs),
+    Pass("allocation", insert_allocations, requires=("loop_nest",), provides=("allocated", "smem_bytes")),
+    Pass(
+        "indexing",
+        lower_indexing,
+        requires=("loop_nest",),
+        provides=("indexed", "tensor_maps", "descriptors"),
+        consumes=("loop_nest",),
+    ),
+    Pass("vectorize", vectorize_loops, requires=("indexed",), provides=("vectorized",)),
+    Pass("predicate", insert_predicates, requires=("indexed", "vectorized"), provides=("predicated",)),
+    Pass("wgmma", wgmma_sync, requires=("indexed",), provides=("wgmma_synced",)),
+    Pass("turns", take_turns, requires=("allocated", "wgmma_synced"), provides=("turns", "mbarriers")),
+    Pass("tma_store", tma_stores, requires=("indexed",), provides=("tma_stores_synced", "named_barriers")),
+    Pass(
+        "circular_buffer",
+        circular_buffer,
+        requires=(
+            "allocated",
+            "indexed",
+            "predicated",
+            "wgmma_synced",
+            "turns",
+            "tma_stores_synced",
+        ),
+        provides=(
+            "pipelined",
+            "rings",
+            "roles",
+            "launch",
+            "max_threads",
+            "min_blocks",
+        ),
+    ),
+    Pass(
+        "mbarriers",
+        setup_mbarriers,
+        requires=("rings", "turns", "mbarriers", "launch"),
+        provides=("mbarriers_allocated",),
+    ),
+    Pass(
+        "simplify",
+        simplify_indices,
+        requires=("indexed", "predicated", "turns", "tma_stores_synced", "pipelined", "mbarriers_allocated"),
+        provides=("simplified",),
+    ),
+    Pass(
+        "sync",
+        insert_syncs,
+        requires=("predicated", "tma_stores_synced", "pipelined", "named_barriers", "mbarriers_allocated"),
+        provides=("synced", "named_barriers"),
+    ),
 ]
 
 
@@ -81,9 +173,10 @@ def lower(
     ...     fd.add_output(fd.ops.exp(fd.define_tensor([-1])))
     >>> seen = []
     >>> k = lower(fd.fusion, after_pass=lambda name, kernel: seen.append(name))
-    >>> seen == ["loop_nest"] + [name for name, _ in PASSES]
+    >>> seen == ["loop_nest"] + [p.name for p in PASSES]
     True
     """
+    check_order(PASSES)
     kernel = generate_loop_nest(fusion, name)
     kernel.index_type = index_type
     kernel.target = target
@@ -97,11 +190,11 @@ def lower(
             kernel.memory_orders[p.tv.name] = list(order)
     if after_pass is not None:
         after_pass("loop_nest", kernel)
-    for pass_name, fn in PASSES:
-        kernel = fn(kernel)
+    for p in PASSES:
+        kernel = p.fn(kernel)
         if after_pass is not None:
-            after_pass(pass_name, kernel)
+            after_pass(p.name, kernel)
     return kernel
 
 
-__all__ = ["lower", "codegen", "Kernel", "PASSES", "stride_exprs"]
+__all__ = ["lower", "codegen", "Kernel", "Pass", "PASSES", "stride_exprs"]

@@ -1,5 +1,7 @@
 """Pass: allocate local and shared buffers.
 
+Requires: loop_nest; provides: allocated, smem_bytes.
+
 A buffer holds the loop axes right of its compute-at position, less the axes
 bound to blocks, broadcast and reduction axes, and (for registers) thread
 axes: each thread owns its registers. Register buffers need constant sizes

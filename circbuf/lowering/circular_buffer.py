@@ -1,5 +1,8 @@
 """Pass: circular buffering of TMA-filled shared-memory buffers.
 
+Requires: allocated, indexed, predicated, wgmma_synced, turns, tma_stores_synced; provides:
+pipelined, rings, roles, launch, max_threads, min_blocks.
+
 A buffer ``X`` marked ``circular_buffer(S, P)`` holds ``S`` stages; the
 loop it rotates over (its *ring loop*) gives one ring position per
 iteration. ``full[s]`` barriers say "stage s landed" (one elected thread
@@ -26,15 +29,19 @@ Pipelined (every thread loads and computes; ``P`` copies in flight)::
         BLOCK_SYNC | ARRIVE X_empty[use_stage]     // right after the last read
         ADVANCE X_use
 
-WarpSpecialized: one more row of threads (``threadIdx.y == Y``) is the
-producer; one elected lane issues the copies of every buffer of the ring
+WarpSpecialized: the kernel gets two warp roles (``kernel.roles``): one
+more row of threads (``threadIdx.y == Y``) is the ``producer`` role, the
+rows below it the ``consumers`` (each with its setmaxnreg count, and, when
+the rows split the ring positions as ping-pong warpgroups do, one sync group
+per row); a ``RoleSwitch`` runs each role's branch. One elected lane issues the copies of every buffer of the ring
 into one stage per position (one ``full``/``empty`` pair per stage). The
 copies either sit inside the readers' loops (then the producer runs a
 copy-only clone of the loops around them) or form a loop nest of their
 own (a matmul's operand tiles: the tile loop and the k loop of the loads,
 separate from the readers' tile loop, k loop and epilogue)::
 
-    IF (threadIdx.y == Y)                         // producer
+    ROLES
+    ROLE producer: threadIdx.y == Y
       SETMAXNREG.DEC 40
       IF elect_one(warp 0 of the row)
         RING X_load
@@ -43,7 +50,7 @@ separate from the readers' tile loop, k loop and epilogue)::
             WAIT X_empty[load_stage] parity=load_phase ^ 1
             EXPECT_TX X_full[load_stage] bytes=A + B; TMA_LOAD A, B -> stage; ADVANCE X_load
       RETURN
-    ELSE                                          // consumers
+    ROLE consumers: threadIdx.y in 0..Y
       SETMAXNREG.INC 232
       RING X_use at position p0                   // a ping-pong warpgroup starts a tile later
       FOR t in blockIdx.x + threadIdx.y * G..T step 2 * G
@@ -65,8 +72,11 @@ per iteration)`` after each of its iterations. A stage read by asynchronous
 wgmmas is released only once they are done: after the next k step's
 ``wgmma.wait_group 1``, or the ``wait_group 0`` after the k loop.
 
-The pass registers the ``full``/``empty`` arrays with their arrival counts
-(``kernel.mbarrier``); the mbarriers pass allocates and initializes them.
+The pass describes each ring as IR data (``kernel.rings``: a ``Ring`` with
+its stages, prefetch, producer and consumer roles, fill ``tma``, the
+``full``/``empty`` arrays and their arrival counts, and the ``load``/``use``
+sides' stage and phase); the mbarriers pass allocates and initializes the
+arrays, and the sync pass gives each role's syncs its own named barrier.
 """
 
 from __future__ import annotations
@@ -94,6 +104,8 @@ from .kir import (
     Ring,
     RingAdvance,
     RingInit,
+    Role,
+    RoleSwitch,
     SetMaxNReg,
     TensorRef,
     TmaLoad,
@@ -101,7 +113,6 @@ from .kir import (
     WgmmaWait,
     enclosing,
     insert_before,
-    is_block_wide,
     parent_list,
     thread0_cond,
     walk,
@@ -205,20 +216,21 @@ class _Buffer:
         self.stage_bytes = simplify(alloc.size * alloc.tv.dtype.size)
 
 
-def _issue(ring, bufs, full, empty, loop_index, it, S, P, gap_wait=False) -> list:
-    """The copies of ring position ``ring`` (iteration ``it`` of the ring
-    loop) into ``ring``'s stage: wait for the slot, announce the bytes of
+def _issue(ring: Ring, bufs, loop_index, it, gap_wait=False) -> list:
+    """The copies of the producer side's ring position (iteration ``it`` of
+    the ring loop) into its stage: wait for the slot, announce the bytes of
     every buffer, issue, advance."""
-    st = ring.stage
+    side, full, empty, S, P = ring.load, ring.full, ring.empty, ring.stages, ring.prefetch
+    st = side.stage
     body = []
     if empty:
-        body.append(MBarrierWait(MBarrierRef(empty, st), Bin("^", ring.phase, Const(1))))
+        body.append(MBarrierWait(MBarrierRef(empty, st), Bin("^", side.phase, Const(1))))
         if gap_wait and P < S - 1:
             # at most P positions ahead of the readers: wait for position - P - 1 as well
             body.append(
                 MBarrierWait(
                     MBarrierRef(empty, simplify((st + (S - P - 1)) % S)),
-                    Bin("^", ring.phase, st.lt(P + 1)),
+                    Bin("^", side.phase, st.lt(P + 1)),
                 )
             )
     nbytes = Const(0)
@@ -228,7 +240,7 @@ def _issue(ring, bufs, full, empty, loop_index, it, S, P, gap_wait=False) -> lis
     mapping = {loop_index.name: it} if loop_index is not None else {}
     for b in bufs:
         body += _clone_loads(b.loads, mapping, simplify(st * b.stage_elems), MBarrierRef(full, st))
-    body.append(RingAdvance(ring, Const(1)))
+    body.append(RingAdvance(side, Const(1)))
     return body
 
 
@@ -284,10 +296,11 @@ def _pipeline(kernel, alloc, key, setup):
             "still read (use WarpSpecialized, which releases after wgmma.wait_group)"
         )
     buf = _Buffer(alloc, loads)
-    full = kernel.mbarrier(f"{name}_full", S, 1)  # the elected thread's expect_tx arrival
-    # every thread releases a stage it has read
-    empty = kernel.mbarrier(f"{name}_empty", S, kernel.max_threads) if kind.war == "mbarrier" else None
-    load, use = Ring(f"{name}_load", S), Ring(f"{name}_use", S)
+    # thread 0 fills (one expect_tx arrival); every thread releases a stage it has read
+    ring = Ring(name, S, P, [name], full_arrivals=1, empty_arrivals=kernel.max_threads)
+    ring.has_empty = kind.war == "mbarrier"
+    kernel.rings.append(ring)
+    full, empty, load, use = ring.full, ring.empty, ring.load, ring.use
     thread0 = thread0_cond(kernel)
     i, E, start, step = loop.index, loop.extent, loop.start, loop.step
 
@@ -296,7 +309,7 @@ def _pipeline(kernel, alloc, key, setup):
     prologue = ForLoop(
         pv,
         Const(P),
-        [IfThenElse(Bin("&&", first.lt(E), thread0), _issue(load, [buf], full, empty, i, first, S, P))],
+        [IfThenElse(Bin("&&", first.lt(E), thread0), _issue(ring, [buf], i, first))],
     )
     ahead = simplify(i + step * P)
     _offset_reads(rest, tv, simplify(use.stage * buf.stage_elems))
@@ -308,7 +321,7 @@ def _pipeline(kernel, alloc, key, setup):
     loop.body = (
         [
             Comment(f"issue the copies of iteration {ahead}, then wait for iteration {i}"),
-            IfThenElse(Bin("&&", ahead.lt(E), thread0), _issue(load, [buf], full, empty, i, ahead, S, P)),
+            IfThenElse(Bin("&&", ahead.lt(E), thread0), _issue(ring, [buf], i, ahead)),
             MBarrierWait(MBarrierRef(full, use.stage), use.phase),
         ]
         + _release_after_last_read(rest, [tv], release)
@@ -359,15 +372,20 @@ def _warp_specialize(kernel, allocs, names):
     limit = kernel.target.max_threads_per_block
     if kernel.max_threads > limit:
         raise CircbufError(f"{label}: {kernel.max_threads} threads with the producer row exceed {limit}")
-    full = kernel.mbarrier(f"{label}_full", S, 1)  # the producer's expect_tx arrival
-    empty = f"{label}_empty"  # registered below, once its arrival count is known
+    regs = kind.registers or (None, None)
+    producer_role = Role("producer", y.value, y.value + 1, tx.value, regs[0], increase=False)
+    consumer_role = Role("consumers", 0, y.value, consumers, regs[1], increase=True)
+    kernel.roles += [producer_role, consumer_role]
+    # the producer's expect_tx arrival fills a stage; the empty arrivals are known below
+    ring = Ring(label, S, P, list(names), producer_role.name, [consumer_role.name], full_arrivals=1)
+    kernel.rings.append(ring)
+    load = ring.load
 
     # producer: one elected lane runs the copy nest
-    load = Ring(f"{label}_load", S)
     ring_loop = levels[-1][0]
-    issue = _issue(load, bufs, full, empty, None, None, S, P, gap_wait=True)
+    issue = _issue(ring, bufs, None, None, gap_wait=True)
     ring_loop.body = issue
-    producer = [SetMaxNReg(kind.registers[0], increase=False)] if kind.registers else []
+    producer = [SetMaxNReg(regs[0], increase=False)] if kind.registers else []
     warp0 = Var("threadIdx.x").lt(32)
     producer += [
         ElectOne(warp0, [Comment("the elected producer lane"), RingInit(load), *producer_nest]),
@@ -375,23 +393,12 @@ def _warp_specialize(kernel, allocs, names):
     ]
 
     # consumers: wait for each position, release it after its last read
-    use = Ring(f"{label}_use", S)
     body = [n for n in kernel.body if not any(n is m for m in producer_nest)]
-    arrivals = _place_consumer_ring(body, bufs, levels, use, full, empty, consumers, label, y.value)
-
-    def named(n, _s):
-        if isinstance(n, (BlockReduce, BlockSync)) and is_block_wide(n.barrier):
-            if consumers % 32:
-                raise CircbufError(
-                    f"{label}: warp-specialized consumers that synchronize need whole warps "
-                    f"(named barriers count warps), not {consumers} threads"
-                )
-            n.barrier = (kernel.named_barrier("consumers"), consumers)
-
-    kernel.mbarrier(empty, S, arrivals)  # consumer threads (or elected lanes) release a stage
-    walk(body, named)
-    kernel.consumer_barrier = (kernel.named_barrier("consumers"), consumers)
-    consumer = [SetMaxNReg(kind.registers[1], increase=True)] if kind.registers else []
+    # consumer threads (or elected lanes) release a stage
+    ring.empty_arrivals, split = _place_consumer_ring(body, bufs, levels, ring, consumers, label, y.value)
+    if split:  # each row (a ping-pong warpgroup) reads its own positions and syncs on its own
+        consumer_role.groups = y.value
+    consumer = [SetMaxNReg(regs[1], increase=True)] if kind.registers else []
     # shared buffers are seen by both roles: declare them before the split;
     # other passes' barriers are set up with the ring's
     smem = [n for n in body if isinstance(n, Allocate) and n.memory.name == "Shared"]
@@ -401,7 +408,7 @@ def _warp_specialize(kernel, allocs, names):
     kernel.body = [
         *smem,
         Comment(f"warp roles: threadIdx.y == {y.value} loads {', '.join(names)}, the other rows compute"),
-        IfThenElse(Var("threadIdx.y").eq(y.value), producer, consumer, roles=True),
+        RoleSwitch([producer_role, consumer_role], [producer, consumer]),
     ]
     return kernel
 
@@ -487,11 +494,11 @@ def _same_header(a, b) -> bool:
     )
 
 
-def _place_consumer_ring(body, bufs, levels, use, full, empty, consumers, label, rows):
+def _place_consumer_ring(body, bufs, levels, ring, consumers, label, rows):
     """Waits, releases and ring advances in the readers' nest (``rows``:
     the consumers' threadIdx.y extent); returns the number of arrivals that
-    release one position."""
-    S = use.stages
+    release one position, and whether the rows split the positions."""
+    use, full, empty, S = ring.use, ring.full, ring.empty, ring.stages
     tvs = [b.tv for b in bufs]
     read = _first_read(body, tvs)
     if read is None:
@@ -574,6 +581,7 @@ def _place_consumer_ring(body, bufs, levels, use, full, empty, consumers, label,
     # one arrival per reading thread; thread indices that pick the position
     # (a ping-pong warpgroup's tiles) divide the readers of a position
     arrivals = consumers // 32 if per_warp else consumers
-    if ParallelType.TIDy.value in free_vars(init):
+    split = ParallelType.TIDy.value in free_vars(init)
+    if split:
         arrivals //= rows  # the consumer rows (no producer row) split the positions
-    return arrivals
+    return arrivals, split

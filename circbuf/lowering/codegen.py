@@ -1,5 +1,7 @@
 """Print a lowered Kernel as CUDA C++ (one method per node kind).
 
+Requires: every fact of ``PASSES`` (it runs after them); provides: hang_record.
+
 >>> # src = codegen(kernel)   # prelude + extern "C" __global__ void kernel(...)
 """
 
@@ -51,6 +53,7 @@ from .kir import (
     Return,
     RingAdvance,
     RingInit,
+    RoleSwitch,
     SetMaxNReg,
     TensorRef,
     TmaLoad,
@@ -222,6 +225,21 @@ class CudaCodegen:
         if n.else_:
             self.emit("} else {")
             self.block(n.else_)
+        self.emit("}")
+
+    def visit_RoleSwitch(self, n: RoleSwitch):
+        """One branch per warp role, each named in a comment; the roles
+        partition the block, so the last one is a plain ``else``."""
+        last = len(n.roles) - 1
+        for k, (role, body) in enumerate(zip(n.roles, n.bodies)):
+            note = f"  // {role.name}: {role.describe()}"
+            if k == 0:
+                self.emit(f"if ({self.scalar(role.cond)}) {{{note}")
+            elif k < last:
+                self.emit(f"}} else if ({self.scalar(role.cond)}) {{{note}")
+            else:
+                self.emit(f"}} else {{{note}")
+            self.block(body)
         self.emit("}")
 
     def visit_Allocate(self, n: Allocate):

@@ -1,5 +1,7 @@
 """Pass: turn placed exprs into indexed assignments.
 
+Requires: loop_nest; provides: indexed, tensor_maps, descriptors; consumes: loop_nest.
+
 Consumer indices are walked back from the loop indices through the recorded
 splits and merges to logical coordinates; producers are indexed at the
 mapped logical coordinates (global tensors through strides, buffers by

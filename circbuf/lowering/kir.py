@@ -96,7 +96,6 @@ class IfThenElse(Node):
     cond: Scalar
     then: list = field(default_factory=list)
     else_: list = field(default_factory=list)
-    roles: bool = False  # the warp-specialization split: then = producer, else = consumers
 
     def lines(self, ind):
         out = ["  " * ind + f"IF {self.cond}"] + _block(self.then, ind + 1)
@@ -372,7 +371,7 @@ class Return(Node):
 
 
 @dataclass(eq=False)
-class Ring:
+class RingSide:
     """One side's position in a circular buffer of ``stages`` slots: a stage
     index and a phase bit, carried as variables as a person writes them
     (``stage``, ``phase``), not recomputed from loop indices at every use."""
@@ -390,10 +389,136 @@ class Ring:
 
 
 @dataclass(eq=False)
+class Role:
+    """A named group of warps or warpgroups of a warp-specialized kernel:
+    the threads whose ``axis`` index lies in ``[lo, hi)`` (all of the faster
+    thread axes), ``threads`` of them. ``registers``: the per-thread count it
+    asks for with ``setmaxnreg`` (``increase``: .inc, else .dec), None: none.
+    ``groups``: groups of threads along ``axis`` that each sync among
+    themselves (two ping-pong warpgroups: 2). ``barrier``: the role's named
+    barrier ``(id, threads)`` once allocated (:meth:`Kernel.role_barrier`);
+    its block-wide syncs become that barrier.
+
+    >>> r = Role("producer", lo=2, hi=3, threads=128, registers=40, increase=False)
+    >>> str(r.cond), r.describe()
+    ('(threadIdx.y == 2)', 'threadIdx.y == 2 (128 threads), setmaxnreg.dec 40')
+    >>> str(Role("consumers", lo=0, hi=2, threads=256).cond)
+    '(threadIdx.y < 2)'
+    """
+
+    name: str
+    lo: int
+    hi: int
+    threads: int
+    registers: int | None = None
+    increase: bool = True
+    axis: ParallelType = ParallelType.TIDy
+    groups: int = 1
+    barrier: tuple | None = None
+
+    @property
+    def cond(self) -> Scalar:
+        """The condition that selects the role's threads."""
+        v = Var(self.axis.value)
+        if self.hi - self.lo == 1:
+            return v.eq(self.lo)
+        if self.lo == 0:
+            return v.lt(self.hi)
+        return Bin("&&", Bin(">=", v, Const(self.lo)), v.lt(self.hi))
+
+    def describe(self) -> str:
+        sel = str(self.cond)[1:-1] if self.hi - self.lo == 1 else f"{self.axis.value} in {self.lo}..{self.hi}"
+        regs = ""
+        if self.registers:
+            regs = f", setmaxnreg.{'inc' if self.increase else 'dec'} {self.registers}"
+        groups = f", {self.groups} sync groups" if self.groups > 1 else ""
+        return f"{sel} ({self.threads} threads){groups}{regs}"
+
+
+@dataclass(eq=False)
+class RoleSwitch(Node):
+    """The warp-role split: branch ``k`` runs ``bodies[k]`` on the threads of
+    ``roles[k]`` (the roles partition the block; the last one takes the rest)."""
+
+    roles: list
+    bodies: list
+
+    def lines(self, ind):
+        out = ["  " * ind + "ROLES"]
+        for role, body in zip(self.roles, self.bodies):
+            out += ["  " * (ind + 1) + f"ROLE {role.name}: {role.describe()}"] + _block(body, ind + 2)
+        return out
+
+
+@dataclass(eq=False)
+class Ring:
+    """A circular buffer between roles, as IR data: ``buffers`` (shared
+    tensors, one slot of each per stage) hold ``stages`` slots, the producer
+    running up to ``prefetch`` positions ahead. ``producer`` and
+    ``consumers`` name roles (None / []: a Pipelined ring, where thread 0
+    fills and every thread reads). ``fill`` says how a slot is filled:
+    ``"tma"`` (expect_tx on the full barrier; the copies complete it), later
+    ``"threads"`` (the producer's threads write, then arrive) and
+    ``"cp.async"``. ``full``/``empty`` are the mbarrier arrays (``empty``
+    None: a block sync releases the slots), completing a phase on
+    ``full_arrivals``/``empty_arrivals`` arrivals; ``load``/``use`` carry
+    each side's stage index and phase bit.
+
+    >>> r = Ring("T4", 4, 3, ["T4"], "producer", ["consumers"], full_arrivals=1, empty_arrivals=256)
+    >>> str(r)
+    'ring T4: stages=4 prefetch=3 fill=tma producer->consumers full=T4_full[4] empty=T4_empty[4]'
+    >>> r.barriers(), r.use.stage.name
+    ([('T4_full', 4, 1), ('T4_empty', 4, 256)], 'T4_use_stage')
+    """
+
+    name: str
+    stages: int
+    prefetch: int
+    buffers: list
+    producer: str | None = None
+    consumers: list = field(default_factory=list)
+    fill: str = "tma"
+    full_arrivals: object = 1
+    empty_arrivals: object = None  # None: no empty barriers
+    has_empty: bool = True
+
+    def __post_init__(self):
+        if self.fill not in ("tma", "threads", "cp.async"):
+            raise CircbufError(f"ring {self.name}: fill {self.fill!r} is not tma, threads or cp.async")
+        self.load = RingSide(f"{self.name}_load", self.stages)
+        self.use = RingSide(f"{self.name}_use", self.stages)
+
+    @property
+    def full(self) -> str:
+        return f"{self.name}_full"
+
+    @property
+    def empty(self) -> str | None:
+        return f"{self.name}_empty" if self.has_empty else None
+
+    def barriers(self) -> list:
+        """``(name, count, arrivals)`` of its mbarrier arrays, full first."""
+        out = [(self.full, self.stages, self.full_arrivals)]
+        if self.has_empty:
+            out.append((self.empty, self.stages, self.empty_arrivals))
+        return out
+
+    def __str__(self):
+        who = (
+            f"{self.producer}->{','.join(self.consumers)}" if self.producer else "thread0->block (pipelined)"
+        )
+        empty = f" empty={self.empty}[{self.stages}]" if self.has_empty else " empty=block_sync"
+        return (
+            f"ring {self.name}: stages={self.stages} prefetch={self.prefetch} fill={self.fill} {who} "
+            f"full={self.full}[{self.stages}]{empty}"
+        )
+
+
+@dataclass(eq=False)
 class RingInit(Node):
     """Declare ``ring``'s stage and phase at ring position ``position``."""
 
-    ring: Ring
+    ring: RingSide
     position: object = None  # Scalar; None: 0
 
     def lines(self, ind):
@@ -405,7 +530,7 @@ class RingInit(Node):
 class RingAdvance(Node):
     """Move ``ring`` on by ``count`` positions (the phase flips at each wrap)."""
 
-    ring: Ring
+    ring: RingSide
     count: object  # Scalar
 
     def lines(self, ind):
@@ -528,7 +653,8 @@ class Kernel:
     mbarriers: list = field(default_factory=list)  # (name, count, arrivals), set up by the mbarriers pass
     min_blocks: int = 0  # __launch_bounds__ second argument, 0: none
     hang_record: bool = False  # the kernel takes a host-mapped record (CIRCBUF_DEBUG_HANG)
-    consumer_barrier: tuple = (0, 0)  # warp-specialized: (named barrier, consumer threads)
+    roles: list = field(default_factory=list)  # Role: warp roles (set by the circular-buffer pass)
+    rings: list = field(default_factory=list)  # Ring: their mbarriers are set up by the mbarriers pass
     memory_orders: dict = field(
         default_factory=dict
     )  # tensor param name -> logical axes, outer to inner in memory
@@ -543,10 +669,38 @@ class Kernel:
         self.mbarriers.append((name, count, arrivals))
         return name
 
+    def all_mbarriers(self) -> list:
+        """Every mbarrier array ``(name, count, arrivals)``: those registered
+        with :meth:`mbarrier`, then each ring's full and empty arrays."""
+        return list(self.mbarriers) + [b for ring in self.rings for b in ring.barriers()]
+
     @property
     def barrier_names(self) -> list:
         """The mbarrier arrays' names (hang diagnostics number them so)."""
-        return [name for name, _, _ in self.mbarriers]
+        return [name for name, _, _ in self.all_mbarriers()]
+
+    def role(self, name: str) -> Role:
+        return next(r for r in self.roles if r.name == name)
+
+    def role_barrier(self, role: Role) -> tuple:
+        """The named barrier ``(id, threads)`` of ``role``'s threads (one id per
+        sync group: the group's id is the first plus its index along the
+        role's axis), allocated on first use."""
+        if role.barrier is None:
+            if role.threads % 32:
+                raise CircbufError(
+                    f"{self.name}: the {role.name} role synchronizes, which needs whole warps "
+                    f"(named barriers count warps), not {role.threads} threads"
+                )
+            base = self.named_barrier(role.name, role.groups)
+            per = role.threads // role.groups
+            if role.groups == 1:
+                role.barrier = (base, per)
+            else:
+                rows = (role.hi - role.lo) // role.groups
+                gid = Var(role.axis.value) - role.lo if role.lo else Var(role.axis.value)
+                role.barrier = (gid // rows + base if rows > 1 else gid + base, per)
+        return role.barrier
 
     def named_barrier(self, purpose: str, count: int = 1) -> int:
         """The first of ``count`` consecutive named-barrier ids reserved for
@@ -571,7 +725,8 @@ class Kernel:
         head = f"kernel {self.name}({params}) grid({', '.join(grid)}) block({', '.join(block)})"
         if self.smem_bytes:
             head += f" smem({self.smem_bytes})"
-        return "\n".join([head] + _block(self.body, 1))
+        decls = [f"  role {r.name}: {r.describe()}" for r in self.roles] + [f"  {r}" for r in self.rings]
+        return "\n".join([head] + decls + _block(self.body, 1))
 
 
 def thread0_cond(kernel: Kernel) -> Scalar:
@@ -600,7 +755,7 @@ def target_needs(kernel: Kernel) -> list[TargetNeed]:
 
 def walk(nodes, fn, stack=None):
     """Call ``fn(node, stack)`` for every node, pre-order; ``stack`` holds the
-    enclosing ForLoop/IfThenElse nodes."""
+    enclosing ForLoop/IfThenElse/ElectOne/RoleSwitch nodes."""
     stack = [] if stack is None else stack
     for n in list(nodes):
         fn(n, stack)
@@ -620,6 +775,8 @@ def rewrite(nodes, fn) -> list:
             n.else_ = rewrite(n.else_, fn)
         elif isinstance(n, ElectOne):
             n.then = rewrite(n.then, fn)
+        elif isinstance(n, RoleSwitch):
+            n.bodies = [rewrite(b, fn) for b in n.bodies]
         r = fn(n)
         if r is None:
             out.append(n)
@@ -638,6 +795,8 @@ def children(n) -> list:
         return [n.then, n.else_]
     if isinstance(n, ElectOne):
         return [n.then]
+    if isinstance(n, RoleSwitch):
+        return list(n.bodies)
     return []
 
 

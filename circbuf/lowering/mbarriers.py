@@ -1,8 +1,11 @@
 """Pass: set up the mbarriers the kernel waits on, in one place.
 
-The circular-buffer and turn-taking passes register each mbarrier array
-they use (``kernel.mbarrier(name, count, arrivals)``) and emit only the
-waits and arrivals. This pass allocates every registered array, has one
+Requires: rings, turns, mbarriers, launch; provides: mbarriers_allocated.
+
+The circular-buffer pass describes each ring (``kernel.rings``: its full
+and empty arrays and their arrival counts) and the turn-taking pass
+registers its arrays (``kernel.mbarrier(name, count, arrivals)``); both
+emit only the waits and arrivals. This pass allocates every registered array, has one
 thread initialize it and fence the initialization for the async proxy
 (the TMA unit signals these barriers), and syncs the block before any
 thread can wait. Where every thread runs to the end of the kernel (no warp
@@ -47,16 +50,14 @@ from .kir import (
 
 
 def setup_mbarriers(kernel: Kernel) -> Kernel:
-    """Entry: allocation, initialization and teardown of ``kernel.mbarriers``."""
-    if not kernel.mbarriers:
+    """Entry: allocation, initialization and teardown of the registered
+    mbarriers and the rings' (``kernel.all_mbarriers()``)."""
+    arrays = kernel.all_mbarriers()
+    if not arrays:
         return kernel
     thread0 = thread0_cond(kernel)
-    refs = [
-        (MBarrierRef(name, Const(s)), arrivals)
-        for name, count, arrivals in kernel.mbarriers
-        for s in range(count)
-    ]
-    head = [MBarrierAlloc(name, count) for name, count, _ in kernel.mbarriers]
+    refs = [(MBarrierRef(name, Const(s)), arrivals) for name, count, arrivals in arrays for s in range(count)]
+    head = [MBarrierAlloc(name, count) for name, count, _ in arrays]
     head += [
         IfThenElse(thread0, [MBarrierInit(r, as_scalar(a)) for r, a in refs] + [Fence("mbarrier_init")]),
         BlockSync("barriers initialized before any thread uses them"),

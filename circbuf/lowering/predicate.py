@@ -1,5 +1,7 @@
 """Pass: guard statements that could touch memory out of range.
 
+Requires: indexed, vectorized; provides: predicated.
+
 Statements that read or write global memory, and reduction updates, run
 under the bounds conditions recorded by indexing. Global writes of a value
 every thread of an axis holds (after a block reduction, or with no axis bound

@@ -1,5 +1,8 @@
 """Pass: simplify every index and condition in the kernel.
 
+Requires: indexed, predicated, turns, tma_stores_synced, pipelined, mbarriers_allocated; provides:
+simplified.
+
 Before::  T2[((((j0 * 128) + threadIdx.x) * 8) / 8) % 128]
 After::   T2[threadIdx.x]
 """

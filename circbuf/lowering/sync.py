@@ -1,5 +1,8 @@
 """Pass: block syncs for shared-memory hazards.
 
+Requires: predicated, tma_stores_synced, pipelined, named_barriers, mbarriers_allocated; provides:
+synced, named_barriers.
+
 Read-after-write: a statement reading a shared buffer that an earlier sibling
 wrote gets a sync before it. Write-after-read across iterations: a loop whose
 body reads and writes one shared buffer ends its body with a sync. Two syncs
@@ -15,13 +18,35 @@ After::
     FOR j0 ..:  T2_s[...] = ...
     BLOCK_SYNC  // RAW on T2
     FOR j1 ..:  T3[j1] = T2_s[...]
+
+In a warp-role switch each role syncs only its own threads: the syncs and
+block reductions of a role's branch use the role's named barrier (ids
+allocated per role and per sync group, ``Kernel.role_barrier``)::
+
+    ROLES
+      ROLE producer: threadIdx.y == 2 (128 threads)   ... (no syncs)
+      ROLE consumers: threadIdx.y in 0..2 (256 threads)
+        T2 = block_reduce[tidx](max)                  -> on bar1/256
+        BLOCK_SYNC bar1/256  // RAW on T5
 """
 
 from __future__ import annotations
 
 from ..ir import CircbufError, MemoryType
 from ..ir.scalar import Scalar, free_vars
-from .kir import Assign, BlockReduce, BlockSync, Fence, ForLoop, IfThenElse, Kernel, TensorRef, children
+from .kir import (
+    Assign,
+    BlockReduce,
+    BlockSync,
+    Fence,
+    ForLoop,
+    IfThenElse,
+    Kernel,
+    RoleSwitch,
+    TensorRef,
+    children,
+    is_block_wide,
+)
 
 
 def _synced_by_barriers(tv) -> bool:
@@ -46,23 +71,35 @@ def _access(node, reads, writes):
     elif isinstance(node, IfThenElse):
         for n in node.then + node.else_:
             _access(n, reads, writes)
+    elif isinstance(node, RoleSwitch):
+        for body in node.bodies:
+            for n in body:
+                _access(n, reads, writes)
 
 
-def _sync_list(nodes: list, bar: tuple) -> list:
+def _sync_list(kernel: Kernel, nodes: list, bar) -> list:
+    """``bar()``: the barrier ``(id, threads)`` of the threads running ``nodes``
+    (a role's named barrier is allocated only when a sync needs it)."""
     out, dirty = [], set()
     for n in nodes:
         if isinstance(n, ForLoop):
-            n.body = _sync_list(n.body, bar)
+            n.body = _sync_list(kernel, n.body, bar)
             r, w = set(), set()
             _access(n, r, w)
             if r & w and not (n.body and isinstance(n.body[-1], BlockSync)):
-                n.body.append(BlockSync("WAR across iterations on " + ", ".join(sorted(r & w)), bar))
-        elif isinstance(n, IfThenElse) and n.roles:  # warp-specialized: consumers sync among themselves
-            n.else_ = _sync_list(n.else_, bar)
+                n.body.append(BlockSync("WAR across iterations on " + ", ".join(sorted(r & w)), bar()))
+        elif isinstance(n, RoleSwitch):  # each role syncs among its own threads
+            n.bodies = [
+                _sync_list(kernel, b, lambda r=role: kernel.role_barrier(r))
+                for role, b in zip(n.roles, n.bodies)
+            ]
+            # the roles' threads never meet: nothing after the switch waits on their writes
+            out.append(n)
+            continue
         r, w = set(), set()
         _access(n, r, w)
         if r & dirty:
-            out.append(BlockSync("RAW on " + ", ".join(sorted(r & dirty)), bar))
+            out.append(BlockSync("RAW on " + ", ".join(sorted(r & dirty)), bar()))
             dirty = set()
         out.append(n)
         dirty |= w
@@ -78,6 +115,8 @@ def _merge_barriers(nodes: list) -> list:
             n.body = _merge_barriers(n.body)
         elif isinstance(n, IfThenElse):
             n.then, n.else_ = _merge_barriers(n.then), _merge_barriers(n.else_)
+        elif isinstance(n, RoleSwitch):
+            n.bodies = [_merge_barriers(b) for b in n.bodies]
         if isinstance(n, BlockSync):
             k = len(out) - 1
             while k >= 0 and isinstance(out[k], Fence):
@@ -119,9 +158,30 @@ def _check_uniform_trips(nodes: list, loops: tuple = ()) -> None:
             _check_uniform_trips(body, inner)
 
 
+def _role_syncs(kernel: Kernel) -> None:
+    """Block-wide syncs and block reductions placed inside a role's branch
+    (by earlier passes) become the role's named barrier."""
+
+    def visit(node, role):
+        if isinstance(node, RoleSwitch):
+            for r, body in zip(node.roles, node.bodies):
+                for n in body:
+                    visit(n, r)
+            return
+        if role is not None and isinstance(node, (BlockReduce, BlockSync)) and is_block_wide(node.barrier):
+            node.barrier = kernel.role_barrier(role)
+        for body in children(node):
+            for n in body:
+                visit(n, role)
+
+    for n in kernel.body:
+        visit(n, None)
+
+
 def insert_syncs(kernel: Kernel) -> Kernel:
-    """Entry: add BlockSync nodes for shared-memory RAW/WAR hazards (named
-    barriers over the consumers in a warp-specialized kernel)."""
-    kernel.body = _merge_barriers(_sync_list(kernel.body, kernel.consumer_barrier))
+    """Entry: add BlockSync nodes for shared-memory RAW/WAR hazards; in each
+    branch of a warp-role switch they are the role's named barrier."""
+    _role_syncs(kernel)
+    kernel.body = _merge_barriers(_sync_list(kernel, kernel.body, lambda: (0, 0)))
     _check_uniform_trips(kernel.body)
     return kernel

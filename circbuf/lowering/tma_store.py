@@ -1,5 +1,7 @@
 """Pass: order TMA stores against the threads that fill their shared source.
 
+Requires: indexed; provides: tma_stores_synced, named_barriers.
+
 A TMA store reads its shared-memory source through the async proxy, so the
 threads' generic-proxy writes must be fenced (``fence.proxy.async``) and
 joined by a barrier before one elected thread issues the copy and commits

@@ -1,5 +1,7 @@
 """Pass: ping-pong warpgroups take turns on the tensor cores.
 
+Requires: allocated, wgmma_synced; provides: turns, mbarriers.
+
 Each of two warpgroups (``threadIdx.y`` 0 and 1) owns whole tiles. An MMA
 output marked ``take_turns(TIDy)`` orders them with two pairs of mbarriers:
 a warpgroup waits for its turn before issuing a tile's MMAs and hands the
@@ -42,9 +44,9 @@ from .kir import (
     MBarrierArrive,
     MBarrierRef,
     MBarrierWait,
-    Ring,
     RingAdvance,
     RingInit,
+    RingSide,
     Wgmma,
     WgmmaWait,
     insert_before,
@@ -89,7 +91,7 @@ def take_turns(kernel: Kernel) -> Kernel:
         mine = Var(pt.value, lo=0, hi=Const(2))
         other = Const(1) - mine
         mma, epi = f"{tv.name}_mma_turn", f"{tv.name}_epi_turn"
-        turn = Ring(f"{tv.name}_turn", 1)
+        turn = RingSide(f"{tv.name}_turn", 1)
         body[tail + 1 : tail + 1] = [
             Comment("the epilogue's turn"),
             MBarrierWait(MBarrierRef(epi, mine), turn.phase),

@@ -1,5 +1,7 @@
 """Pass: collapse vectorized loops into one wide access.
 
+Requires: indexed; provides: vectorized.
+
 A loop over an axis parallelized ``Vectorize`` must hold exactly one copy;
 it becomes a single access of ``extent`` elements at the index of element 0.
 The scheduler only vectorizes where extent, strides and pointer allow it.

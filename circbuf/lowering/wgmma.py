@@ -1,5 +1,7 @@
 """Pass: order warpgroup MMAs against their accumulators.
 
+Requires: indexed; provides: wgmma_synced.
+
 wgmmas run asynchronously: a ``wgmma.fence`` hands the accumulator
 registers to the tensor cores before a k step's instructions, a commit
 closes them into one group, and ``wgmma.wait_group N`` waits until at most

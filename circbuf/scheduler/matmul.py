@@ -190,12 +190,15 @@ def _operand_layout(t) -> tuple:
     "outer") and whether a tensor map can describe the rest."""
     if t.align % 16:
         return None, "data pointer not 16-byte aligned"
+    if any(n > 1 and st == 0 for n, st in zip(t.sizes, t.strides)):
+        return None, "an expanded axis (stride 0; a tensor map steps through memory)"
     n = len(t.sizes)
     inner_c = t.sizes[-1] == 1 or t.strides[-1] == 1
     outer_c = t.sizes[-2] == 1 or t.strides[-2] == 1
     if inner_c and (t.sizes[-2] == 1 or t.strides[-2] * t.itemsize % 16 == 0):
         major = "inner"
-    elif outer_c and t.strides[-1] * t.itemsize % 16 == 0:
+    elif outer_c and t.sizes[-1] > 1 and t.strides[-1] * t.itemsize % 16 == 0:
+        # (a last axis of size 1 is innermost in the kernel's memory order, compiler._layout_of)
         major = "outer"
     else:
         return None, f"strides {t.strides} (a tensor map needs one unit stride and 16-byte multiples)"

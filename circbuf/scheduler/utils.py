@@ -801,6 +801,8 @@ def tma_describable(t, split: int) -> str | None:
         return "global address not 16-byte aligned"
     if t.sizes[-1] > 1 and t.strides[-1] != 1:
         return "innermost axis not contiguous"
+    if any(n > 1 and st == 0 for n, st in zip(t.sizes, t.strides)):
+        return "an expanded axis (stride 0): its elements are one element of memory"
     for d in range(len(t.sizes) - 1):
         if d != split - 1 and t.sizes[d] > 1 and t.strides[d] != t.strides[d + 1] * t.sizes[d + 1]:
             return f"axes {d} and {d + 1} do not flatten"

@@ -1,0 +1,240 @@
+"""Warp roles and rings as kernel IR: the circular-buffer, mbarriers and
+sync passes run on kernels built by hand, printing, and the compiled
+kernels' roles and rings."""
+
+import pytest
+import torch
+
+import circbuf as cb
+from circbuf.ir import Const, MemoryType, ParallelType, Var, WarpSpecialized
+from circbuf.lowering.circular_buffer import circular_buffer
+from circbuf.lowering.codegen import codegen
+from circbuf.lowering.kir import (
+    Allocate,
+    Assign,
+    BlockReduce,
+    BlockSync,
+    ElectOne,
+    ForLoop,
+    Kernel,
+    MBarrierArrive,
+    MBarrierInit,
+    MBarrierWait,
+    Ring,
+    RingAdvance,
+    RingInit,
+    Role,
+    RoleSwitch,
+    SetMaxNReg,
+    TensorRef,
+    TmaLoad,
+    walk,
+)
+from circbuf.lowering.mbarriers import setup_mbarriers
+from circbuf.lowering.sync import insert_syncs
+from tests.util import D, manual_ws_exp
+
+P = ParallelType
+
+
+def nodes(body, kind):
+    out = []
+    walk(body, lambda n, s: out.append(n) if isinstance(n, kind) else None)
+    return out
+
+
+def _tvs():
+    with cb.FusionDefinition() as fd:
+        buf = fd.define_tensor([-1], dtype=D.BFloat16)
+        reg = fd.define_tensor([-1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.exp(buf))
+    return buf, reg
+
+
+def hand_ws_kernel(stages=3, prefetch=2, registers=(40, 232), rows=2):
+    """A tiny warp-specialized kernel: a shared buffer filled by TMA in a
+    loop nest of its own (``FOR j0``), read by ``rows`` rows of 128 threads
+    in theirs (``FOR j1``), which sync after the read."""
+    buf, reg = _tvs()
+    buf.memory_type = MemoryType.Shared
+    buf.circular = (stages, prefetch, WarpSpecialized(registers=registers))
+    buf.compute_at_pos = 0
+    E = Var("E")
+    loads = ForLoop(Var("j0"), E, [TmaLoad(TensorRef(buf, Const(0)), 0, [Var("j0") * 64], 2048)], key=7)
+    read = Assign(TensorRef(reg, Const(0), vector=8), None, [TensorRef(buf, Var("threadIdx.x") * 8)])
+    reader = ForLoop(Var("j1"), E, [read, BlockSync("the readers meet")], key=8)
+    k = Kernel(
+        name="hand",
+        body=[Allocate(buf, Const(1024), MemoryType.Shared, stages=stages, offset=Const(0)), loads, reader],
+        tensor_params=[],
+        scalar_params=[E],
+        launch={P.TIDx: Const(128), P.TIDy: Const(rows)},
+        extent_bindings={},
+        strides={},
+        max_threads=128 * rows,
+    )
+    k.circular_loops = {buf.name: 7}
+    return k, buf
+
+
+def test_circular_buffer_pass_builds_two_roles_and_one_ring():
+    k, buf = hand_ws_kernel()
+    k = circular_buffer(k)
+    producer, consumers = k.roles
+    assert (producer.name, producer.cond, producer.threads, producer.registers, producer.increase) == (
+        "producer",
+        Var("threadIdx.y").eq(2),
+        128,
+        40,
+        False,
+    )
+    assert (consumers.name, consumers.lo, consumers.hi, consumers.threads, consumers.registers) == (
+        "consumers",
+        0,
+        2,
+        256,
+        232,
+    )
+    assert k.launch[P.TIDy] == Const(3) and k.max_threads == 384 and k.min_blocks == 1
+    (ring,) = k.rings
+    assert (ring.name, ring.stages, ring.prefetch, ring.fill, ring.producer, ring.consumers) == (
+        buf.name,
+        3,
+        2,
+        "tma",
+        "producer",
+        ["consumers"],
+    )
+    # one expect_tx arrival fills a stage; every consumer thread releases it
+    assert ring.barriers() == [(f"{buf.name}_full", 3, 1), (f"{buf.name}_empty", 3, 256)]
+    (switch,) = [n for n in k.body if isinstance(n, RoleSwitch)]
+    assert switch.roles == [producer, consumers]
+    prod, cons = switch.bodies
+    assert isinstance(prod[0], SetMaxNReg) and not prod[0].increase and prod[0].count == 40
+    assert isinstance(cons[0], SetMaxNReg) and cons[0].increase and cons[0].count == 232
+    # the producer side: one elected lane waits for an empty slot, fills, advances
+    (elect,) = nodes(prod, ElectOne)
+    assert isinstance(elect.then[1], RingInit) and elect.then[1].ring is ring.load
+    (ploop,) = nodes(prod, ForLoop)
+    kinds = [type(n).__name__ for n in ploop.body]
+    assert kinds[0] == "MBarrierWait" and kinds[-1] == "RingAdvance" and "MBarrierArriveExpectTx" in kinds
+    assert ploop.body[0].bar.name == ring.empty and ploop.body[-1].ring is ring.load
+    # the consumer side: wait full at the top, release after the last read, advance last
+    (cloop,) = nodes(cons, ForLoop)
+    assert isinstance(cloop.body[0], MBarrierWait) and cloop.body[0].bar.name == ring.full
+    assert cloop.body[0].parity == ring.use.phase
+    release = next(j for j, n in enumerate(cloop.body) if isinstance(n, MBarrierArrive))
+    read = next(j for j, n in enumerate(cloop.body) if isinstance(n, Assign))
+    assert release == read + 1 and cloop.body[release].bar.name == ring.empty
+    assert isinstance(cloop.body[-1], RingAdvance) and cloop.body[-1].ring is ring.use
+    assert cloop.body[read].operands[0].index == Var("threadIdx.x") * 8 + ring.use.stage * 1024
+
+
+def test_mbarriers_and_sync_passes_read_the_ring_and_the_roles():
+    k, buf = hand_ws_kernel()
+    k = insert_syncs(setup_mbarriers(circular_buffer(k)))
+    inits = {(i.bar.name, i.bar.stage.value): i.arrivals for i in nodes(k.body, MBarrierInit)}
+    assert inits[(f"{buf.name}_full", 2)] == Const(1) and inits[(f"{buf.name}_empty", 0)] == Const(256)
+    assert k.barrier_names == [f"{buf.name}_full", f"{buf.name}_empty"]
+    (switch,) = nodes(k.body, RoleSwitch)
+    # the consumers' sync is their role's named barrier; the producer never syncs
+    syncs = nodes(switch.bodies[1], BlockSync)
+    assert [s.barrier for s in syncs] == [(1, 256)] and k.roles[1].barrier == (1, 256)
+    assert not nodes(switch.bodies[0], BlockSync) and k.roles[0].barrier is None
+    src = codegen(k)
+    assert "cb::sync_threads(1, 256);  // the readers meet" in src
+    assert "  } else {  // consumers: threadIdx.y in 0..2 (256 threads), setmaxnreg.inc 232" in src
+    assert "if ((((index_t)threadIdx.y) == 2)) {  // producer: threadIdx.y == 2 (128 threads)" in src
+
+
+def test_each_role_syncs_on_its_own_barrier():
+    """Three roles built by hand: each one's syncs and block reductions get
+    its own named barrier id; a role of two sync groups gets one id per group."""
+    buf, _ = _tvs()
+    roles = [
+        Role("producer", 3, 4, 128, 40, increase=False),
+        Role("mma", 0, 2, 256, 232, groups=2),
+        Role("epilogue", 2, 3, 128),
+    ]
+    red = BlockReduce(None, {}, (P.TIDx,))
+    bodies = [[BlockSync("p")], [BlockSync("m"), red], [BlockSync("e")]]
+    k = Kernel("k", [RoleSwitch(roles, bodies)], [], [], {P.TIDx: Const(128), P.TIDy: Const(4)}, {}, {})
+    k.roles = roles
+    insert_syncs(k)
+    assert bodies[0][0].barrier == (1, 128)
+    assert bodies[1][0].barrier == (Var("threadIdx.y") + 2, 128) and red.barrier == bodies[1][0].barrier
+    assert bodies[2][0].barrier == (4, 128)
+    assert k.named_barriers == {"producer": (1, 1), "mma": (2, 2), "epilogue": (4, 1)}
+    k.body[0].bodies[1].remove(red)  # a reduction without a fusion expr has no CUDA
+    src = codegen(k)
+    assert "cb::sync_threads((((index_t)threadIdx.y) + 2), 128);  // m" in src
+    assert "} else if ((((index_t)threadIdx.y) < 2)) {  // mma:" in src
+    assert "} else {  // epilogue: threadIdx.y == 2 (128 threads)" in src
+
+
+def test_a_role_that_syncs_needs_whole_warps():
+    k = Kernel("k", [], [], [], {}, {}, {})
+    with pytest.raises(cb.CircbufError, match="the odd role synchronizes, which needs whole warps"):
+        k.role_barrier(Role("odd", 0, 1, 48))
+
+
+def test_ring_fill_kinds_and_printing():
+    with pytest.raises(cb.CircbufError, match="fill 'dma' is not tma, threads or cp.async"):
+        Ring("X", 2, 1, ["X"], fill="dma")
+    r = Ring("X", 2, 1, ["X"], fill="threads", empty_arrivals=4)
+    r.has_empty = False
+    assert str(r) == (
+        "ring X: stages=2 prefetch=1 fill=threads thread0->block (pipelined) full=X_full[2] empty=block_sync"
+    )
+    assert r.barriers() == [("X_full", 2, 1)]
+
+
+def test_print_kernel_lists_roles_and_rings():
+    k, buf = hand_ws_kernel()
+    text = str(circular_buffer(k))
+    lines = text.splitlines()
+    assert lines[1] == "  role producer: threadIdx.y == 2 (128 threads), setmaxnreg.dec 40"
+    assert lines[2] == "  role consumers: threadIdx.y in 0..2 (256 threads), setmaxnreg.inc 232"
+    assert lines[3] == (
+        f"  ring {buf.name}: stages=3 prefetch=2 fill=tma producer->consumers "
+        f"full={buf.name}_full[3] empty={buf.name}_empty[3]"
+    )
+    assert (
+        "  ROLES" in lines
+        and "    ROLE consumers: threadIdx.y in 0..2 (256 threads), setmaxnreg.inc 232" in lines
+    )
+
+
+def test_compiled_kernels_carry_roles_and_rings(monkeypatch):
+    monkeypatch.delenv("CIRCBUF_DEBUG_HANG", raising=False)
+    ck = manual_ws_exp(128, 3).compile([torch.randn(37, 1000, dtype=torch.bfloat16)], arch="sm_90a")
+    assert [r.name for r in ck.kernel.roles] == ["producer", "consumers"]
+    (ring,) = ck.kernel.rings
+    # every consumer thread releases a stage it has read
+    assert ring.stages == 3 and ring.producer == "producer"
+    assert ring.barriers()[1][2] == ck.kernel.roles[1].threads == 256
+
+
+def test_pingpong_consumers_are_two_sync_groups(monkeypatch):
+    from tests.test_gpu_matmul import mm_fusion
+
+    monkeypatch.delenv("CIRCBUF_DEBUG_HANG", raising=False)
+    fd = mm_fusion("matmul")
+    fd.fusion.schedule(pingpong=True)
+    ck = fd.compile(
+        [torch.randn(1000, 520, dtype=torch.bfloat16), torch.randn(520, 1032, dtype=torch.bfloat16)],
+        arch="sm_90a",
+    )
+    prod, cons = ck.kernel.roles
+    assert cons.groups == 2 and cons.threads == 256 and prod.registers and cons.increase
+    (ring,) = ck.kernel.rings
+    assert ring.barriers()[1][2] == 4  # one elected lane per warp of one warpgroup releases a stage
+
+
+def test_hang_record_names_the_ring_barriers(monkeypatch):
+    monkeypatch.setenv("CIRCBUF_DEBUG_HANG", "1000")
+    ck = manual_ws_exp(128, 3).compile([torch.randn(37, 1000, dtype=torch.bfloat16)], arch="sm_90a")
+    (ring,) = ck.kernel.rings
+    assert ck.kernel.hang_record and ck.kernel.barrier_names == [ring.full, ring.empty]
+    # each bounded wait names its barrier array by its index in barrier_names
+    assert f"cb::mbar_wait_bounded(&{ring.empty}[" in ck.cuda and ", 1, (int)(" in ck.cuda
