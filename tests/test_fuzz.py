@@ -34,6 +34,7 @@ REGRESSIONS = [
     ("307:50", *K),  # an in-place output read by a later segment was declared dense (its input's strides)
     ("307:50", "full", "interp"),
     ("304:19", *K),  # an expanded (stride-0) input staged by TMA
+    ("610:77", "interp", "interp"),  # a size passed to a segment as a scalar was bound again from a tensor (NVRTC)
     ("500:115", *K),  # a K-major [K, 1] operand: its size-1 axis is innermost in memory order
     ("501:143", *K),  # an empty input defined contiguous (torch's strides of a 0-size tensor)
     ("301:27", *K),  # a size-1 input axis of a reshape merged into its neighbour (squeezed now)

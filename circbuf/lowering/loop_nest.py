@@ -196,11 +196,12 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
     params += [TensorParam(t, True) for t in fusion.outputs]
     scalars = [v for v in fusion.inputs if not isinstance(v, TensorView)]
     bindings = {}
+    passed = {v.name for v in scalars}  # a size a segment gets as a scalar is not read again from a tensor
     for k, p in enumerate(params):
         if p.is_output:
             continue
         for d, ax in enumerate(p.tv.domain.no_reductions()):
-            if isinstance(ax.extent, Var):
+            if isinstance(ax.extent, Var) and ax.extent.name not in passed:
                 bindings.setdefault(ax.extent.name, (k, d))
     threads = 1
     for pt in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
