@@ -84,10 +84,14 @@ def concretize(op, in_sizes, out_sizes) -> tuple:
     # output's is one piece), so the squeeze's consumers go unscheduled
     new = [k for k in ko if out_sizes[k] == 1] if some else []
     ko = [k for k in ko if k not in new]
-    groups = [((k,), ()) for k in ones] + [((), (k,)) for k in new] + [
-        (tuple(ki[a] for a in gi), tuple(ko[b] for b in go))
-        for gi, go in reshape_groups([in_sizes[k] for k in ki], [out_sizes[k] for k in ko])
-    ]
+    groups = (
+        [((k,), ()) for k in ones]
+        + [((), (k,)) for k in new]
+        + [
+            (tuple(ki[a] for a in gi), tuple(ko[b] for b in go))
+            for gi, go in reshape_groups([in_sizes[k] for k in ki], [out_sizes[k] for k in ko])
+        ]
+    )
     return build(op, sorted(groups))
 
 
