@@ -48,6 +48,7 @@ _UN = {
     "floor": math.floor,
     "ceil": math.ceil,
     "trunc": math.trunc,
+    "bitwise_not": lambda x: not x if isinstance(x, bool) else ~x,
 }
 
 
@@ -105,7 +106,7 @@ _BIN.update(
         "gcd": lambda a, b, dt: math.gcd(a, b),
     }
 )
-_RED = {"sum": lambda a, b: a + b, "max": max, "min": min}
+_RED = {"sum": lambda a, b: a + b, "prod": lambda a, b: a * b, "max": max, "min": min}
 
 
 def _cast(v, dt: DataType):

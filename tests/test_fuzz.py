@@ -45,6 +45,8 @@ REGRESSIONS = [
     ("307:37", *K),  # a 0-dim input's broadcast split by a reshape: broadcast pieces lost their extents
     ("305:234", *K),  # likewise (where of a 0-dim Bool)
     ("306:7", *K),  # likewise, split over the grid
+    ("602:131", *K),  # a linear's K equated with a constant by another segment: one operand's K kept symbolic
+    ("601:84", *K),  # a reshape's size-1 output axis split out of its input's axis, then squeezed
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice

@@ -77,10 +77,21 @@ def concretize(op, in_sizes, out_sizes) -> tuple:
     some = math.prod(in_sizes) > 1
     ones = [k for k in ki if in_sizes[k] == 1] if some else []
     ki = [k for k in ki if k not in ones]
-    groups = [((k,), ()) for k in ones] + [
-        (tuple(ki[a] for a in gi), tuple(ko[b] for b in go))
-        for gi, go in reshape_groups([in_sizes[k] for k in ki], [out_sizes[k] for k in ko])
-    ]
+    # likewise an output axis of size 1 (a -1 that is 1 for these sizes) is a
+    # new axis, not split out of a neighbour (nvFuser makes it a broadcast):
+    # split out, a squeeze of it leaves the neighbour's class underivable from
+    # the input's (the input's axis is the split's whole, the squeezed
+    # output's is one piece), so the squeeze's consumers go unscheduled
+    new = [k for k in ko if out_sizes[k] == 1] if some else []
+    ko = [k for k in ko if k not in new]
+    groups = (
+        [((k,), ()) for k in ones]
+        + [((), (k,)) for k in new]
+        + [
+            (tuple(ki[a] for a in gi), tuple(ko[b] for b in go))
+            for gi, go in reshape_groups([in_sizes[k] for k in ki], [out_sizes[k] for k in ko])
+        ]
+    )
     return build(op, sorted(groups))
 
 

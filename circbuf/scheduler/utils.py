@@ -487,6 +487,10 @@ def canonicalize_extents(fusion: Fusion) -> dict:
 
     for a, b in fusion.extent_equalities:
         if isinstance(a, Var) and isinstance(b, Var):
+            # both names are keys of ``parent``: a representative that later
+            # receives a constant (i1 == i3, then i3 == 130) is mapped too
+            parent.setdefault(a.name, a.name)
+            parent.setdefault(b.name, b.name)
             ra, rb = find(a.name), find(b.name)
             if ra != rb:
                 lo, hi = sorted((ra, rb), key=key)
