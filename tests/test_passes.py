@@ -274,14 +274,16 @@ def test_the_pass_list_keeps_its_contracts():
     [
         # the barriers set up before the rings registered theirs
         (("mbarriers", 5), r"'mbarriers' requires 'rings', which neither the loop nest nor an earlier pass"),
-        # between turns and circular_buffer: circular_buffer still adds to the table
-        (("mbarriers", 7), r"'mbarriers' requires 'rings'"),
+        # between tma_store and circular_buffer: circular_buffer still adds to the table
+        (("mbarriers", 8), r"'mbarriers' requires 'rings'"),
         # allocation looks for placed exprs, which indexing has turned into assignments
         (("allocation", 1), r"'allocation' requires 'loop_nest', which the earlier pass 'indexing' consumed"),
         (("predicate", 2), r"'predicate' requires 'vectorized'"),
         # sync must see the consumers' named barrier and every barrier the others add
-        (("sync", 7), r"'sync' requires 'pipelined'"),
-        (("circular_buffer", 5), r"'circular_buffer' requires 'turns'"),
+        (("sync", 8), r"'sync' requires 'pipelined'"),
+        (("circular_buffer", 6), r"'circular_buffer' requires 'turns'"),
+        # the turn barriers and TMA stores are placed per role
+        (("roles", 7), r"'turns' requires 'roles'"),
     ],
 )
 def test_a_misordered_pass_list_fails_loudly(monkeypatch, move, match):
@@ -325,7 +327,7 @@ def test_the_package_docstring_shows_the_contracts():
 
 # ---------------------------------------------------- reads and writes per pass
 _IR_FACTS = {
-    "loop_nest", "allocated", "indexed", "vectorized", "predicated", "wgmma_synced", "turns",
+    "loop_nest", "allocated", "indexed", "vectorized", "predicated", "wgmma_synced", "role_switch", "turns",
     "tma_stores_synced", "pipelined", "mbarriers_allocated", "simplified", "synced",
 }  # fmt: skip
 
@@ -491,7 +493,8 @@ def test_sync_pass_on_hand_built_ir():
     k.launch[ParallelType.TIDy] = Const(3)
     k = insert_syncs(k)
     assert [type(n).__name__ for n in switch.bodies[1]] == ["Assign", "BlockSync", "Assign"]
-    assert switch.bodies[1][1].barrier == (1, 256) and not _of(switch.bodies[0], BlockSync)
+    assert switch.bodies[1][1].barrier == (Var("bar_consumers"), 256) and not _of(switch.bodies[0], BlockSync)
+    assert k.named_barriers == {"consumers": (1, 1)}
 
 
 def test_sync_pass_merges_syncs_separated_by_fences():

@@ -31,6 +31,7 @@ from circbuf.lowering.kir import (
     walk,
 )
 from circbuf.lowering.mbarriers import setup_mbarriers
+from circbuf.lowering.roles import assign_roles
 from circbuf.lowering.sync import insert_syncs
 from tests.util import D, manual_ws_exp
 
@@ -79,7 +80,7 @@ def hand_ws_kernel(stages=3, prefetch=2, registers=(40, 232), rows=2):
 
 def test_circular_buffer_pass_builds_two_roles_and_one_ring():
     k, buf = hand_ws_kernel()
-    k = circular_buffer(k)
+    k = circular_buffer(assign_roles(k))
     producer, consumers = k.roles
     assert (producer.name, producer.cond, producer.threads, producer.registers, producer.increase) == (
         "producer",
@@ -132,17 +133,19 @@ def test_circular_buffer_pass_builds_two_roles_and_one_ring():
 
 def test_mbarriers_and_sync_passes_read_the_ring_and_the_roles():
     k, buf = hand_ws_kernel()
-    k = insert_syncs(setup_mbarriers(circular_buffer(k)))
+    k = insert_syncs(setup_mbarriers(circular_buffer(assign_roles(k))))
     inits = {(i.bar.name, i.bar.stage.value): i.arrivals for i in nodes(k.body, MBarrierInit)}
     assert inits[(f"{buf.name}_full", 2)] == Const(1) and inits[(f"{buf.name}_empty", 0)] == Const(256)
     assert k.barrier_names == [f"{buf.name}_full", f"{buf.name}_empty"]
     (switch,) = nodes(k.body, RoleSwitch)
     # the consumers' sync is their role's named barrier; the producer never syncs
     syncs = nodes(switch.bodies[1], BlockSync)
-    assert [s.barrier for s in syncs] == [(1, 256)] and k.roles[1].barrier == (1, 256)
+    bar = k.named_barrier("consumers")
+    assert [s.barrier for s in syncs] == [(bar, 256)] and k.roles[1].barrier == (bar, 256)
     assert not nodes(switch.bodies[0], BlockSync) and k.roles[0].barrier is None
     src = codegen(k)
-    assert "cb::sync_threads(1, 256);  // the readers meet" in src
+    assert "constexpr int bar_consumers = 1;  // consumers" in src
+    assert "cb::sync_threads(bar_consumers, 256);  // the readers meet" in src
     assert "  } else {  // consumers: threadIdx.y in 0..2 (256 threads), setmaxnreg.inc 232" in src
     assert "if ((((index_t)threadIdx.y) == 2)) {  // producer: threadIdx.y == 2 (128 threads)" in src
 
@@ -161,13 +164,16 @@ def test_each_role_syncs_on_its_own_barrier():
     k = Kernel("k", [RoleSwitch(roles, bodies)], [], [], {P.TIDx: Const(128), P.TIDy: Const(4)}, {}, {})
     k.roles = roles
     insert_syncs(k)
-    assert bodies[0][0].barrier == (1, 128)
-    assert bodies[1][0].barrier == (Var("threadIdx.y") + 2, 128) and red.barrier == bodies[1][0].barrier
-    assert bodies[2][0].barrier == (4, 128)
+    assert bodies[0][0].barrier == (Var("bar_producer"), 128)
+    assert bodies[1][0].barrier == (Var("threadIdx.y") + Var("bar_mma"), 128)
+    assert red.barrier == bodies[1][0].barrier
+    assert bodies[2][0].barrier == (Var("bar_epilogue"), 128)
     assert k.named_barriers == {"producer": (1, 1), "mma": (2, 2), "epilogue": (4, 1)}
     k.body[0].bodies[1].remove(red)  # a reduction without a fusion expr has no CUDA
     src = codegen(k)
-    assert "cb::sync_threads((((index_t)threadIdx.y) + 2), 128);  // m" in src
+    assert "constexpr int bar_mma = 2;  // mma: ids 2..3, one per sync group" in src
+    assert "constexpr int bar_epilogue = 4;  // epilogue" in src
+    assert "cb::sync_threads((((index_t)threadIdx.y) + bar_mma), 128);  // m" in src
     assert "} else if ((((index_t)threadIdx.y) < 2)) {  // mma:" in src
     assert "} else {  // epilogue: threadIdx.y == 2 (128 threads)" in src
 
@@ -191,7 +197,7 @@ def test_ring_fill_kinds_and_printing():
 
 def test_print_kernel_lists_roles_and_rings():
     k, buf = hand_ws_kernel()
-    text = str(circular_buffer(k))
+    text = str(circular_buffer(assign_roles(k)))
     lines = text.splitlines()
     assert lines[1] == "  role producer: threadIdx.y == 2 (128 threads), setmaxnreg.dec 40"
     assert lines[2] == "  role consumers: threadIdx.y in 0..2 (256 threads), setmaxnreg.inc 232"
@@ -238,3 +244,72 @@ def test_hang_record_names_the_ring_barriers(monkeypatch):
     assert ck.kernel.hang_record and ck.kernel.barrier_names == [ring.full, ring.empty]
     # each bounded wait names its barrier array by its index in barrier_names
     assert f"cb::mbar_wait_bounded(&{ring.empty}[" in ck.cuda and ", 1, (int)(" in ck.cuda
+
+
+def test_roles_pass_partitions_the_threads_before_the_ring_exists():
+    """The roles pass alone: the producer row is added to the launch, the
+    consumers' branch holds the whole loop nest, the producer's only its
+    register setting (the circular-buffer pass moves the copies there)."""
+    k, buf = hand_ws_kernel()
+    loads, reader = k.body[1], k.body[2]
+    k = assign_roles(k)
+    assert k.launch[P.TIDy] == Const(3) and k.max_threads == 384 and k.min_blocks == 1 and not k.rings
+    (switch,) = nodes(k.body, RoleSwitch)
+    prod, cons = switch.bodies
+    assert [type(n).__name__ for n in prod] == ["SetMaxNReg"]
+    assert cons[1:] == [loads, reader] and k.roles[1].groups == 1
+    with pytest.raises(cb.CircbufError, match="needs the roles pass first"):
+        circular_buffer(hand_ws_kernel()[0])
+
+
+def test_roles_pass_gives_rows_that_split_the_ring_a_sync_group_each():
+    """Readers whose tile loop starts at a threadIdx.y-dependent tile (ping-pong
+    warpgroups, each its own tiles) make the consumers two sync groups, and
+    the ring agrees: one row's threads release a position, and each row
+    starts its ring a tile (K positions) later and skips the other's tiles."""
+    k, buf = hand_ws_kernel()
+    T, K = Var("T"), Var("K")
+    (load,) = k.body[1].body
+    k.body[1] = ForLoop(Var("t0"), T, [ForLoop(Var("k0"), K, [load], key=7)])
+    read = k.body[2].body[0]
+    rows = ForLoop(Var("t1"), T, [ForLoop(Var("k1"), K, [read])])
+    rows.start, rows.step = Var("threadIdx.y", hi=Const(2)), Const(2)
+    k.body[2] = rows
+    k = assign_roles(k)
+    assert k.roles[1].groups == 2
+    k = circular_buffer(k)
+    assert k.rings[0].barriers()[1] == (f"{buf.name}_empty", 3, 128)
+    (init,) = [n for n in nodes(k.body, RingInit) if n.ring is k.rings[0].use]
+    assert str(init.position) in ("(threadIdx.y * K)", "(K * threadIdx.y)")
+
+
+def test_tma_store_in_a_role_syncs_per_warpgroup_on_named_constants():
+    """A TMA store inside the consumers' branch whose box depends on
+    threadIdx.y: each row (warpgroup) fills and stores its own box, on its
+    own named barrier ``bar_consumers_store_<buffer> + threadIdx.y``; one
+    lane of each row's first warp issues it, and the final wait ends the
+    consumers' branch, not the kernel (the producer returned early)."""
+    from circbuf.lowering.kir import BulkWaitGroup, Fence, TmaStore
+    from circbuf.lowering.tma_store import tma_stores
+
+    buf, reg = _tvs()
+    buf.memory_type = MemoryType.Shared
+    ty = Var("threadIdx.y", hi=Const(2))
+    fill = Assign(TensorRef(buf, ty * 128 + Var("threadIdx.x")), None, [TensorRef(reg, Const(0))])
+    store = TmaStore(TensorRef(buf, ty * 128), 0, [Const(0), ty * 64], 256)
+    tile = ForLoop(Var("j0"), Var("E"), [fill, store])
+    roles = [Role("producer", 2, 3, 128), Role("consumers", 0, 2, 256)]
+    switch = RoleSwitch(roles, [[], [tile]])
+    k = Kernel("k", [switch], [], [], {P.TIDx: Const(128), P.TIDy: Const(3)}, {}, {})
+    k.roles = roles
+    k = tma_stores(k)
+    bar = (ty + Var("bar_consumers_store_" + buf.name), 128)
+    syncs = nodes(tile.body, BlockSync)
+    assert [s.barrier for s in syncs] == [bar, bar]  # WAR before the fill, RAW before the store
+    assert k.named_barriers == {f"consumers store {buf.name}": (1, 2)}
+    assert isinstance(tile.body[-2], BlockSync) and isinstance(tile.body[-3], Fence)
+    issue = tile.body[-1]
+    assert isinstance(issue, ElectOne) and issue.warp == Var("threadIdx.x").lt(32)
+    last = switch.bodies[1][-1]
+    assert isinstance(last, ElectOne) and isinstance(last.then[0], BulkWaitGroup)
+    assert not switch.bodies[0] and k.body == [switch]

@@ -8,9 +8,9 @@ Each pass declares the facts it requires and provides (:mod:`.passes`): Kernel
 fields it reads from an earlier pass or writes, and properties of the kernel
 IR. ``lower()`` refuses a list whose order breaks them, naming the pass and
 the fact. A pass may read the loop nest's fields without declaring them only
-while no earlier pass has changed them (``predicate``, ``turns`` and
-``tma_store`` read ``launch`` before ``circular_buffer`` adds the producer
-row; ``mbarriers`` reads it after, so it requires it)::
+while no earlier pass has changed them (``predicate`` reads ``launch`` before
+``roles`` adds the producer row; ``tma_store`` and ``mbarriers`` read it
+after, so they require it)::
 
     loop_nest       requires: -
                     provides: loop_nest, name, tensor_params, scalar_params, launch, extent_bindings,
@@ -27,12 +27,15 @@ row; ``mbarriers`` reads it after, so it requires it)::
                     provides: predicated
     wgmma           requires: indexed
                     provides: wgmma_synced
-    turns           requires: allocated, wgmma_synced
+    roles           requires: allocated
+                    provides: roles, role_switch, launch, max_threads, min_blocks
+    turns           requires: allocated, wgmma_synced, roles
                     provides: turns, mbarriers
-    tma_store       requires: indexed
+    tma_store       requires: indexed, role_switch, launch
                     provides: tma_stores_synced, named_barriers
-    circular_buffer requires: allocated, indexed, predicated, wgmma_synced, turns, tma_stores_synced
-                    provides: pipelined, rings, roles, launch, max_threads, min_blocks
+    circular_buffer requires: allocated, indexed, predicated, wgmma_synced, roles, turns,
+                              tma_stores_synced, launch, max_threads
+                    provides: pipelined, rings
     mbarriers       requires: rings, turns, mbarriers, launch
                     provides: mbarriers_allocated
     simplify        requires: indexed, predicated, turns, tma_stores_synced, pipelined, mbarriers_allocated
@@ -46,10 +49,12 @@ indexed; ``allocated`` an Allocate per local/shared buffer; ``indexed`` every
 access an explicit index, its bounds recorded; ``vectorized`` vector loops
 collapsed into wide accesses; ``predicated`` guarded statements wrapped in
 their conditions; ``wgmma_synced`` wgmma fences, commits and waits;
-``turns`` ping-pong turn barriers; ``tma_stores_synced`` fences and barriers
-around TMA stores; ``pipelined`` circular buffers lowered to their rings (barrier
-waits, arrivals, stage and phase), ``Kernel.rings`` and ``Kernel.roles`` (with the
-role switch in the body) describing them;
+``role_switch`` the warp roles of a warp-specialized kernel split the body
+(``Kernel.roles`` names them, ``launch`` has the producer row); ``turns`` ping-pong
+turn barriers; ``tma_stores_synced`` fences and barriers around TMA stores,
+on each role's own named barriers; ``pipelined`` circular buffers lowered to
+their rings (barrier waits, arrivals, stage and phase), ``Kernel.rings``
+describing them;
 ``mbarriers_allocated`` every registered mbarrier allocated, initialized and
 invalidated; ``simplified`` indices and conditions simplified; ``synced``
 block syncs for shared-memory hazards. ``codegen`` prints the result and
@@ -69,6 +74,7 @@ from .loop_nest import generate_loop_nest
 from .mbarriers import setup_mbarriers
 from .passes import Pass, check_order
 from .predicate import insert_predicates
+from .roles import assign_roles
 from .simplify_indices import simplify_indices
 from .sync import insert_syncs
 from .tma_store import tma_stores
@@ -88,8 +94,21 @@ PASSES = [
     Pass("vectorize", vectorize_loops, requires=("indexed",), provides=("vectorized",)),
     Pass("predicate", insert_predicates, requires=("indexed", "vectorized"), provides=("predicated",)),
     Pass("wgmma", wgmma_sync, requires=("indexed",), provides=("wgmma_synced",)),
-    Pass("turns", take_turns, requires=("allocated", "wgmma_synced"), provides=("turns", "mbarriers")),
-    Pass("tma_store", tma_stores, requires=("indexed",), provides=("tma_stores_synced", "named_barriers")),
+    Pass(
+        "roles",
+        assign_roles,
+        requires=("allocated",),
+        provides=("roles", "role_switch", "launch", "max_threads", "min_blocks"),
+    ),
+    Pass(
+        "turns", take_turns, requires=("allocated", "wgmma_synced", "roles"), provides=("turns", "mbarriers")
+    ),
+    Pass(
+        "tma_store",
+        tma_stores,
+        requires=("indexed", "role_switch", "launch"),
+        provides=("tma_stores_synced", "named_barriers"),
+    ),
     Pass(
         "circular_buffer",
         circular_buffer,
@@ -98,17 +117,13 @@ PASSES = [
             "indexed",
             "predicated",
             "wgmma_synced",
+            "roles",
             "turns",
             "tma_stores_synced",
-        ),
-        provides=(
-            "pipelined",
-            "rings",
-            "roles",
             "launch",
             "max_threads",
-            "min_blocks",
         ),
+        provides=("pipelined", "rings"),
     ),
     Pass(
         "mbarriers",

@@ -1,7 +1,7 @@
 """Pass: circular buffering of TMA-filled shared-memory buffers.
 
-Requires: allocated, indexed, predicated, wgmma_synced, turns, tma_stores_synced; provides:
-pipelined, rings, roles, launch, max_threads, min_blocks.
+Requires: allocated, indexed, predicated, wgmma_synced, roles, turns, tma_stores_synced,
+launch, max_threads; provides: pipelined, rings.
 
 A buffer ``X`` marked ``circular_buffer(S, P)`` holds ``S`` stages; the
 loop it rotates over (its *ring loop*) gives one ring position per
@@ -29,11 +29,13 @@ Pipelined (every thread loads and computes; ``P`` copies in flight)::
         BLOCK_SYNC | ARRIVE X_empty[use_stage]     // right after the last read
         ADVANCE X_use
 
-WarpSpecialized: the kernel gets two warp roles (``kernel.roles``): one
-more row of threads (``threadIdx.y == Y``) is the ``producer`` role, the
-rows below it the ``consumers`` (each with its setmaxnreg count, and, when
-the rows split the ring positions as ping-pong warpgroups do, one sync group
-per row); a ``RoleSwitch`` runs each role's branch. One elected lane issues the copies of every buffer of the ring
+WarpSpecialized: the roles pass has split the threads into a ``producer``
+role (one more row of threads) and the ``consumers`` (the rows below it,
+one sync group per row when the rows split the ring positions, as ping-pong
+warpgroups do), each branch of the ``RoleSwitch`` holding its register
+setting and the consumers' branch the whole loop nest. This pass makes the
+ring between them: it moves the copies into the producer's branch and puts
+the waits and releases into the consumers'. One elected lane issues the copies of every buffer of the ring
 into one stage per position (one ``full``/``empty`` pair per stage). The
 copies either sit inside the readers' loops (then the producer runs a
 copy-only clone of the loops around them) or form a loop nest of their
@@ -104,7 +106,6 @@ from .kir import (
     Ring,
     RingAdvance,
     RingInit,
-    Role,
     RoleSwitch,
     SetMaxNReg,
     TensorRef,
@@ -333,16 +334,15 @@ def _pipeline(kernel, alloc, key, setup):
 
 # ------------------------------------------------------ WarpSpecialized
 def _warp_specialize(kernel, allocs, names):
-    """All warp-specialized buffers form one ring: one stage count and type,
-    one ring loop (inlined buffers) or one loop structure (own nests)."""
-    rings = {allocs[n].tv.circular for n in names}
-    if len(rings) != 1:
-        raise CircbufError(
-            f"warp-specialized buffers {', '.join(names)} must share one stage count, prefetch and type"
-        )
-    S, P, kind = rings.pop()
-    if kind.on != ParallelType.TIDy:
-        raise CircbufError(f"{names[0]}: WarpSpecialized(on={kind.on.name}) is not supported yet (use TIDy)")
+    """All warp-specialized buffers form one ring between the roles the
+    roles pass made: one stage count and type, one ring loop (inlined
+    buffers) or one loop structure (own nests)."""
+    S, P, kind = allocs[names[0]].tv.circular
+    switch = next((n for n in kernel.body if isinstance(n, RoleSwitch)), None)
+    if switch is None:
+        raise CircbufError(f"{names[0]}: a warp-specialized ring needs the roles pass first")
+    producer_role, consumer_role = kernel.role("producer"), kernel.role("consumers")
+    k_prod, k_cons = switch.roles.index(producer_role), switch.roles.index(consumer_role)
     tvs = [allocs[n].tv for n in names]
     separate = [tv.compute_at_pos == 0 for tv in tvs]
     if any(separate) != all(separate):
@@ -350,76 +350,49 @@ def _warp_specialize(kernel, allocs, names):
             f"warp-specialized buffers {', '.join(names)} must all be inlined into their readers, or none"
         )
     label = "_".join(names) if len(names) > 1 else names[0]
+    # the consumers' branch: its register setting, then the loop nests
+    cbody = switch.bodies[k_cons]
+    head = [n for n in cbody[:1] if isinstance(n, SetMaxNReg)]
+    body = cbody[len(head) :]
     if all(separate):
-        producer_nest, bufs, levels = _separate_nests(kernel, allocs, names)
+        producer_nest, bufs, levels = _separate_nests(kernel, body, allocs, names)
     else:
-        producer_nest, bufs, levels = _inlined_nest(kernel, allocs, names)
-    y, tx = kernel.launch.get(ParallelType.TIDy, Const(1)), kernel.launch.get(ParallelType.TIDx, Const(1))
-    if kernel.launch.get(ParallelType.TIDz, Const(1)) != Const(1):
-        raise CircbufError(
-            f"{label}: a warp-specialized kernel's threads are rows of threadIdx.y (no threadIdx.z)"
-        )
-    if not isinstance(y, Const) or not isinstance(tx, Const):
-        raise CircbufError(f"{label}: warp specialization needs constant thread extents")
-    consumers = y.value * tx.value
-    if kind.registers and tx.value % 128:
-        raise CircbufError(
-            f"{label}: WarpSpecialized(registers=...) uses setmaxnreg, which acts on whole warpgroups: "
-            f"each threadIdx.y row must be a multiple of 128 threads, not {tx.value}"
-        )
-    kernel.launch[ParallelType.TIDy] = Const(y.value + 1)  # the producer row
-    kernel.max_threads = consumers + tx.value
-    limit = kernel.target.max_threads_per_block
-    if kernel.max_threads > limit:
-        raise CircbufError(f"{label}: {kernel.max_threads} threads with the producer row exceed {limit}")
-    regs = kind.registers or (None, None)
-    producer_role = Role("producer", y.value, y.value + 1, tx.value, regs[0], increase=False)
-    consumer_role = Role("consumers", 0, y.value, consumers, regs[1], increase=True)
-    kernel.roles += [producer_role, consumer_role]
+        producer_nest, bufs, levels = _inlined_nest(kernel, body, allocs, names)
     # the producer's expect_tx arrival fills a stage; the empty arrivals are known below
     ring = Ring(label, S, P, list(names), producer_role.name, [consumer_role.name], full_arrivals=1)
     kernel.rings.append(ring)
-    load = ring.load
 
     # producer: one elected lane runs the copy nest
     ring_loop = levels[-1][0]
-    issue = _issue(ring, bufs, None, None, gap_wait=True)
-    ring_loop.body = issue
-    producer = [SetMaxNReg(regs[0], increase=False)] if kind.registers else []
+    ring_loop.body = _issue(ring, bufs, None, None, gap_wait=True)
     warp0 = Var("threadIdx.x").lt(32)
-    producer += [
-        ElectOne(warp0, [Comment("the elected producer lane"), RingInit(load), *producer_nest]),
+    switch.bodies[k_prod] += [
+        ElectOne(warp0, [Comment("the elected producer lane"), RingInit(ring.load), *producer_nest]),
         Return(),
     ]
 
     # consumers: wait for each position, release it after its last read
-    body = [n for n in kernel.body if not any(n is m for m in producer_nest)]
+    body = [n for n in body if not any(n is m for m in producer_nest)]
+    rows = consumer_role.hi - consumer_role.lo
     # consumer threads (or elected lanes) release a stage
-    ring.empty_arrivals, split = _place_consumer_ring(body, bufs, levels, ring, consumers, label, y.value)
-    if split:  # each row (a ping-pong warpgroup) reads its own positions and syncs on its own
-        consumer_role.groups = y.value
-    consumer = [SetMaxNReg(regs[1], increase=True)] if kind.registers else []
-    # shared buffers are seen by both roles: declare them before the split;
-    # other passes' barriers are set up with the ring's
-    smem = [n for n in body if isinstance(n, Allocate) and n.memory.name == "Shared"]
-    consumer += [n for n in body if not any(n is m for m in smem)]
-    if kind.registers:
-        kernel.min_blocks = 1  # setmaxnreg needs a register cap at entry
-    kernel.body = [
-        *smem,
-        Comment(f"warp roles: threadIdx.y == {y.value} loads {', '.join(names)}, the other rows compute"),
-        RoleSwitch([producer_role, consumer_role], [producer, consumer]),
-    ]
+    ring.empty_arrivals, split = _place_consumer_ring(
+        body, bufs, levels, ring, consumer_role.threads, label, rows
+    )
+    if split != (consumer_role.groups > 1):
+        raise CircbufError(
+            f"{label}: the roles pass and the ring disagree on whether the consumer rows split the positions"
+        )
+    switch.bodies[k_cons] = head + body
     return kernel
 
 
-def _inlined_nest(kernel, allocs, names):
+def _inlined_nest(kernel, body, allocs, names):
     """Copies inside the readers' ring loop: the producer runs a copy-only
     clone of the serial loops around them; the readers keep the rest."""
     keys = {kernel.circular_loops[n] for n in names}
     if len(keys) != 1:
         raise CircbufError(f"warp-specialized buffers {', '.join(names)} must share one loop")
-    loop = _find_loop(kernel.body, keys.pop())
+    loop = _find_loop(body, keys.pop())
     if loop is None:
         raise CircbufError(f"{names[0]}: its circular-buffer loop was not generated (is the axis parallel?)")
     tvs = [allocs[n].tv for n in names]
@@ -430,7 +403,7 @@ def _inlined_nest(kernel, allocs, names):
             raise CircbufError(f"{n}: circular buffering needs the TMA copies directly in its loop")
         bufs.append(_Buffer(allocs[n], loads))
     loop.body = [x for x in loop.body if not _only_loads(x, tvs)]
-    encl = _loops_around(kernel.body, loop) + [loop]
+    encl = _loops_around(body, loop) + [loop]
     nest, clones = [], []
     for lp in reversed(encl):
         c = copy.copy(lp)
@@ -442,14 +415,14 @@ def _inlined_nest(kernel, allocs, names):
     return nest, bufs, levels
 
 
-def _separate_nests(kernel, allocs, names):
+def _separate_nests(kernel, body, allocs, names):
     """Each buffer's copies form a top-level loop nest of their own. The
     nests must have one loop structure; they are fused into one producer
     nest (one stage holds every buffer's tile of a position)."""
     nests, bufs = [], []
     for n in names:
         tv = allocs[n].tv
-        top = [x for x in kernel.body if isinstance(x, ForLoop) and _only_loads(x, [tv])]
+        top = [x for x in body if isinstance(x, ForLoop) and _only_loads(x, [tv])]
         if len(top) != 1:
             raise CircbufError(f"{n}: its copies must form one loop nest of their own")
         nests.append(top[0])
@@ -471,7 +444,7 @@ def _separate_nests(kernel, allocs, names):
         bufs.append(_Buffer(allocs[n], loads))
     ring.body = []
     for nest in nests[1:]:  # fused into the head nest: gone from the kernel
-        kernel.body.remove(nest)
+        body.remove(nest)
     return [head], bufs, [(lp, None) for lp in levels]
 
 

@@ -62,6 +62,7 @@ from .kir import (
     WgmmaCommit,
     WgmmaFence,
     WgmmaWait,
+    barrier_name,
     is_block_wide,
 )
 from .prelude import PRELUDE
@@ -294,7 +295,8 @@ class CudaCodegen:
         )
 
     def visit_ElectOne(self, n: ElectOne):
-        self.emit(f"if ({self.scalar(n.warp)} && cb::elect_one()) {{")
+        warp = "" if n.warp == Const(True) else f"{self.scalar(n.warp)} && "
+        self.emit(f"if ({warp}cb::elect_one()) {{")
         self.block(n.then)
         self.emit("}")
 
@@ -443,6 +445,11 @@ class CudaCodegen:
         self.ind = 1
         for name, (pi, d) in sorted(k.extent_bindings.items(), key=lambda x: int(x[0][1:])):
             self.emit(f"const index_t {name} = {k.tensor_params[pi].tv.name}.size[{d}];")
+        if k.named_barriers:
+            self.emit("// named barriers (id 0 is __syncthreads)")
+        for purpose, (first, count) in k.named_barriers.items():
+            groups = f": ids {first}..{first + count - 1}, one per sync group" if count > 1 else ""
+            self.emit(f"constexpr int {barrier_name(purpose)} = {first};  // {purpose}{groups}")
         for n in k.body:
             self.node(n)
         body = self.lines

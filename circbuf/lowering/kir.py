@@ -10,6 +10,7 @@ Nodes are plain classes. ``print(kernel)`` shows the nest, e.g.::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ..ir import Bin, CircbufError, Const, DataType, Expr, MemoryType, ParallelType, Scalar, TensorView, Var
@@ -702,15 +703,25 @@ class Kernel:
                 role.barrier = (gid // rows + base if rows > 1 else gid + base, per)
         return role.barrier
 
-    def named_barrier(self, purpose: str, count: int = 1) -> int:
+    def named_barrier(self, purpose: str, count: int = 1) -> Var:
         """The first of ``count`` consecutive named-barrier ids reserved for
-        ``purpose`` (the same ids for the same purpose); id 0 is __syncthreads."""
+        ``purpose`` (the same ids for the same purpose); id 0 is __syncthreads.
+        It is a named constant (:func:`barrier_name`), declared at the top of
+        the kernel, so a sync reads ``bar_consumers`` rather than ``1``.
+
+        >>> k = Kernel("k", [], [], [], {}, {}, {})
+        >>> str(k.named_barrier("consumers")), str(k.named_barrier("consumers store T14", 2))
+        ('bar_consumers', 'bar_consumers_store_T14')
+        >>> k.named_barriers
+        {'consumers': (1, 1), 'consumers store T14': (2, 2)}
+        """
         if purpose not in self.named_barriers:
             used = sum(n for _, n in self.named_barriers.values())
             if 1 + used + count > 16:
                 raise CircbufError(f"{self.name}: more than 15 named barriers needed ({purpose})")
             self.named_barriers[purpose] = (1 + used, count)
-        return self.named_barriers[purpose][0]
+        first, count = self.named_barriers[purpose]
+        return Var(barrier_name(purpose), lo=first, hi=Const(first + count))
 
     def __str__(self):
         grid = [str(self.launch.get(p, 1)) for p in (ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz)]
@@ -727,6 +738,11 @@ class Kernel:
             head += f" smem({self.smem_bytes})"
         decls = [f"  role {r.name}: {r.describe()}" for r in self.roles] + [f"  {r}" for r in self.rings]
         return "\n".join([head] + decls + _block(self.body, 1))
+
+
+def barrier_name(purpose: str) -> str:
+    """The C name of the named-barrier id reserved for ``purpose``."""
+    return "bar_" + re.sub(r"\W+", "_", purpose).strip("_")
 
 
 def thread0_cond(kernel: Kernel) -> Scalar:

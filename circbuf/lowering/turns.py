@@ -1,8 +1,9 @@
 """Pass: ping-pong warpgroups take turns on the tensor cores.
 
-Requires: allocated, wgmma_synced; provides: turns, mbarriers.
+Requires: allocated, wgmma_synced, roles; provides: turns, mbarriers.
 
-Each of two warpgroups (``threadIdx.y`` 0 and 1) owns whole tiles. An MMA
+Each of two warpgroups (``threadIdx.y`` 0 and 1: the two sync groups of the
+``consumers`` role) owns whole tiles. An MMA
 output marked ``take_turns(TIDy)`` orders them with two pairs of mbarriers:
 a warpgroup waits for its turn before issuing a tile's MMAs and hands the
 turn over as soon as they are issued (before waiting for them to drain);
@@ -35,9 +36,8 @@ After::
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Const, ParallelType, Var, WarpSpecialized
+from ..ir import CircbufError, Const, ParallelType, Var
 from .kir import (
-    Allocate,
     Comment,
     ForLoop,
     Kernel,
@@ -62,7 +62,8 @@ def take_turns(kernel: Kernel) -> Kernel:
         kernel.body,
         lambda n, s: found.append((n, list(s))) if isinstance(n, Wgmma) and n.acc.tv.turns else None,
     )
-    if found and not _has_warp_specialized_ring(kernel):
+    role = next((r for r in kernel.roles if r.name == "consumers"), None)
+    if found and role is None:
         raise CircbufError(
             f"{found[0][0].acc.tv.name}: warpgroups take turns on a warp-specialized ring's readers only"
         )
@@ -73,10 +74,14 @@ def take_turns(kernel: Kernel) -> Kernel:
             continue
         done.add(tv.name)
         pt = tv.turns
-        groups = kernel.launch.get(pt)
-        if pt != ParallelType.TIDy or groups != Const(2):
+        groups = role.hi - role.lo if pt == role.axis else kernel.launch.get(pt)
+        if pt != ParallelType.TIDy or groups != 2:
             raise CircbufError(
                 f"{tv.name}: two warpgroups on threadIdx.y take turns, not {groups} on {pt.value}"
+            )
+        if role.groups != 2:
+            raise CircbufError(
+                f"{tv.name}: the warpgroups that take turns must each read their own tiles of the ring"
             )
         loops = [lp for lp in stack if isinstance(lp, ForLoop)]
         k_loop = k_loop_of(w, loops)
@@ -106,20 +111,7 @@ def take_turns(kernel: Kernel) -> Kernel:
         ]
         body += [MBarrierArrive(MBarrierRef(epi, other)), RingAdvance(turn, Const(1))]
         insert_before(kernel.body, tile, [RingInit(turn, other)])
-        threads = kernel.launch.get(ParallelType.TIDx, Const(1))
+        threads = role.threads // role.groups
         kernel.mbarrier(mma, 2, threads)  # a warpgroup's every thread arrives
         kernel.mbarrier(epi, 2, threads)
     return kernel
-
-
-def _has_warp_specialized_ring(kernel) -> bool:
-    found = []
-    walk(
-        kernel.body,
-        lambda n, s: (
-            found.append(n)
-            if isinstance(n, Allocate) and n.tv.circular and isinstance(n.tv.circular[2], WarpSpecialized)
-            else None
-        ),
-    )
-    return bool(found)

@@ -1,0 +1,143 @@
+"""Pass: split a warp-specialized kernel's threads into warp roles.
+
+Requires: allocated; provides: roles, role_switch, launch, max_threads, min_blocks.
+
+A kernel whose shared buffers are marked ``WarpSpecialized`` gets one more
+row of threads (``threadIdx.y == Y``), the ``producer`` role, which will
+issue the buffers' copies; the rows below it are the ``consumers`` role,
+which computes. Each role carries its ``setmaxnreg`` count. When the rows
+split the work between them (the readers' tile loop starts at a
+``threadIdx.y``-dependent tile, as ping-pong warpgroups do) the consumers
+have one sync group per row. The pass only partitions the threads: the
+producer's branch holds its register setting and nothing else yet (the
+circular-buffer pass moves the copies there); every later pass sees the
+roles (``kernel.roles``) and places its barriers per role.
+
+Before::
+
+    ALLOC T7_s (shared, WarpSpecialized)      // launch: block(128, 2)
+    FOR t ..: FOR k ..: TMA_LOAD T7_s ...     // the copies' own nest
+    FOR t ..: ... reads T7_s ...              // the readers
+
+After::
+
+    ALLOC T7_s (shared, WarpSpecialized)      // launch: block(128, 3)
+    ROLES
+      ROLE producer: threadIdx.y == 2 (128 threads), setmaxnreg.dec 40
+        SETMAXNREG.DEC 40
+      ROLE consumers: threadIdx.y in 0..2 (256 threads), setmaxnreg.inc 232
+        SETMAXNREG.INC 232
+        FOR t ..: FOR k ..: TMA_LOAD T7_s ...
+        FOR t ..: ... reads T7_s ...
+"""
+
+from __future__ import annotations
+
+from ..ir import CircbufError, Const, ParallelType, WarpSpecialized
+from ..ir.scalar import free_vars
+from .kir import (
+    Allocate,
+    Assign,
+    Comment,
+    ForLoop,
+    Kernel,
+    Role,
+    RoleSwitch,
+    SetMaxNReg,
+    TensorRef,
+    Wgmma,
+    walk,
+)
+
+
+def _ws_allocations(kernel) -> list:
+    allocs = []
+    walk(
+        kernel.body,
+        lambda n, _s: (
+            allocs.append(n)
+            if isinstance(n, Allocate)
+            and n.tv.name in kernel.circular_loops
+            and isinstance(n.tv.circular[2], WarpSpecialized)
+            else None
+        ),
+    )
+    return allocs
+
+
+def _rows_split_the_work(nodes, tvs) -> bool:
+    """Whether a serial loop around a read of ``tvs`` starts at a position
+    that depends on ``threadIdx.y`` (each row reads its own positions)."""
+    found = []
+
+    def reads(n) -> bool:
+        if isinstance(n, Wgmma):
+            return n.a.tv in tvs or n.b.tv in tvs
+        return isinstance(n, Assign) and any(isinstance(o, TensorRef) and o.tv in tvs for o in n.operands)
+
+    def visit(n, stack):
+        if not found and reads(n):
+            loops = [lp for lp in stack if isinstance(lp, ForLoop) and lp.ptype == ParallelType.Serial]
+            found.append(any(ParallelType.TIDy.value in free_vars(lp.start) for lp in loops))
+
+    walk(nodes, visit)
+    return bool(found and found[0])
+
+
+def assign_roles(kernel: Kernel) -> Kernel:
+    """Entry: the producer and consumer roles of a warp-specialized kernel (see module doc)."""
+    allocs = _ws_allocations(kernel)
+    if not allocs:
+        return kernel
+    names = [a.tv.name for a in allocs]
+    if len(allocs) != len(kernel.circular_loops):
+        raise CircbufError("a kernel's circular buffers must all be warp-specialized, or none")
+    kinds = {a.tv.circular for a in allocs}
+    if len(kinds) != 1:
+        raise CircbufError(
+            f"warp-specialized buffers {', '.join(names)} must share one stage count, prefetch and type"
+        )
+    kind = kinds.pop()[2]
+    label = "_".join(names) if len(names) > 1 else names[0]
+    if kind.on != ParallelType.TIDy:
+        raise CircbufError(f"{names[0]}: WarpSpecialized(on={kind.on.name}) is not supported yet (use TIDy)")
+    y, tx = kernel.launch.get(ParallelType.TIDy, Const(1)), kernel.launch.get(ParallelType.TIDx, Const(1))
+    if kernel.launch.get(ParallelType.TIDz, Const(1)) != Const(1):
+        raise CircbufError(
+            f"{label}: a warp-specialized kernel's threads are rows of threadIdx.y (no threadIdx.z)"
+        )
+    if not isinstance(y, Const) or not isinstance(tx, Const):
+        raise CircbufError(f"{label}: warp specialization needs constant thread extents")
+    consumers = y.value * tx.value
+    if kind.registers and tx.value % 128:
+        raise CircbufError(
+            f"{label}: WarpSpecialized(registers=...) uses setmaxnreg, which acts on whole warpgroups: "
+            f"each threadIdx.y row must be a multiple of 128 threads, not {tx.value}"
+        )
+    kernel.launch[ParallelType.TIDy] = Const(y.value + 1)  # the producer row
+    kernel.max_threads = consumers + tx.value
+    limit = kernel.target.max_threads_per_block
+    if kernel.max_threads > limit:
+        raise CircbufError(f"{label}: {kernel.max_threads} threads with the producer row exceed {limit}")
+    regs = kind.registers or (None, None)
+    producer = Role("producer", y.value, y.value + 1, tx.value, regs[0], increase=False)
+    compute = Role("consumers", 0, y.value, consumers, regs[1], increase=True)
+    tvs = [a.tv for a in allocs]
+    if y.value > 1 and _rows_split_the_work(kernel.body, tvs):
+        compute.groups = y.value  # ping-pong warpgroups: each syncs on its own
+    kernel.roles += [producer, compute]
+    if kind.registers:
+        kernel.min_blocks = 1  # setmaxnreg needs a register cap at entry
+    # shared buffers are seen by both roles: declared before the split
+    smem = [n for n in kernel.body if isinstance(n, Allocate) and n.memory.name == "Shared"]
+    rest = [n for n in kernel.body if not any(n is m for m in smem)]
+    bodies = [[], rest]
+    if kind.registers:
+        bodies[0].insert(0, SetMaxNReg(regs[0], increase=False))
+        bodies[1].insert(0, SetMaxNReg(regs[1], increase=True))
+    kernel.body = [
+        *smem,
+        Comment(f"warp roles: threadIdx.y == {y.value} loads {', '.join(names)}, the other rows compute"),
+        RoleSwitch([producer, compute], bodies),
+    ]
+    return kernel
