@@ -29,7 +29,7 @@ from circbuf.ir import (
     UnaryOp,
     evaluate,
 )
-from circbuf.lowering.kir import Allocate, Assign, BlockReduce, BlockSync, Comment, ForLoop, IfThenElse
+from circbuf.lowering.kir import Allocate, Assign, BlockReduce, BlockSync, Comment, ForLoop, IfThenElse, Let
 
 _UN = {
     "neg": lambda x: -x,
@@ -170,6 +170,8 @@ class _Thread:
                     yield from self.exec(n.body)
             elif isinstance(n, IfThenElse):
                 yield from self.exec(n.then if evaluate(n.cond, self.env) else n.else_)
+            elif isinstance(n, Let):
+                self.env[n.var.name] = evaluate(n.value, self.env)
             elif isinstance(n, Allocate):
                 size = evaluate(n.size, self.env) if not isinstance(n.size, int) else n.size
                 if n.memory == MemoryType.Local:

@@ -328,7 +328,7 @@ def test_the_package_docstring_shows_the_contracts():
 # ---------------------------------------------------- reads and writes per pass
 _IR_FACTS = {
     "loop_nest", "allocated", "indexed", "vectorized", "predicated", "wgmma_synced", "role_switch", "turns",
-    "tma_stores_synced", "pipelined", "mbarriers_allocated", "simplified", "synced",
+    "tma_stores_synced", "pipelined", "mbarriers_allocated", "simplified", "hoisted", "synced",
 }  # fmt: skip
 
 

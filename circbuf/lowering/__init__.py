@@ -40,6 +40,8 @@ after, so they require it)::
                     provides: mbarriers_allocated
     simplify        requires: indexed, predicated, turns, tma_stores_synced, pipelined, mbarriers_allocated
                     provides: simplified
+    hoist           requires: simplified
+                    provides: hoisted
     sync            requires: predicated, tma_stores_synced, pipelined, named_barriers,
                               mbarriers_allocated
                     provides: synced, named_barriers
@@ -56,7 +58,8 @@ on each role's own named barriers; ``pipelined`` circular buffers lowered to
 their rings (barrier waits, arrivals, stage and phase), ``Kernel.rings``
 describing them;
 ``mbarriers_allocated`` every registered mbarrier allocated, initialized and
-invalidated; ``simplified`` indices and conditions simplified; ``synced``
+invalidated; ``simplified`` indices and conditions simplified; ``hoisted`` each
+run-time loop's index arithmetic named once per iteration; ``synced``
 block syncs for shared-memory hazards. ``codegen`` prints the result and
 sets ``hang_record``.
 """
@@ -68,6 +71,7 @@ from ..target import DEFAULT, Target
 from .allocation import insert_allocations
 from .circular_buffer import circular_buffer
 from .codegen import codegen
+from .hoist import hoist_indices
 from .indexing import lower_indexing
 from .kir import Kernel
 from .loop_nest import generate_loop_nest
@@ -137,6 +141,7 @@ PASSES = [
         requires=("indexed", "predicated", "turns", "tma_stores_synced", "pipelined", "mbarriers_allocated"),
         provides=("simplified",),
     ),
+    Pass("hoist", hoist_indices, requires=("simplified",), provides=("hoisted",)),
     Pass(
         "sync",
         insert_syncs,

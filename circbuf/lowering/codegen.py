@@ -42,6 +42,7 @@ from .kir import (
     ForLoop,
     IfThenElse,
     Kernel,
+    Let,
     MBarrierAlloc,
     MBarrierArrive,
     MBarrierArriveExpectTx,
@@ -219,6 +220,9 @@ class CudaCodegen:
         for c in nodes:
             self.node(c)
         self.ind -= 1
+
+    def visit_Let(self, n: Let):
+        self.emit(f"const index_t {n.var.name} = {self.scalar(n.value)};")
 
     def visit_IfThenElse(self, n: IfThenElse):
         self.emit(f"if ({self.scalar(n.cond)}) {{")

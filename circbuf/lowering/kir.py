@@ -93,6 +93,17 @@ class ForLoop(Node):
 
 
 @dataclass(eq=False)
+class Let(Node):
+    """A named index value, computed once where it stands: ``const index_t var = value;``."""
+
+    var: Var
+    value: Scalar
+
+    def lines(self, ind):
+        return ["  " * ind + f"LET {self.var} = {self.value}"]
+
+
+@dataclass(eq=False)
 class IfThenElse(Node):
     cond: Scalar
     then: list = field(default_factory=list)

@@ -5,11 +5,17 @@ simplified.
 
 Before::  T2[((((j0 * 128) + threadIdx.x) * 8) / 8) % 128]
 After::   T2[threadIdx.x]
+
+A condition inside a loop drops the loop's own bound (``j6 < T`` inside
+``for (j6 = ..; j6 < T; ..)`` holds in its body)::
+
+    FOR j6 in blockIdx.x..T step 132: IF (x < i2) && (j6 < T): ...
+    ->  FOR j6 in blockIdx.x..T step 132: IF (x < i2): ...
 """
 
 from __future__ import annotations
 
-from ..ir import simplify
+from ..ir import Bin, Const, simplify
 from .kir import (
     Assign,
     BlockReduce,
@@ -25,6 +31,13 @@ from .kir import (
 )
 
 
+def _drop_loop_bounds(cond, bounds):
+    """``cond`` with each conjunct that is an enclosing loop's own bound made true."""
+    if isinstance(cond, Bin) and cond.op == "&&":
+        return Bin("&&", _drop_loop_bounds(cond.a, bounds), _drop_loop_bounds(cond.b, bounds), cond.dtype)
+    return Const(True) if cond in bounds else cond
+
+
 def simplify_indices(kernel: Kernel) -> Kernel:
     """Entry: simplify indices, conditions and loop extents in place."""
 
@@ -32,7 +45,7 @@ def simplify_indices(kernel: Kernel) -> Kernel:
         if isinstance(r, TensorRef):
             r.index = simplify(r.index)
 
-    def fn(node, _stack):
+    def fn(node, stack):
         if isinstance(node, Assign):
             ref(node.lhs)
             for o in node.operands:
@@ -40,7 +53,8 @@ def simplify_indices(kernel: Kernel) -> Kernel:
         elif isinstance(node, BlockReduce):
             ref(node.ref)
         elif isinstance(node, IfThenElse):
-            node.cond = simplify(node.cond)
+            bounds = [lp.index.lt(simplify(lp.extent)) for lp in stack if isinstance(lp, ForLoop)]
+            node.cond = simplify(_drop_loop_bounds(simplify(node.cond), bounds))
         elif isinstance(node, ForLoop):
             node.extent = simplify(node.extent)
             node.start, node.step = simplify(node.start), simplify(node.step)
