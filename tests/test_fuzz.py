@@ -47,6 +47,8 @@ REGRESSIONS = [
     ("306:7", *K),  # likewise, split over the grid
     ("602:131", *K),  # a linear's K equated with a constant by another segment: one operand's K kept symbolic
     ("601:84", *K),  # a reshape's size-1 output axis split out of its input's axis, then squeezed
+    ("708:1", *K),  # a hoisted copy of an expand's chain: its merged broadcast's new axis joined to nothing
+    ("709:174", *K),  # a [n] output beside a linear: matmul took it, its SIMT path could not (late refusal)
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice

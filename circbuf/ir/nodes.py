@@ -151,6 +151,10 @@ class TensorView:
         # its axes are that tensor's axes (each broadcast makes fresh axes, which
         # only this link relates to the original's)
         self.recomputes: TensorView | None = None
+        # pairs (axis of another tensor, axis of this one) that are one axis of
+        # the fusion though no expr relates them: a broadcast of a broadcast
+        # rewritten as one broadcast keeps the inner one's new axes this way
+        self.joined_axes: list[tuple[IterDomain, IterDomain]] = []
 
     # ------------------------------------------------------------ shape
     @property

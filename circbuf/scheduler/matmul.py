@@ -100,7 +100,7 @@ class MatmulScheduler:
             for d, i in enumerate(o.logical):
                 if not (i.is_broadcast or is_const(i.loop_extent, 1)) and lmap.find(i) not in tile:
                     return f"output {o.name}'s axis {d} is no axis of the matmul's {out.name} (a kernel of its own)"
-        return unmapped_axis(fusion, [out, *cs[0].tv_inputs()], lmap)
+        return unmapped_axis(fusion, [out, *cs[0].tv_inputs()], lmap) or _simt_refuses(fusion)
 
     @staticmethod
     def variant(params) -> str:
@@ -125,8 +125,7 @@ class MatmulScheduler:
         f2 = fusion.clone()
         decompose(f2)
         why2 = ReductionScheduler.can_schedule(f2)
-        if why2:
-            raise CircbufError(f"matmul {e.out.name}: no path takes it ({why}; SIMT path: {why2})")
+        assert why2 is None, why2  # can_schedule refused what the SIMT path cannot take (_simt_refuses)
         return MatmulParams(simt=ReductionScheduler.compute_params(f2, info, {}))
 
     # ---------------------------------------------------------- schedule
@@ -148,9 +147,29 @@ def _operands(e):
     return e.inputs[0], e.inputs[1], (e.inputs[2] if len(e.inputs) > 2 else None)
 
 
-def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
-    """None when the tensor-core path can take this fusion on these inputs,
-    else why not (the SIMT path takes it)."""
+def _simt_refuses(fusion: Fusion) -> str | None:
+    """Why the SIMT path (the matmul decomposed into a sum of products, run
+    by the reduction scheduler) cannot take ``fusion``, else None. The
+    tensor-core path falls back to it on grounds of the fusion's structure
+    (:func:`_mma_structure`) and of the inputs' dtypes, strides, alignment and
+    sizes, known only at compile; so a fusion the SIMT path cannot take is
+    refused here, where the segmenter can still split it (an output of the
+    bias's shape beside the matmul's, say, gets a kernel of its own)."""
+    from .reduction import ReductionScheduler
+
+    f2 = fusion.clone()
+    decompose(f2)
+    why = ReductionScheduler.can_schedule(f2)
+    if why is None:
+        return None
+    e = contractions(fusion)[0]
+    when = _mma_structure(fusion, e) or "inputs the tensor cores cannot read (strides, alignment, sizes)"
+    return f"matmul {e.out.name} runs on the SIMT path for {when}, which cannot take this fusion: {why}"
+
+
+def _mma_structure(fusion: Fusion, e) -> str | None:
+    """Why the tensor-core path cannot take this fusion whatever its inputs,
+    else None."""
     a, b, _ = _operands(e)
     if a.dtype not in (DataType.BFloat16, DataType.Half):
         return f"{a.dtype.name} operands (the tensor-core path takes BFloat16 and Half)"
@@ -164,6 +183,24 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
     c = e.out
     if any(i.is_broadcast for i in c.logical[-2:]):
         return "an M or N extent of 1 fixed in the definition"
+    lmap = LogicalMap(fusion)
+    classes = {lmap.find(i) for i in c.logical}
+    for o in fusion.outputs:
+        for d, i in enumerate(o.logical):
+            if i.concrete_extent is not None and lmap.find(i) not in classes:
+                return f"output {o.name} axis {d} is not an axis of the matmul's output"
+        if o.ndim != c.ndim:
+            return f"output {o.name} does not have the matmul output's shape"
+    return None
+
+
+def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
+    """None when the tensor-core path can take this fusion on these inputs,
+    else why not (the SIMT path takes it)."""
+    why = _mma_structure(fusion, e)
+    if why:
+        return why
+    a, b, _ = _operands(e)
     k = evaluate(a.logical[-1].extent, info.extents)
     if k == 0:
         return "K = 0 (the sum of no products)"
@@ -174,14 +211,6 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
         why = _operand_layout(t)[1]
         if why:
             return f"operand {x.name}: {why}"
-    lmap = LogicalMap(fusion)
-    classes = {lmap.find(i) for i in c.logical}
-    for o in fusion.outputs:
-        for d, i in enumerate(o.logical):
-            if i.concrete_extent is not None and lmap.find(i) not in classes:
-                return f"output {o.name} axis {d} is not an axis of the matmul's output"
-        if o.ndim != c.ndim:
-            return f"output {o.name} does not have the matmul output's shape"
     return None
 
 

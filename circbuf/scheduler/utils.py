@@ -63,6 +63,8 @@ class LogicalMap:
             if src is not None:
                 for a, b in zip(src.logical + src.domain.root, tv.logical + tv.domain.root):
                     self.union(b, a)
+            for a, b in tv.joined_axes:  # a merged broadcast's link to its inner one's axes
+                self.union(b, a)
 
     def view_classes(self):
         """(input classes, output classes) of every view split and merge."""
@@ -376,6 +378,10 @@ def hoist_broadcasts(fusion: Fusion) -> None:
         if type(d) is BroadcastOp and type(e) is BroadcastOp:  # broadcast(broadcast(x)): one broadcast
             inner = iter(d.is_broadcast_dim)
             flags = [f or next(inner) for f in e.is_broadcast_dim]
+            # the inner broadcast's new axes are still src's: src may have other
+            # readers (a hoisted copy of an elementwise chain sits beside the
+            # original), whose loops over those axes are this tensor's loops
+            e.out.joined_axes += e.logical_map(src)
             src.uses.remove(e)
             BroadcastOp(e.out, d.inputs[0], flags)
             hoist_broadcasts(fusion)
