@@ -88,6 +88,7 @@ import dataclasses
 
 from ..ir import Bin, CircbufError, Const, ParallelType, Var, WarpSpecialized, simplify
 from ..ir.scalar import free_vars, substitute
+from . import wgmma_ops
 from .kir import (
     Allocate,
     Assign,
@@ -111,10 +112,8 @@ from .kir import (
     TensorRef,
     TmaLoad,
     Wgmma,
-    WgmmaWait,
     enclosing,
     insert_before,
-    parent_list,
     thread0_cond,
     walk,
 )
@@ -135,15 +134,14 @@ def _only_loads(node, tvs) -> bool:
     return False
 
 
-def _reads(node, tv, wgmma_only=False) -> bool:
-    """True when ``node`` (or a node inside it) reads ``tv``; with
-    ``wgmma_only``, reads by wgmmas, which are done only at a wait_group."""
+def _reads(node, tv) -> bool:
+    """True when ``node`` (or a node inside it) reads ``tv``."""
     hit = []
 
     def f(n, _s):
         if isinstance(n, Wgmma) and tv in (n.a.tv, n.b.tv):
             hit.append(n)
-        elif not wgmma_only and isinstance(n, Assign):
+        elif isinstance(n, Assign):
             if any(isinstance(o, TensorRef) and o.tv is tv for o in n.operands):
                 hit.append(n)
 
@@ -291,7 +289,7 @@ def _pipeline(kernel, alloc, key, setup):
     first_read = next((k for k, n in enumerate(loop.body) if _reads(n, tv)), len(loop.body))
     if any(loop.body.index(m) > first_read for m in loads):
         raise CircbufError(f"{name}: a read of the buffer precedes its copy in the loop")
-    if any(_reads(n, tv, wgmma_only=True) for n in rest):
+    if any(wgmma_ops.reads(n, tv) for n in rest):
         raise CircbufError(
             f"{name}: wgmmas read it asynchronously; a Pipelined ring would refill a stage they may "
             "still read (use WarpSpecialized, which releases after wgmma.wait_group)"
@@ -471,7 +469,7 @@ def _place_consumer_ring(body, bufs, levels, ring, consumers, label, rows):
     """Waits, releases and ring advances in the readers' nest (``rows``:
     the consumers' threadIdx.y extent); returns the number of arrivals that
     release one position, and whether the rows split the positions."""
-    use, full, empty, S = ring.use, ring.full, ring.empty, ring.stages
+    use, full, empty = ring.use, ring.full, ring.empty
     tvs = [b.tv for b in bufs]
     read = _first_read(body, tvs)
     if read is None:
@@ -513,34 +511,9 @@ def _place_consumer_ring(body, bufs, levels, ring, consumers, label, rows):
     for b in bufs:
         _offset_reads(ring_loop.body, b.tv, simplify(use.stage * b.stage_elems))
     ring_loop.body.insert(0, MBarrierWait(MBarrierRef(full, use.stage), use.phase))
-    prev = simplify((use.stage + (S - 1)) % S)
-    per_warp = False
-    if any(_reads(n, t, wgmma_only=True) for n in ring_loop.body for t in tvs):
-        # a warp's wgmma.wait_group retires its warpgroup's reads at once: one
-        # elected lane per warp releases the stage (a thread's own loads would
-        # need every thread)
-        per_warp = True
-
-        def release():
-            return ElectOne(Const(True), [MBarrierArrive(MBarrierRef(empty, prev))])
-
-        waits = [k for k, n in enumerate(ring_loop.body) if isinstance(n, WgmmaWait)]
-        if not waits:
-            raise CircbufError(f"{label}: wgmmas read the ring but no wgmma wait_group retires them")
-        k = waits[-1]
-        ring_loop.body.insert(
-            k + 1,
-            IfThenElse(
-                Bin("!=", ring_loop.index, ring_loop.start),
-                [Comment("the previous stage's wgmmas are done"), release()],
-            ),
-        )
-        parent = parent_list(body, ring_loop)
-        after = parent.index(ring_loop) + 1
-        tail = next((k for k in range(after, len(parent)) if isinstance(parent[k], WgmmaWait)), None)
-        if tail is None or parent[tail].pending != 0:
-            raise CircbufError(f"{label}: the wgmmas of the last k step are never waited for")
-        parent.insert(tail + 1, release())
+    per_arrival = 1  # threads per arrival on the empty barrier
+    if any(wgmma_ops.reads(n, t) for n in ring_loop.body for t in tvs):
+        per_arrival = wgmma_ops.release_after_wait_group(body, ring_loop, ring, label)
         ring_loop.body.append(RingAdvance(use, Const(1)))
     else:
         ring_loop.body = _release_after_last_read(
@@ -553,7 +526,7 @@ def _place_consumer_ring(body, bufs, levels, ring, consumers, label, rows):
     body.insert(0, RingInit(use, init if init != Const(0) else None))
     # one arrival per reading thread; thread indices that pick the position
     # (a ping-pong warpgroup's tiles) divide the readers of a position
-    arrivals = consumers // 32 if per_warp else consumers
+    arrivals = consumers // per_arrival
     split = ParallelType.TIDy.value in free_vars(init)
     if split:
         arrivals //= rows  # the consumer rows (no producer row) split the positions

@@ -29,6 +29,7 @@ from ..ir import (
     ViewExpr,
     as_scalar,
 )
+from . import wgmma_ops
 from .kir import (
     Allocate,
     Assign,
@@ -50,7 +51,6 @@ from .kir import (
     MBarrierInval,
     MBarrierRef,
     MBarrierWait,
-    MmaOperand,
     Return,
     RingAdvance,
     RingInit,
@@ -256,11 +256,7 @@ class CudaCodegen:
             self.emit(f"{t}* {n.tv.name} = reinterpret_cast<{t}*>(cb_smem + {self.scalar(n.offset)});")
             desc = self.k.descriptors.get(n.tv.name)
             if desc is not None:  # wgmma reads it: the descriptor of element 0, made once
-                lbo, sbo, swz = desc
-                self.emit(
-                    f"const unsigned long long {n.tv.name}_desc = "
-                    f"cb::smem_desc({n.tv.name}, {lbo}, {sbo}, {_SWIZZLE_CODE[swz]});"
-                )
+                self.emit(wgmma_ops.descriptor_decl(n.tv.name, desc))
         else:
             self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}];")
 
@@ -336,21 +332,12 @@ class CudaCodegen:
             self.emit(f"{r.name}_phase ^= ({r.name}_stage / {r.stages}) & 1;")
             self.emit(f"{r.name}_stage %= {r.stages};")
 
-    def desc(self, op: MmaOperand) -> str:
-        off = self.scalar(op.offset)
-        return f"{op.tv.name}_desc + (unsigned long long)((({off}) * {op.tv.dtype.size}) >> 4)"
-
     def visit_Wgmma(self, n: Wgmma):
-        m, nn, k = n.shape
-        ab = n.a.tv.dtype
-        name = f"wgmma_m{m}n{nn}k{k}_{ab.short}"
+        """The instruction through its wrapper (one per shape and type, printed before the kernel)."""
+        name = wgmma_ops.wrapper_name(n)
         if name not in self.helpers:
-            self.helpers[name] = _wgmma_helper(name, nn, ab)
-        ta, tb = int(n.a.transpose), int(n.b.transpose)
-        self.emit(
-            f"{name}<{ta}, {tb}>(&{self.ref(n.acc)}, {self.desc(n.a)}, {self.desc(n.b)}, "
-            f"(int)({self.scalar(n.scale_d)}));"
-        )
+            self.helpers[name] = wgmma_ops.wrapper(n)
+        self.emit(wgmma_ops.call(n, self.scalar, self.ref))
 
     def visit_WgmmaFence(self, n: WgmmaFence):
         self.emit("cb::wgmma_fence();")
@@ -469,37 +456,6 @@ class CudaCodegen:
             "    " + ",\n    ".join(params) + ") {",
         ]
         return "\n".join(head + smem + body + ["}", ""])
-
-
-_SWIZZLE_CODE = {128: 1, 64: 2, 32: 3, 0: 0}
-_MMA_TYPE = {DataType.BFloat16: "bf16", DataType.Half: "f16"}
-
-
-def _wgmma_helper(name: str, n: int, ab: DataType) -> str:
-    """One warpgroup MMA m64nNk16 with both operands from shared-memory
-    descriptors, accumulating into N/2 fp32 registers per thread; scale_d
-    0 computes D = A x B (the first k step of a tile)."""
-    regs = n // 2
-    outs = ", ".join(f"%{k}" for k in range(regs))
-    t = _MMA_TYPE[ab]
-    asm = (
-        f"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
-        f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{outs}}}, %{regs}, %{regs + 1}, "
-        f"p, 1, 1, %{regs + 3}, %{regs + 4};\\n}}\\n"
-    )
-    dst = ", ".join(f'"+f"(d[{k}])' for k in range(regs))
-    return "\n".join(
-        [
-            "template <int TA, int TB>",
-            f"__device__ __forceinline__ void {name}(float* d, unsigned long long da, unsigned long long db, "
-            "int scale_d) {",
-            f'  asm volatile("{asm}"',
-            f"      : {dst}",
-            '      : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));',
-            "}",
-            "",
-        ]
-    )
 
 
 def _operand_type(e) -> DataType:

@@ -20,8 +20,6 @@ After::
 
 from __future__ import annotations
 
-import itertools
-
 from ..ir import (
     Bin,
     CircbufError,
@@ -34,25 +32,22 @@ from ..ir import (
     Scalar,
     TensorView,
     Var,
-    evaluate,
     simplify,
     transform_history,
 )
 from ..ir.iterdomain import Merge, Split
-from ..ir.scalar import free_vars
+from . import wgmma_ops
 from .allocation import allocation_strides
 from .kir import (
     Assign,
     BlockReduce,
     ExprStmt,
     Kernel,
-    MmaOperand,
     ReductionInit,
     TensorMapSpec,
     TensorRef,
     TmaLoad,
     TmaStore,
-    Wgmma,
     rewrite,
 )
 
@@ -272,103 +267,9 @@ class _Indexer:
         m, coords, nbytes = self._map(out, dims, src)
         return TmaStore(TensorRef(src, simplify(at0)), m, coords, nbytes, out)
 
-    def mma(self, node) -> Wgmma:
-        """One warpgroup MMA instruction: the accumulator fragment of the
-        output's MMA axes, both operands read from swizzled shared memory
-        through descriptors. The output's fragment axes must be the
-        instruction's register layout (checked numerically), the operand
-        tiles one of the layouts wgmma reads (K- or MN-major)."""
-        e = node.expr
-        out = e.out
-        frag = [a for a in out.loop if a.parallel_type == ParallelType.Mma and not a.is_reduction]
-        kmma = [a for a in out.loop if a.parallel_type == ParallelType.Mma and a.is_reduction]
-        k_inst = 1
-        for a in kmma:
-            k_inst *= int(simplify(a.loop_extent).value)
-        if k_inst * e.inputs[0].dtype.size != 32:
-            raise CircbufError(
-                f"{out.name}: the MMA K axes cover {k_inst} elements; wgmma takes 32 bytes of K"
-            )
-        regs = 1
-        for a in frag:
-            regs *= int(simplify(a.loop_extent).value)
-        n_inst = 2 * regs
-        if not (8 <= n_inst <= 256 and n_inst % 8 == 0):
-            raise CircbufError(
-                f"{out.name}: {regs} fragment registers make an m64n{n_inst}k16 wgmma (N in 8..256)"
-            )
-        tid = [a for a in out.loop if a.parallel_type == ParallelType.TIDx]
-        if len(tid) != 1 or simplify(tid[0].loop_extent) != Const(128):
-            raise CircbufError(
-                f"{out.name}: a wgmma's output needs one threadIdx.x axis of 128 threads (a warpgroup)"
-            )
-        mpos = e.maps[0][[r for r in e.roles[0]].index("M")][1]
-        npos = e.maps[1][[r for r in e.roles[1]].index("N")][1]
-        kpos = next(j for j, i in enumerate(out.logical) if i.is_reduction)
-        m_id, n_id, k_id = out.logical[mpos].id, out.logical[npos].id, out.logical[kpos].id
-        origin = dict(node.index)
-        origin[tid[0].id] = Const(0)
-        ids0 = loop_to_ids(out, origin)
-        _check_fragment(out, node.index, tid[0], frag, m_id, n_id, self.k.extent_bindings)
-        acc = TensorRef(out, self.buffer_index(out, origin))
-        ops = []
-        for k, p in enumerate(e.inputs):
-            plog = {pa.id: ids0.get(ca.id, Const(0)) for pa, ca in e.logical_map(p)}
-            off = simplify(self.buffer_index(p, logical_to_ids(p, plog)))
-            mn_id = m_id if k == 0 else n_id
-            extent = 64 if k == 0 else n_inst
-            ops.append(self._mma_operand(e, p, off, ids0, mn_id, k_id, extent))
-        return Wgmma(acc, ops[0], ops[1], (64, n_inst, k_inst), _scale_d(out, node.index))
-
-    def _mma_operand(self, e, p, off, ids0, mn_id, k_id, mn_extent):
-        """The descriptor of operand ``p`` for the instruction at ``ids0``:
-        its buffer offsets for a step along MN and along K tell the layout."""
-        if p.memory_type != MemoryType.Shared or not p.swizzle_bytes:
-            raise CircbufError(f"{p.name}: a wgmma operand must be a swizzled shared-memory buffer")
-        span = p.swizzle_bytes // p.dtype.size  # elements in one swizzled row
-        dmn, dk = Var("dmn"), Var("dk")
-        cmap = {ca.id: pa for pa, ca in e.logical_map(p)}
-        plog = {pa.id: ids0.get(ca.id, Const(0)) for pa, ca in e.logical_map(p)}
-        plog[cmap[mn_id].id] = plog[cmap[mn_id].id] + dmn
-        plog[cmap[k_id].id] = plog[cmap[k_id].id] + dk
-        at = self.buffer_index(p, logical_to_ids(p, plog))
-        env = _probe_env(free_vars(at), self.k.extent_bindings)
-
-        def offset(i, k):
-            return evaluate(at, {**env, "dmn": i, "dk": k}) - evaluate(at, {**env, "dmn": 0, "dk": 0})
-
-        nbytes = p.dtype.size
-        if offset(0, 1) == 1:  # K-major: rows of MN, K contiguous within a swizzled row
-            pitch = offset(1, 0)
-            ok = pitch == span and all(offset(0, k) == k for k in range(16))
-            ok = ok and all(offset(i, 0) == i * pitch for i in range(mn_extent))
-            if not ok:
-                raise CircbufError(
-                    f"{p.name}: a K-major wgmma operand needs rows of {span} elements (one {p.swizzle_bytes}-byte "
-                    f"swizzle span), K contiguous; its layout steps {pitch} per row"
-                )
-            return MmaOperand(p, off, 16, 8 * span * nbytes, p.swizzle_bytes, False)
-        if offset(1, 0) == 1:  # MN-major: chunks of `span` MN elements, K rows of them
-            kpitch = offset(0, 1)
-            chunk = offset(span, 0) if mn_extent > span else 0
-            ok = kpitch == span and all(offset(0, k) == k * span for k in range(16))
-            ok = ok and all(offset(i, 0) == (i // span) * chunk + i % span for i in range(mn_extent))
-            if not ok:
-                raise CircbufError(
-                    f"{p.name}: an MN-major wgmma operand needs {span}-element MN chunks, K rows of them "
-                    f"consecutive; its layout steps {kpitch} per K row"
-                )
-            return MmaOperand(p, off, max(chunk, 1) * nbytes, 8 * span * nbytes, p.swizzle_bytes, True)
-        raise CircbufError(f"{p.name}: neither K nor MN is contiguous in this wgmma operand's buffer")
-
     def lower(self, node):
         if isinstance(node, ExprStmt) and isinstance(node.expr, MmaOp):
-            w = self.mma(node)
-            for op in (w.a, w.b):
-                desc = (op.lbo, op.sbo, op.swizzle)
-                if self.k.descriptors.setdefault(op.tv.name, desc) != desc:
-                    raise CircbufError(f"{op.tv.name}: read by wgmmas with two different layouts")
-            return w
+            return wgmma_ops.lower_mma(self, node)
         if isinstance(node, ExprStmt) and isinstance(node.expr, LoadStoreOp) and node.expr.kind == "tma":
             if node.expr.out.memory_type == MemoryType.Global:
                 return self.tma_store(node)
@@ -424,61 +325,6 @@ def swizzle_index(tv: TensorView, idx: Scalar) -> Scalar:
     rows = tv.swizzle_bytes // 16  # chunks per row = rows in the XOR pattern
     row = (idx // (8 * per_chunk)) % rows
     return Bin("^", idx, row * per_chunk)
-
-
-def _scale_d(out, index) -> Scalar:
-    """0 (overwrite the accumulator) at the first k step of a tile, else 1."""
-    first = None
-    for a in out.loop:
-        if a.is_reduction and a.parallel_type == ParallelType.Serial and a.id in index:
-            i = index[a.id]
-            if isinstance(i, Const):
-                continue
-            t = i.eq(0)
-            first = t if first is None else Bin("&&", first, t)
-    return Const(1) if first is None else Bin("^", first, Const(1))
-
-
-def _probe_env(names, extents) -> dict:
-    """Values to evaluate index expressions at one instruction: loop and
-    thread indices 0, extents large (the layout is the same for any)."""
-    return {v: (1 << 16 if v in extents else 0) for v in names}
-
-
-def _check_fragment(out, index, tid, frag, m_id, n_id, extents):
-    """The output's fragment axes must hold the wgmma accumulator layout:
-    thread t of warp w = t / 32, lane l, register r = 4j + 2h + e holds row
-    16w + 8h + l / 4 and column 8j + 2(l % 4) + e (of the instruction tile)."""
-    fv = {a.id: Var(f"f{k}", lo=0, hi=a.loop_extent) for k, a in enumerate(frag)}
-    t = Var("threadIdx.x", lo=0, hi=Const(128))
-    idx = dict(index)
-    idx[tid.id] = t
-    idx.update(fv)
-    ids = loop_to_ids(out, idx)
-    m, n = ids[m_id], ids[n_id]
-    strides = {a.id: s for a, s in allocation_strides(out)}
-    r_expr = Const(0)
-    for a in frag:
-        r_expr = r_expr + fv[a.id] * strides.get(a.id, Const(0))
-    exts = [int(simplify(a.loop_extent).value) for a in frag]
-    base = _probe_env(set(free_vars(m)) | set(free_vars(n)) | set(free_vars(r_expr)), extents)
-    m0, n0 = evaluate(m, base), evaluate(n, base)
-    r0 = evaluate(r_expr, base)
-    for combo in itertools.product(*[range(x) for x in exts]):
-        env = dict(base)
-        env.update({f"f{k}": v for k, v in enumerate(combo)})
-        for tt in (0, 1, 3, 4, 7, 31, 32, 45, 64, 127) if len(exts) else (0,):
-            env["threadIdx.x"] = tt
-            r = evaluate(r_expr, env) - r0
-            w, ln = tt // 32, tt % 32
-            want_m = 16 * w + 8 * ((r // 2) % 2) + ln // 4
-            want_n = 8 * (r // 4) + 2 * (ln % 4) + r % 2
-            if evaluate(m, env) - m0 != want_m or evaluate(n, env) - n0 != want_n:
-                raise CircbufError(
-                    f"{out.name}: its fragment axes are not the wgmma accumulator layout (thread {tt}, "
-                    f"register {r}: row {evaluate(m, env) - m0}, column {evaluate(n, env) - n0}; the instruction "
-                    f"puts it at row {want_m}, column {want_n})"
-                )
 
 
 def lower_indexing(kernel: Kernel) -> Kernel:

@@ -26,9 +26,10 @@ After::
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Const, Fusion, MmaOp, ParallelType, ReductionOp, TensorView, Var, simplify
+from ..ir import CircbufError, Const, Fusion, ParallelType, ReductionOp, TensorView, Var, simplify
 from ..ir.iterdomain import Split
 from ..ir.scalar import is_const
+from . import wgmma_ops
 from .kir import BlockReduce, ExprStmt, ForLoop, Kernel, ReductionInit, TensorParam
 
 
@@ -302,12 +303,12 @@ def _grid_stride(ax):
 
 def _check_reduction(out: TensorView):
     seen_red = False
-    mma = isinstance(out.definition, MmaOp)
+    free = wgmma_ops.free_loop_order(out)
     for ax in out.loop:
         if ax.parallel_type in (ParallelType.Mma, ParallelType.Bulk):
             continue
-        if mma and not ax.is_reduction:
-            continue  # an MMA writes each fragment whole: any loop order (its k steps accumulate)
+        if free and not ax.is_reduction:
+            continue  # an MMA output's fragment axes: any loop order
         if ax.is_reduction:
             seen_red = True
             if ax.parallel_type.is_block:
