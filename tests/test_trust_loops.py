@@ -23,7 +23,7 @@ import torch
 import circbuf as cb
 from circbuf.ir import ParallelType
 from circbuf.ir.scalar import Const, free_vars
-from circbuf.lowering.kir import Assign, ForLoop, TmaLoad, TmaStore, walk
+from circbuf.lowering.kir import Assign, ForLoop, Let, TmaLoad, TmaStore, walk
 from circbuf.runtime import nvrtc
 from circbuf.scheduler import registry
 from tests.kir_interp import interpret
@@ -184,11 +184,23 @@ def _store_deps(kernel):
         names = {}
         for e in exprs:
             free_vars(e, names)
-        for loop in reversed([s for s in stack if isinstance(s, ForLoop)]):
-            if loop.index.name in names:
-                free_vars(loop.start, names)
+        # through the named values (the hoist pass's LETs) and the loops'
+        # starts, until nothing new turns up
+        loops = [s for s in stack if isinstance(s, ForLoop)]
+        while True:
+            before = set(names)
+            for v in before:
+                if v in lets:
+                    free_vars(lets[v], names)
+            for loop in reversed(loops):
+                if loop.index.name in names:
+                    free_vars(loop.start, names)
+            if set(names) == before:
+                break
         found.append((n, set(names)))
 
+    lets = {}
+    walk(kernel.body, lambda n, _s: lets.__setitem__(n.var.name, n.value) if isinstance(n, Let) else None)
     walk(kernel.body, visit)
     return found
 
