@@ -3,7 +3,9 @@
 
     PYTHONPATH=. python benchmarks/matmul.py            # the issue's table
     PYTHONPATH=. python benchmarks/matmul.py --sweep    # heuristic vs override sets
-    PYTHONPATH=. python benchmarks/matmul.py --epilogue # linear + bias + gelu vs eager, torch.compile
+    PYTHONPATH=. python benchmarks/matmul.py --epilogue [--variants] [--only silu]
+                                                        # linear + bias + act / + residual vs eager, compile
+    PYTHONPATH=. python benchmarks/matmul.py --breakdown # where the epilogue's time goes
 
 TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
 for each shape (torch._dynamo.reset(), dynamic=False).
@@ -123,40 +125,104 @@ def sweep():
         print(f"{m}x{n}x{k} {kind}: " + " | ".join(line))
 
 
+EPILOGUES = ("relu", "gelu", "tanh_gelu", "silu", "residual")
+
+
+def _torch_epilogue(epilogue):
+    """The fusion as a torch user writes it (linear with bias; residual: no bias, + r)."""
+    F = torch.nn.functional
+    act = {
+        "relu": torch.relu,
+        "gelu": F.gelu,
+        "tanh_gelu": lambda y: F.gelu(y, approximate="tanh"),
+        "silu": F.silu,
+    }
+    if epilogue == "residual":
+        return lambda x, w, r: F.linear(x, w) + r
+    return lambda x, w, bias: act[epilogue](F.linear(x, w, bias))
+
+
 def epilogue():
-    """linear + bias + gelu: fused kernel vs eager, a static torch.compile and the bare GEMM."""
-    print(f"GPU: {gpu_name()}  linear + bias + gelu (bf16), us")
+    """linear + bias + {relu, gelu, tanh-gelu, silu} and linear + residual: the
+    fused kernel (heuristic, and with ``--variants`` each schedule of
+    EPILOGUE_VARIANTS) against torch eager, a static torch.compile and the bare
+    cuBLAS GEMM, all in the same run; ``--only NAME`` picks one epilogue."""
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    print(
+        f"GPU: {gpu_name()}  linear + epilogue (bf16), us; ratio = circbuf / bare cuBLAS GEMM (target <= 1.10)"
+    )
     for m, n, k in ((8192, 8192, 1024), (4096, 14336, 4096)):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / 8
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-
-        def eager(x, w, bias):
-            return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias))
-
-        compiled = static_compile(eager)
-        compiled(x, w, bias)
-        if "--variants" in sys.argv:  # the fused kernel under each schedule, same run
-            line = []
-            for tag, ov in EPILOGUE_VARIANTS.items():
-                f2 = mm_fusion("linear", bias=True, epilogue="gelu")
-                f2.fusion.schedule(**ov)
-                f2.execute([x, w, bias])
-                line.append(f"{tag} {bench_ms(lambda f2=f2, a=(x, w, bias): f2.execute(list(a))) * 1e3:.0f}")
-            print(f"  {m}x{n}x{k} variants (us): " + " | ".join(line))
-        fd = mm_fusion("linear", bias=True, epilogue="gelu")
-        (out,) = fd.execute([x, w, bias])
-        ref = eager(x, w, bias)
-        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-        args = (x, w, bias)
-        t_eager = bench_ms(lambda args=args: eager(*args))
-        t_comp = bench_ms(lambda f=compiled, args=args: f(*args))
+        res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         t_gemm = bench_ms(lambda x=x, w=w: x @ w.T)
-        t_cb = bench_ms(lambda fd=fd, args=args: fd.execute(list(args)))
-        print(
-            f"{m}x{n}x{k}: circbuf {t_cb * 1e3:.0f}  eager {t_eager * 1e3:.0f}  compile {t_comp * 1e3:.0f}  "
-            f"bare cuBLAS GEMM {t_gemm * 1e3:.0f}  (circbuf / bare GEMM = {t_cb / t_gemm:.3f}, err {err:.1e})"
-        )
+        print(f"{m}x{n}x{k}: bare cuBLAS GEMM {t_gemm * 1e3:.0f} us")
+        for ep in EPILOGUES:
+            if only and ep != only:
+                continue
+            args = (x, w, res) if ep == "residual" else (x, w, bias)
+
+            def make(ep=ep):
+                return mm_fusion("linear", bias=ep != "residual", epilogue=ep)
+
+            eager = _torch_epilogue(ep)
+            compiled = static_compile(eager)
+            compiled(*args)
+            fd = make()
+            (out,) = fd.execute(list(args))
+            ref = eager(*[a.double() for a in args])
+            err = ((out.double() - ref).abs().max()).item()
+            err_torch = ((eager(*args).double() - ref).abs().max()).item()
+            t_eager = bench_ms(lambda f=eager, a=args: f(*a))
+            t_comp = bench_ms(lambda f=compiled, a=args: f(*a))
+            t_cb = bench_ms(lambda fd=fd, a=args: fd.execute(list(a)))
+            line = (
+                f"  {ep:>9s}: circbuf {t_cb * 1e3:5.0f} [{fd.last_params().brief()}]  eager {t_eager * 1e3:5.0f}  "
+                f"compile {t_comp * 1e3:5.0f}  ratio {t_cb / t_gemm:.3f}  max err {err:.2e} (torch bf16 {err_torch:.2e})"
+            )
+            if "--variants" in sys.argv:  # the fused kernel under each schedule, same run
+                vs = []
+                for tag, ov in EPILOGUE_VARIANTS.items():
+                    f2 = make()
+                    try:
+                        f2.fusion.schedule(**ov)
+                        f2.execute(list(args))
+                        vs.append(f"{tag} {bench_ms(lambda f2=f2, a=args: f2.execute(list(a))) * 1e3:.0f}")
+                    except Exception as e:  # noqa: BLE001 - a variant that does not fit is reported
+                        vs.append(f"{tag} n/a({type(e).__name__})")
+                line += "\n             variants (us): " + " | ".join(vs)
+            print(line, flush=True)
+
+
+def breakdown():
+    """Where a fused epilogue's time goes (cooperative and ping-pong, same run):
+    the bare GEMM, + bias, + relu, + bias + relu, + bias + gelu, each as a
+    circbuf kernel, against the bare cuBLAS GEMM."""
+    print(f"GPU: {gpu_name()}  epilogue breakdown (bf16), us")
+    parts = {
+        "bare": dict(bias=False, epilogue=None),
+        "+bias": dict(bias=True, epilogue=None),
+        "+relu": dict(bias=False, epilogue="relu"),
+        "+bias+relu": dict(bias=True, epilogue="relu"),
+        "+bias+gelu": dict(bias=True, epilogue="gelu"),
+        "+bias+silu": dict(bias=True, epilogue="silu"),
+    }
+    sched = {"coop": {}, "pp 128x128": dict(pingpong=True, tile=(128, 128, 64))}
+    for m, n, k in ((8192, 8192, 1024), (4096, 4096, 4096)):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / 8
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        t_gemm = bench_ms(lambda x=x, w=w: x @ w.T)
+        line = [f"cuBLAS {t_gemm * 1e3:.0f}"]
+        for tag, kw in parts.items():
+            args = [x, w, bias] if kw["bias"] else [x, w]
+            for st, ov in sched.items():
+                fd = mm_fusion("linear", **kw)
+                fd.fusion.schedule(**ov)
+                fd.execute(args)
+                line.append(f"{tag} {st} {bench_ms(lambda fd=fd, a=args: fd.execute(a)) * 1e3:.0f}")
+        print(f"{m}x{n}x{k}: " + " | ".join(line), flush=True)
 
 
 if __name__ == "__main__":
@@ -165,5 +231,7 @@ if __name__ == "__main__":
         sweep()
     elif "--epilogue" in sys.argv:
         epilogue()
+    elif "--breakdown" in sys.argv:
+        breakdown()
     else:
         table()
