@@ -63,6 +63,7 @@ from .kir import (
     WgmmaFence,
     WgmmaWait,
     is_block_wide,
+    walk,
 )
 from .prelude import PRELUDE
 
@@ -134,6 +135,7 @@ class CudaCodegen:
         self.ind = 1
         self.red_smem: list[str] = []
         self.helpers: dict[str, str] = {}  # wgmma wrappers the kernel uses, by name
+        self.zeroed = _zeroed_registers(kernel)
 
     # -------------------------------------------------------- scalars
     def scalar(self, e: Scalar) -> str:
@@ -257,7 +259,8 @@ class CudaCodegen:
                     f"cb::smem_desc({n.tv.name}, {lbo}, {sbo}, {_SWIZZLE_CODE[swz]});"
                 )
         else:
-            self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}];")
+            zero = " = {}" if n.tv.name in self.zeroed else ""
+            self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}]{zero};")
 
     def bar(self, r: MBarrierRef) -> str:
         return f"&{r.name}[{self.scalar(r.stage)}]"
@@ -458,6 +461,32 @@ class CudaCodegen:
             "    " + ",\n    ".join(params) + ") {",
         ]
         return "\n".join(head + smem + body + ["}", ""])
+
+
+def _zeroed_registers(kernel: Kernel) -> set:
+    """Register buffers that start zeroed: those a guarded statement writes (a
+    load that may be out of range) computed outside loops over their broadcast
+    axes, which every iteration of those loops reads (a bias along N held for
+    the rows of the accumulator fragment). Left undefined where the guard
+    fails, a predicated write merges with the register's previous contents,
+    and ptxas keeps such registers live around the enclosing loops: the
+    matmul epilogue that loads its bias once per fragment column spilled at
+    232 and at 240 registers unless they start zeroed."""
+    out = set()
+
+    def visit(n, stack):
+        if not (isinstance(n, Assign) and any(isinstance(s, IfThenElse) for s in stack)):
+            return
+        tv = n.lhs.tv
+        serial = (ParallelType.Serial, ParallelType.Unroll)
+        held = tv.loop[tv.compute_at_pos :]
+        if tv.memory_type == MemoryType.Local and any(
+            a.is_broadcast and a.parallel_type in serial for a in held
+        ):
+            out.add(tv.name)
+
+    walk(kernel.body, visit)
+    return out
 
 
 _SWIZZLE_CODE = {128: 1, 64: 2, 32: 3, 0: 0}
