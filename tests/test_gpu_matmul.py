@@ -135,6 +135,94 @@ def test_linear_bias_gelu():
     check(out, ref)
 
 
+EPILOGUE_INPUTS = [
+    "bias_n",  # linear's bias [N]: the same in every row of a tile
+    "bias_n_row",  # a [1, N] input added to the output
+    "bias_n_strided",  # [N] with stride 2: no pair loads
+    "bias_n_offset",  # [N] starting one element into its storage: 2-byte aligned, no pair loads
+    "bias_m",  # a [M, 1] input: the same in every column
+    "bias_m_expanded",  # [M] broadcast_in_dim to [M, N] (an expanded axis)
+    "residual",  # a full [M, N] tile
+    "residual_t",  # a transposed [M, N] view (N not contiguous)
+]
+
+
+def epilogue_input(what, m, n, k, device="cpu", dtype=torch.bfloat16):
+    """gelu(linear(x, w) + y) for an epilogue input ``y`` of EPILOGUE_INPUTS:
+    (fd, inputs, float64 reference)."""
+    d = D.BFloat16 if dtype == torch.bfloat16 else D.Half
+    x = torch.randn(m, k, device=device, dtype=dtype) / 8
+    w = torch.randn(n, k, device=device, dtype=dtype) / 8
+    shape = {"bias_n_row": [1, -1], "bias_m": [-1, 1], "residual": [-1, -1], "residual_t": [-1, -1]}.get(
+        what, [-1]
+    )
+    with cb.FusionDefinition() as fd:
+        a, b = fd.define_tensor([-1, -1], dtype=d), fd.define_tensor([-1, -1], dtype=d)
+        y = fd.define_tensor(shape, dtype=d)
+        if what in ("bias_n", "bias_n_strided", "bias_n_offset"):
+            c = fd.ops.linear(a, b, y)
+        elif what == "bias_m_expanded":
+            c = fd.ops.add(fd.ops.linear(a, b), fd.ops.broadcast_in_dim(y, [m, n], [0]))
+        else:
+            c = fd.ops.add(fd.ops.linear(a, b), y)
+        fd.add_output(fd.ops.cast(fd.ops.gelu(c), d))
+    if what in ("bias_n", "bias_n_row"):
+        y = torch.randn(n, device=device, dtype=dtype)
+    elif what == "bias_n_strided":
+        y = torch.randn(2 * n, device=device, dtype=dtype)[::2]
+    elif what == "bias_n_offset":
+        y = torch.randn(n + 1, device=device, dtype=dtype)[1:]
+    elif what in ("bias_m", "bias_m_expanded"):
+        y = torch.randn(m, device=device, dtype=dtype)
+    elif what == "residual":
+        y = torch.randn(m, n, device=device, dtype=dtype)
+    else:
+        y = torch.randn(n, m, device=device, dtype=dtype).T
+    yd = y.double()
+    ref = x.double() @ w.double().T + (yd[:, None] if what.startswith("bias_m") else yd)
+    if what == "bias_n_row":
+        y = y[None, :]
+    elif what == "bias_m":
+        y = y[:, None]
+    return fd, [x, w, y], torch.nn.functional.gelu(ref)
+
+
+@pytest.mark.parametrize("what", EPILOGUE_INPUTS)
+@pytest.mark.parametrize(
+    "m, n, k",
+    [
+        (1000, 8191, 264),  # N odd (no pair loads, direct stores), M ragged
+        (777, 1040, 512),  # N a multiple of 16 but not of the 256-column tile
+        (130, 8192, 128),  # M just past a tile
+        (257, 1022, 72),  # both ragged, N even
+    ],
+)
+def test_epilogue_inputs(what, m, n, k):
+    """An input the epilogue reads beside the accumulator (a bias along N or M,
+    a residual tile) is loaded once per value of a sub-tile (pairs along N where
+    the layout allows): every element right at ragged edges, against float64."""
+    fd, inputs, ref = epilogue_input(what, m, n, k, DEV)
+    (out,) = fd.execute(inputs)
+    check(out, ref)
+
+
+@pytest.mark.parametrize("what", ["bias_n", "bias_m", "residual"])
+@pytest.mark.parametrize("ov", [dict(pingpong=True), dict(tile=(256, 128, 64)), dict(persistent=False)])
+@pytest.mark.parametrize("m, n", [(1000, 8191), (520, 1022)])
+def test_epilogue_inputs_overrides(what, ov, m, n):
+    fd, inputs, ref = epilogue_input(what, m, n, 136, DEV)
+    fd.fusion.schedule(**ov)
+    (out,) = fd.execute(inputs)
+    check(out, ref)
+
+
+def test_epilogue_inputs_half():
+    fd, inputs, ref = epilogue_input("bias_n", 333, 2050, 200, DEV, torch.float16)
+    (out,) = fd.execute(inputs)
+    assert out.dtype == torch.float16
+    check(out, ref)
+
+
 @pytest.mark.parametrize("kind", ["matmul", "linear"])
 @pytest.mark.parametrize("ta, tb", [(False, True), (True, False), (True, True)])
 def test_transposed_views(kind, ta, tb):

@@ -10,8 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circbuf as cb
+from circbuf.ir import Const
 from circbuf.lowering.kir import (
+    Assign,
     ElectOne,
+    ForLoop,
     MBarrierWait,
     RingAdvance,
     RingInit,
@@ -21,7 +24,7 @@ from circbuf.lowering.kir import (
     walk,
 )
 from tests.kir_interp import interpret
-from tests.test_gpu_matmul import OVERRIDES, check, expanded_operand, mm_fusion
+from tests.test_gpu_matmul import OVERRIDES, check, epilogue_input, expanded_operand, mm_fusion
 from tests.util import D
 
 
@@ -150,6 +153,73 @@ def test_epilogues_and_bias_compile():
     check_sass(ck)
     # the epilogue runs on the fp32 accumulator: no bf16 round trip before gelu
     assert "gelu" in ck.cuda and ck.params.simt is None
+
+
+def input_loads(ck, k) -> list:
+    """(elements per load, loads per tile and thread) of each statement that
+    reads fusion input ``k``: the loops of a fixed trip count around it (the
+    tile loop's trip count is not fixed)."""
+    x = ck.kernel.tensor_params[k].tv
+    out = []
+
+    def visit(n, stack):
+        if isinstance(n, Assign) and any(getattr(o, "tv", None) is x for o in n.operands):
+            trips = 1
+            for s in stack:
+                if isinstance(s, ForLoop) and isinstance(s.extent, Const):
+                    trips *= s.extent.value
+            out.append((n.operands[0].vector if n.operands[0].tv is x else 1, trips))
+
+    walk(ck.kernel.body, visit)
+    return out
+
+
+@pytest.mark.parametrize(
+    "what, n, loads",
+    [
+        # a thread's fragment of a 128 x 256 tile: 2 rows (h) x 64 columns (8 j x 4 sub-tiles x pairs e);
+        # before each was read once per accumulator element: [(1, 128)]
+        ("bias_n", 1022, [(2, 32)]),  # each column once, a pair at a time
+        ("bias_n", 1021, [(1, 64)]),  # N odd: a pair could straddle the end
+        ("bias_n_row", 1022, [(2, 32)]),
+        ("bias_n_strided", 1022, [(1, 64)]),
+        ("bias_n_offset", 1022, [(1, 64)]),
+        ("bias_m", 1022, [(1, 2)]),  # each row once per tile
+        ("bias_m_expanded", 1022, [(1, 2)]),
+        ("residual", 1022, [(2, 64)]),
+        ("residual", 1021, [(1, 128)]),
+        ("residual_t", 1022, [(1, 128)]),
+    ],
+)
+def test_epilogue_input_loaded_once_per_value(what, n, loads):
+    """An epilogue input is loaded outside the loops over its broadcast axes
+    (a bias along N once per fragment column, not per row; along M once per
+    tile), in pairs along N where its layout allows; the numerics run on the GPU
+    (test_gpu_matmul.test_epilogue_inputs)."""
+    fd, inputs, _ = epilogue_input(what, 257, n, 72)
+    ck = fd.compile(inputs, arch="sm_90a")
+    assert ck.params.simt is None
+    assert input_loads(ck, 2) == loads
+    assert ck.params.vectorize_inputs == ((False, False, True) if loads[0][0] == 2 else ())
+
+
+@pytest.mark.parametrize("epilogue", ["relu", "gelu", "silu"])
+def test_linear_bias_epilogues_do_not_spill(epilogue):
+    """linear + bias + activation, the bias in pairs once per fragment column
+    (zeroed registers where a load is skipped: codegen._zeroed_registers)."""
+    fd = mm_fusion("linear", bias=True, epilogue=epilogue)
+    m, n, k = 1024, 2048, 512
+    ck = fd.compile(
+        [
+            torch.randn(m, k, dtype=torch.bfloat16),
+            torch.randn(n, k, dtype=torch.bfloat16),
+            torch.randn(n, dtype=torch.bfloat16),
+        ],
+        arch="sm_90a",
+    )
+    check_sass(ck, 256)
+    assert input_loads(ck, 2) == [(2, 32)]
+    assert re.search(r"cb_bfloat16 T\d+\[2\] = \{\};", ck.cuda)  # the bias pair
 
 
 @pytest.mark.parametrize(

@@ -65,6 +65,7 @@ from .kir import (
     WgmmaWait,
     barrier_name,
     is_block_wide,
+    walk,
 )
 from .prelude import PRELUDE
 
@@ -136,6 +137,7 @@ class CudaCodegen:
         self.ind = 1
         self.red_smem: list[str] = []
         self.helpers: dict[str, str] = {}  # wgmma wrappers the kernel uses, by name
+        self.zeroed = _zeroed_registers(kernel)
 
     # -------------------------------------------------------- scalars
     def scalar(self, e: Scalar) -> str:
@@ -258,7 +260,8 @@ class CudaCodegen:
             if desc is not None:  # wgmma reads it: the descriptor of element 0, made once
                 self.emit(wgmma_ops.descriptor_decl(n.tv.name, desc))
         else:
-            self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}];")
+            zero = " = {}" if n.tv.name in self.zeroed else ""
+            self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}]{zero};")
 
     def bar(self, r: MBarrierRef) -> str:
         return f"&{r.name}[{self.scalar(r.stage)}]"
@@ -456,6 +459,32 @@ class CudaCodegen:
             "    " + ",\n    ".join(params) + ") {",
         ]
         return "\n".join(head + smem + body + ["}", ""])
+
+
+def _zeroed_registers(kernel: Kernel) -> set:
+    """Register buffers that start zeroed: those a guarded statement writes (a
+    load that may be out of range) computed outside loops over their broadcast
+    axes, which every iteration of those loops reads (a bias along N held for
+    the rows of the accumulator fragment). Left undefined where the guard
+    fails, a predicated write merges with the register's previous contents,
+    and ptxas keeps such registers live around the enclosing loops: the
+    matmul epilogue that loads its bias once per fragment column spilled at
+    232 and at 240 registers unless they start zeroed."""
+    out = set()
+
+    def visit(n, stack):
+        if not (isinstance(n, Assign) and any(isinstance(s, IfThenElse) for s in stack)):
+            return
+        tv = n.lhs.tv
+        serial = (ParallelType.Serial, ParallelType.Unroll)
+        held = tv.loop[tv.compute_at_pos :]
+        if tv.memory_type == MemoryType.Local and any(
+            a.is_broadcast and a.parallel_type in serial for a in held
+        ):
+            out.add(tv.name)
+
+    walk(kernel.body, visit)
+    return out
 
 
 def _operand_type(e) -> DataType:

@@ -23,6 +23,12 @@ producer's), which the circular-buffer pass turns into the copy loop of a
 producer warp. Ping-pong splits the tile loop over the warpgroups instead
 of splitting the tile's rows.
 
+Values of the epilogue's inputs alone (a bias along N or M, its cast) are
+computed outside the loops over their broadcast axes, once per value of a
+sub-tile (a bias along N once per fragment column, along M once per tile),
+and an input contiguous along an even N is read an accumulator pair at a
+time: one 4-byte load of two bf16 (``_hoist_epilogue_inputs``).
+
 Fusions the tensor cores cannot take (fp32 or mixed operands, 1-D
 operands, strides a tensor map cannot describe, K = 0, prologue math on
 the operands) are translated to a sum of products and run by the plain
@@ -56,11 +62,18 @@ from ..ir import (
     reduction_init,
 )
 from ..ir.circular import REGISTERS_RULE
-from ..ir.scalar import is_const
+from ..ir.scalar import is_const, simplify
 from .info import InputInfo
 from .overrides import MATMUL, names
 from .params import MatmulParams
-from .utils import LogicalMap, concretize_broadcasts, contractions, hoist_broadcasts, unmapped_axis
+from .utils import (
+    LogicalMap,
+    concretize_broadcasts,
+    contractions,
+    hoist_broadcasts,
+    unmapped_axis,
+    vector_access,
+)
 
 OVERRIDES = names(MATMUL)
 _EPILOGUE = (*ELEMENTWISE, BroadcastOp)
@@ -393,7 +406,28 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         grid=max(grid, 1),
         a_major=a_major,
         b_major=b_major,
+        vectorize_inputs=_pair_loads(fusion, e, info, n),
     )
+
+
+def _pair_loads(fusion, e, info, n) -> tuple:
+    """Per fusion input, whether the epilogue reads it an accumulator pair at a
+    time (the fragment's two elements adjacent along N, ``e`` below): one axis
+    of it is the output's N, contiguous, every other stride and the pointer
+    aligned to a pair, and N even, so a pair whose first element is in range
+    is whole (a vector access is predicated on its first element). () when
+    none is."""
+    a, b, _ = _operands(e)
+    lmap = LogicalMap(fusion)
+    n_class = lmap.find(e.out.logical[-1])
+    out = []
+    for x, t in zip(fusion.inputs, info.tensors):
+        ok = False
+        if isinstance(x, TensorView) and x not in (a, b) and t is not None and n % 2 == 0:
+            d = [d for d, i in enumerate(x.logical) if lmap.find(i) == n_class]
+            ok = len(d) == 1 and t.sizes[d[0]] == n and vector_access(t, d[0], 2)
+        out.append(ok)
+    return tuple(out) if any(out) else ()
 
 
 def _default_group(along: int) -> int:
@@ -731,6 +765,7 @@ def _operand_tile(xs, roles, params, mn_role, major):
 def _schedule_mma(fusion: Fusion, params: MatmulParams):
     acc, As, Bs = translate(fusion, params)
     hoist_broadcasts(fusion)
+    _pair_caches(fusion, params, acc.ndim)
     e = acc.definition
     # outputs staged in shared memory and stored by TMA a [64 x en] box at a time
     staged = {}
@@ -777,3 +812,98 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         if not (tv.is_input or tv.is_output or tv in (As, Bs, acc)) and id(tv) not in staged:
             # the epilogue's last value holds a pair for one vector store
             tv.inline_at(len(tv.loop) - (1 if id(tv) in last else 0))
+    _hoist_epilogue_inputs(fusion, params, {id(t) for t in (As, Bs, acc)} | set(staged) | last)
+
+
+# Elements of one epilogue input a thread may hold in registers for the loops it is
+# hoisted out of: a bias along N hoisted out of the fragment's row loop (h) holds 2 per
+# 64-column sub-tile; out of a 128-row warpgroup tile's two row blocks (ping-pong
+# 128x128) it would hold the 32 of a 128-column tile beside the 64-128 accumulator
+# registers, so it is loaded once per row block instead.
+EPILOGUE_HOIST_ELEMENTS = 8
+
+
+def _copy_of_input(tv):
+    """The fusion input ``tv`` is a register copy of (a set or a broadcast), or None."""
+    d = tv.definition
+    if isinstance(d, BroadcastOp) or (isinstance(d, LoadStoreOp) and d.kind == "set"):
+        x = d.inputs[0]
+        return x if isinstance(x, TensorView) and x.is_input else None
+    return None
+
+
+def _pair_caches(fusion, params, rank):
+    """An input read a pair at a time (params.vectorize_inputs) by an op that is
+    no copy (a residual tile added to the accumulator) is read through a
+    register copy, whose pair loop becomes one vector load."""
+    vec = params.vectorize_inputs
+    for k, x in enumerate(fusion.inputs):
+        if k < len(vec) and vec[k] and len(x.logical) == rank:
+            if any(_copy_of_input(u.out) is None for u in x.uses):
+                x.cache_after()
+
+
+def _hoist_position(tv) -> int:
+    """The loop position to compute ``tv`` (a value of the epilogue's inputs
+    alone) at: outside the outermost loop over one of its broadcast axes
+    (a bias along N is the same in every row of the fragment), where the
+    values it holds for the loops inside stay within EPILOGUE_HOIST_ELEMENTS,
+    else outside the next such loop; its full loop depth when it has none."""
+    serial = (ParallelType.Serial, ParallelType.Unroll)
+    for k, ax in enumerate(tv.loop):
+        if ax.parallel_type not in serial or not ax.is_broadcast or is_const(simplify(ax.loop_extent), 1):
+            continue
+        held = 1
+        for a in tv.loop[k:]:
+            if a.parallel_type in serial and not a.is_broadcast:
+                ext = simplify(a.loop_extent)
+                held = held * ext.value if isinstance(ext, Const) else None
+                if held is None:
+                    break
+        if held is not None and held <= EPILOGUE_HOIST_ELEMENTS:
+            return k
+    return len(tv.loop)
+
+
+def _hoist_epilogue_inputs(fusion, params, skip):
+    """Values computed from the epilogue's inputs alone (a bias, its broadcast,
+    its cast to fp32) are computed once per value, not per accumulator element:
+    each at :func:`_hoist_position`, its loop axes from there reordered to hold
+    its own (non-broadcast) axes first and its broadcast axes last, which get no
+    loop (no one shares them). A copy of an input that params.vectorize_inputs
+    marks reads its accumulator pair (the innermost axis, ``e``) as one vector.
+
+    A bias along N, per 64-column sub-tile of the cooperative kernel (the
+    fragment: j columns of 8, h the row half, e the pair)::
+
+        before: FOR j { FOR h { FOR e { b = T2[col]; y = acc[j, h, e] + cast(b) } } }
+        after:  FOR j { b[0:2] = vec2 T2[col]; bf = cast(b)
+                        FOR h { FOR e { y = acc[j, h, e] + bf[e] } } }
+    """
+    vec = params.vectorize_inputs
+    inputs = []  # topological order
+    pure = set()
+    for e in fusion.exprs():
+        o = e.out
+        if o.is_input or o.is_output or id(o) in skip:
+            continue
+        if all(x.is_input or id(x) in pure for x in e.tv_inputs()):
+            pure.add(id(o))
+            inputs.append(o)
+    pos = {}
+    for tv in reversed(inputs):  # consumers first: a producer is placed at or outside its readers
+        p = _hoist_position(tv)
+        src = _copy_of_input(tv)
+        pair = tv.loop[-1]
+        wide = src is not None and vec and vec[fusion.inputs.index(src)] and not pair.is_broadcast
+        if wide:
+            p = min(p, len(tv.loop) - 1)
+        for u in tv.uses:
+            if id(u.out) in pos:
+                p = min(p, pos[id(u.out)])
+        pos[id(tv)] = p
+        own = [k for k in range(p, len(tv.loop)) if not tv.loop[k].is_broadcast]
+        tv.reorder(list(range(p)) + own + [k for k in range(p, len(tv.loop)) if k not in own])
+        tv.inline_at(p)
+        if wide and tv.loop[p + len(own) - 1] is pair:
+            pair.parallelize(ParallelType.Vectorize)

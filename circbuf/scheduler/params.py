@@ -169,6 +169,9 @@ class MatmulParams(Params):
     a_major: str = "K"  # which axis of A is contiguous in memory: "K" or "M"
     b_major: str = "K"  # of B: "K" (linear's [N, K] weight) or "N" (matmul's [K, N])
     simt: object = None  # ReductionParams: the sum-of-products path
+    # per fusion input: the epilogue reads it an accumulator pair (two elements adjacent
+    # along N) at a time, one vector load (contiguous along N, N even, aligned)
+    vectorize_inputs: tuple = field(default=(), metadata={"hide_default": True})
 
     def brief(self) -> str:
         if self.simt is not None:
