@@ -1380,6 +1380,7 @@ def _origin(exc):
 # sections, and override values, which "raise a CircbufError naming the rule")
 DOCUMENTED = (
     r"combined with a permutation of itself",
+    r"combined with a view of itself",  # a reshape of symbolic sizes (README, Views)
     r"joined through a broadcast, but their extents differ",
     r"written in place into",
     r"is written in place \(alias_input\) by a kernel whose inputs need",  # no segment order: named

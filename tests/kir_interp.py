@@ -52,6 +52,37 @@ _UN = {
 }
 
 
+def _nan_outside(f):
+    """``f``, NaN where its argument is outside its domain (as CUDA's math)."""
+
+    def g(x):
+        try:
+            return f(x)
+        except (ValueError, OverflowError):
+            return math.nan
+
+    return g
+
+
+for _name in ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf",
+              "erfc", "lgamma", "log1p", "expm1", "log2", "log10"):  # fmt: skip
+    _UN[_name] = _nan_outside(getattr(math, _name))
+_UN.update(
+    {
+        "round": lambda x: float(round(x)) if isinstance(x, float) else x,  # halves to even, as rint
+        "frac": lambda x: x - math.trunc(x),
+        # predicates: Bool results of the input's value
+        "isnan": lambda x: isinstance(x, float) and math.isnan(x),
+        "isinf": lambda x: isinstance(x, float) and math.isinf(x),
+        "isfinite": lambda x: not isinstance(x, float) or math.isfinite(x),
+        "isposinf": lambda x: x == math.inf,
+        "isneginf": lambda x: x == -math.inf,
+        "isreal": lambda x: True,
+        "signbit": lambda x: math.copysign(1.0, x) < 0 if isinstance(x, float) else x < 0,
+    }
+)
+
+
 def _div(a, b, dt):
     if dt.is_float:
         return a / b

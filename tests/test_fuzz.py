@@ -49,6 +49,18 @@ REGRESSIONS = [
     ("601:84", *K),  # a reshape's size-1 output axis split out of its input's axis, then squeezed
     ("708:1", *K),  # a hoisted copy of an expand's chain: its merged broadcast's new axis joined to nothing
     ("709:174", *K),  # a [n] output beside a linear: matmul took it, its SIMT path could not (late refusal)
+    ("708:111", *K),  # a reduction's row axes all of extent 1, squeezed: its one row split over threads
+    ("708:111", "full", "interp"),
+    ("701:38", *K),  # softmax over a size-1 axis, squeezed: the one element split over threads
+    ("702:41", *K),  # likewise, 1-D (one element in all), squeezed to 0-dim
+    ("702:41", "full", "interp"),
+    ("704:181", *K),  # a sum over a size-1 axis that a reshape of the input drops
+    ("704:181", "full", "interp"),
+    ("709:50", *K),  # reshape(x) == softmax(x): x's axis and its view's pieces in one tensor (self mapping)
+    ("900:284", *K),  # a sum whose one row (a reshape's -1 of 1) a reshape to [1, 1] drops
+    ("900:284", "full", "interp"),
+    ("902:60", "interp", "interp"),  # var_mean over axes 0 and 2 of x[1, 1, 31]: its one row squeezed
+    ("903:56", "interp", "interp"),  # sum(x[n, 1], [0]) beside reshape(x, [-1]), which drops its one row
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice

@@ -44,6 +44,8 @@ from ..ir import (
     MemoryType,
     ParallelType,
     ReductionOp,
+    ReshapeOp,
+    SqueezeOp,
     Var,
     evaluate,
 )
@@ -51,7 +53,7 @@ from ..target import H100, Target
 from .info import InputInfo
 from .overrides import NORMALIZATION, Declined, names, ring
 from .params import NormalizationParams
-from .reduction import ReductionScheduler, _is_inner, _reductions
+from .reduction import _can_schedule, _is_inner, _one_axes, _reductions
 from .utils import (
     LogicalMap,
     aligned,
@@ -82,12 +84,15 @@ class NormalizationScheduler:
 
     @staticmethod
     def can_schedule(fusion: Fusion) -> str | None:
-        why = ReductionScheduler.can_schedule(fusion)
+        why, lmap = _can_schedule(fusion)
         if why:
             return why
-        if not _is_inner(fusion, _reductions(fusion)[0]):
+        ref = _reductions(fusion)[0]
+        # the row transforms take the last axis for the row ([I..., R]), even where
+        # axes of one element after it would leave the reduction inner
+        if not _is_inner(fusion, ref, lmap) or not ref.logical[-1].is_reduction:
             return "reductions are not over the innermost axes"
-        return None
+        return _rows_dropped(fusion, ref, lmap)
 
     @staticmethod
     def variant(params) -> str:
@@ -350,6 +355,26 @@ class NormalizationScheduler:
             for _, xl in smem:
                 xl.inline_at(3)
                 xl.axis(5).parallelize(ParallelType.Vectorize)
+
+
+def _rows_dropped(fusion, ref, lmap) -> str | None:
+    """Why the row loops cannot be every tensor's first loops, or None: each
+    row axis has one element (a [1, R] softmax) and a squeeze or reshape
+    leaves a tensor of full rows without any of them (its loops would start at
+    the row pass, ``[row_iter, G, Y]`` missing). The plain reduction kernel
+    puts such rows innermost."""
+    row_axes = [(i, one) for i, one in zip(ref.logical, _one_axes(fusion, ref, lmap)) if not i.is_reduction]
+    if any(not one for _, one in row_axes):
+        return None
+    rows = {lmap.find(i) for i, _ in row_axes}
+    row_scalar = once_per_row(lmap, ref)
+    for e in fusion.exprs():
+        if not isinstance(e, (SqueezeOp, ReshapeOp)):
+            continue
+        had = any(lmap.find(i) in rows for i in e.inputs[0].logical)
+        if had and not row_scalar(e.out) and not any(lmap.find(i) in rows for i in e.out.logical):
+            return f"{e} drops every row axis (each of extent 1) from rows of {e.inputs[0].name}"
+    return None
 
 
 def _vectorize_outputs(fusion, info, lmap, ref, R, vec):

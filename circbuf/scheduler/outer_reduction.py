@@ -33,7 +33,7 @@ from ..ir import (
 from .info import InputInfo
 from .overrides import OUTER_REDUCTION, Declined, names, ring
 from .params import OuterReductionParams
-from .reduction import ReductionScheduler, _is_inner, _red_classes, _reductions
+from .reduction import _can_schedule, _is_inner, _one_axes, _red_classes, _reductions
 from .utils import (
     LogicalMap,
     cache_output,
@@ -70,13 +70,16 @@ class OuterReductionScheduler:
 
     @staticmethod
     def can_schedule(fusion: Fusion) -> str | None:
-        why = ReductionScheduler.can_schedule(fusion)
+        why, lmap = _can_schedule(fusion)
         if why:
             return why
         reds = _reductions(fusion)
         ref = reds[0]
-        if _is_inner(fusion, ref):
+        if _is_inner(fusion, ref, lmap):
             return "reductions are over the innermost axes"
+        if all(one for i, one in zip(ref.logical, _one_axes(fusion, ref, lmap)) if i.is_reduction):
+            # a squeeze of the reduced axis would leave a tensor without the ring's loops
+            return "reduced axes have extent 1 (one element per column: nothing to stream)"
         flags = [i.is_reduction for i in ref.logical]
         n_red = sum(flags)
         if flags != [True] * n_red + [False] * (len(flags) - n_red):
@@ -85,7 +88,6 @@ class OuterReductionScheduler:
         for r in reds:
             if _ancestors(r) & outs:
                 return "a reduction reads another reduction's result (two passes)"
-        lmap = LogicalMap(fusion)
         rc = _red_classes(ref, lmap)
         for o in fusion.outputs:
             if any(lmap.find(i) in rc and not i.is_broadcast and not i.is_reduction for i in o.logical):

@@ -34,6 +34,7 @@ from .utils import (
     propagate,
     unmapped_axis,
     vector_access,
+    view_self_mapping,
 )
 
 OVERRIDES = names(POINTWISE)
@@ -57,7 +58,12 @@ class PointwiseScheduler:
             return f"outputs have different ranks {sorted(ranks)}"
         if 0 in ranks:  # 0-dim math (``x + 1`` of a 0-dim x): one thread computes it
             return None
-        return unmapped_axis(fusion, [PointwiseScheduler.reference(fusion)]) or _unrelated_output(fusion)
+        lmap = LogicalMap(fusion)
+        return (
+            view_self_mapping(fusion, lmap)
+            or unmapped_axis(fusion, [PointwiseScheduler.reference(fusion)], lmap)
+            or _unrelated_output(fusion)
+        )
 
     @staticmethod
     def variant(params) -> str:

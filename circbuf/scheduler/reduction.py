@@ -34,6 +34,7 @@ from .utils import (
     once_per_row,
     propagate,
     recompute_multi_use,
+    view_self_mapping,
 )
 
 OVERRIDES = names(REDUCTION)
@@ -48,31 +49,7 @@ class ReductionScheduler:
 
     @staticmethod
     def can_schedule(fusion: Fusion) -> str | None:
-        reds = _reductions(fusion)
-        if not reds:
-            return "fusion has no reduction"
-        for r in reds:
-            if not any(i.is_reduction for i in r.logical):
-                return f"{r.definition} reduces no axis"
-        if contractions(fusion):
-            return "fusion has a matmul"
-        lmap = LogicalMap(fusion)
-        ref = reds[0]
-        key = _red_classes(ref, lmap)
-        for r in reds[1:]:
-            if _red_classes(r, lmap) != key or len(r.logical) != len(ref.logical):
-                return f"reductions {ref.name} and {r.name} reduce different axes"
-        axes = lmap.derivable({lmap.find(i) for i in ref.logical})  # through reshapes too
-        for tv in fusion.used_tvs():
-            for d, i in enumerate(tv.logical):
-                if is_const(i.loop_extent, 1):
-                    continue
-                if i.concrete_extent is not None and lmap.find(i) not in axes:
-                    return (
-                        f"axis {d} of {tv.name} is not an axis of the reduction {ref.name} "
-                        "(its result is broadcast to a larger tensor: that needs a second kernel)"
-                    )
-        return _output_lacks_a_row_axis(fusion, ref, lmap)
+        return _can_schedule(fusion)[0]
 
     @staticmethod
     def variant(params) -> str:
@@ -111,30 +88,84 @@ class ReductionScheduler:
         lmap = LogicalMap(fusion)
         concretize_broadcasts(fusion, lmap)
 
+        # axes of one element (extent 1: a squeezed or broadcast axis, a
+        # reduction over one) are no rows and nothing to reduce: merged into
+        # the real axes of their kind, or, where a kind has none, left
+        # innermost and never split over threads (a tensor that a squeeze or
+        # reshape leaves without them keeps the others' loop positions)
+        one = _one_axes(fusion, ref, lmap)
         its = [k for k, i in enumerate(ref.logical) if not i.is_reduction]
         rs = [k for k, i in enumerate(ref.logical) if i.is_reduction]
-        ref.reorder(its + rs)
-        n_it = len(its)
-        for _ in range(n_it - 1):
-            ref.merge(0)
-        ni = 1 if n_it else 0
-        for _ in range(len(rs) - 1):
-            ref.merge(ni)
-        if params.inner:
-            ref.split(ni, params.threads)  # [I, R/T, T]
-            if ni:
-                ref.axis(0).parallelize(ParallelType.BIDx)
-            ref.axis(ni + 1).parallelize(ParallelType.TIDx)
-            row_pos = ni
+        real_i = any(not one[k] for k in its)
+        real_r = any(not one[k] for k in rs)
+        if not real_i and not real_r:  # one element in all: one thread, no loop
+            ref.reorder(its + rs)
+            row_pos = 0
+        elif params.inner and not real_i:  # every row axis has one element: [R/T, T, I...]
+            ref.reorder(rs + its)
+            for _ in range(len(rs) - 1):
+                ref.merge(0)
+            ref.split(0, params.threads)
+            ref.axis(1).parallelize(ParallelType.TIDx)
+            row_pos = 0
         else:
-            if ni:
-                ref.split(0, params.threads)  # [I/T, T, R]
-                ref.axis(0).parallelize(ParallelType.BIDx)
-                ref.axis(1).parallelize(ParallelType.TIDx)
-            row_pos = 2 * ni
+            ref.reorder(its + rs)
+            n_it = len(its)
+            for _ in range(n_it - 1):
+                ref.merge(0)
+            ni = 1 if n_it else 0
+            for _ in range(len(rs) - 1):
+                ref.merge(ni)
+            if params.inner:
+                ref.split(ni, params.threads)  # [I, R/T, T]
+                if ni:
+                    ref.axis(0).parallelize(ParallelType.BIDx)
+                ref.axis(ni + 1).parallelize(ParallelType.TIDx)
+                row_pos = ni
+            else:  # [I/T, T, R] (R of one element: a reduction over one, per thread)
+                if ni:
+                    ref.split(0, params.threads)
+                    ref.axis(0).parallelize(ParallelType.BIDx)
+                    ref.axis(1).parallelize(ParallelType.TIDx)
+                row_pos = 2 * ni
         propagate(ref, fusion.used_tvs(), lmap)
 
         inline_intermediates(fusion, row_pos, row_scalar)
+
+
+def _can_schedule(fusion: Fusion) -> tuple:
+    """(why the reduction schedulers cannot take ``fusion`` or None, the
+    LogicalMap the answer was found with or None where none was needed): the
+    normalization and outer-reduction schedulers ask it again with the map."""
+    reds = _reductions(fusion)
+    if not reds:
+        return "fusion has no reduction", None
+    for r in reds:
+        if not any(i.is_reduction for i in r.logical):
+            return f"{r.definition} reduces no axis", None
+    if contractions(fusion):
+        return "fusion has a matmul", None
+    lmap = LogicalMap(fusion)
+    why = view_self_mapping(fusion, lmap)
+    if why:
+        return why, lmap
+    ref = reds[0]
+    key = _red_classes(ref, lmap)
+    for r in reds[1:]:
+        if _red_classes(r, lmap) != key or len(r.logical) != len(ref.logical):
+            return f"reductions {ref.name} and {r.name} reduce different axes", lmap
+    axes = lmap.derivable({lmap.find(i) for i in ref.logical})  # through reshapes too
+    for tv in fusion.used_tvs():
+        for d, i in enumerate(tv.logical):
+            if is_const(i.loop_extent, 1):
+                continue
+            if i.concrete_extent is not None and lmap.find(i) not in axes:
+                why = (
+                    f"axis {d} of {tv.name} is not an axis of the reduction {ref.name} "
+                    "(its result is broadcast to a larger tensor: that needs a second kernel)"
+                )
+                return why, lmap
+    return _output_lacks_a_row_axis(fusion, ref, lmap), lmap
 
 
 def _output_lacks_a_row_axis(fusion, ref, lmap) -> str | None:
@@ -164,9 +195,34 @@ def _red_classes(tv, lmap) -> frozenset:
     return frozenset(lmap.find(i) for i in tv.logical if i.is_reduction)
 
 
-def _is_inner(fusion, ref) -> bool:
-    """True when the reduced axes are the innermost axes of the reduced input."""
-    flags = [i.is_reduction for i in ref.logical]
+def _one_axes(fusion, ref, lmap=None) -> list[bool]:
+    """Per logical axis of ``ref``: True when it has one element, now and once
+    broadcasts are given their class's extent (:func:`.utils.concretize_broadcasts`):
+    an axis of extent 1 (a squeezed symbolic one, an input's 1, a reduction
+    over a size-1 or plain broadcast axis), or a plain broadcast no other axis
+    of its class gives an extent."""
+    lmap = lmap if lmap is not None else LogicalMap(fusion)
+    big = set()
+    for tv in fusion.used_tvs():
+        for i in tv.logical:
+            e = i.concrete_extent
+            if e is not None and not is_const(e, 1):
+                big.add(lmap.find(i))
+    return [
+        is_const(i.loop_extent, 1)
+        and not (i.is_broadcast and i.expanded_extent is None and lmap.find(i) in big)
+        for i in ref.logical
+    ]
+
+
+def _is_inner(fusion, ref, lmap=None) -> bool:
+    """True when the reduced axes are the innermost axes of the reduced input,
+    axes of one element (:func:`_one_axes`) aside, wherever they are. False
+    when only axes of one element are reduced: one element per row, nothing
+    to reduce across threads (softmax over a size-1 axis)."""
+    flags = [i.is_reduction for i, one in zip(ref.logical, _one_axes(fusion, ref, lmap)) if not one]
+    if not any(flags):
+        return False
     k = len(flags)
     while k and flags[k - 1]:
         k -= 1

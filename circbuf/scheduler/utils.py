@@ -704,6 +704,37 @@ def unmapped_axis(fusion: Fusion, refs, lmap: LogicalMap | None = None) -> str |
     return None
 
 
+def view_self_mapping(fusion: Fusion, lmap: LogicalMap | None = None) -> str | None:
+    """Why one loop nest cannot walk every tensor of ``fusion``, or None: a
+    tensor with an axis and, beside it, the pieces a view splits that axis
+    into (or the axes a view merges into it): ``add(reshape(x, [2, 64, 1, 1]),
+    neg(x))`` of an x[128, 1] is [2, 64, 128, 1], x's axis 0 both its axis 2
+    and, through the reshape, its axes 0 and 1 (nvFuser's self mapping). A
+    reference's splits and merges, replayed onto x, would need x's one axis
+    for both. The segmenter computes the view in another kernel, whose
+    output the kernel that combines them reads. (A reshape to sizes only the
+    inputs give has no splits and merges before it is compiled: found then.)"""
+    lmap = lmap if lmap is not None else LogicalMap(fusion)
+    if not lmap.views:
+        return None
+    for tv in fusion.used_tvs():
+        if any(is_const(i.loop_extent, 0) for i in tv.logical):
+            continue  # no element, no loop walks it (x[n, 0] beside reshape(x, [0]): 0 * n is 0)
+        axes = [
+            (d, lmap.find(i))
+            for d, i in enumerate(tv.logical)
+            if not (is_const(i.loop_extent, 1) or (i.is_broadcast and i.concrete_extent is None))
+        ]
+        classes = {c for _, c in axes}
+        for d, c in axes:
+            if c in lmap.derivable(classes - {c}):
+                return (
+                    f"axis {d} of {tv.name} is also made, through a view, from its other axes: a tensor is "
+                    "combined with a view of itself (reshape(x) + x); one kernel cannot walk both"
+                )
+    return None
+
+
 def contractions(fusion: Fusion) -> list:
     """The fusion's matmul and linear exprs (the matmul scheduler's; the
     others refuse a fusion with one)."""
