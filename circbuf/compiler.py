@@ -305,6 +305,7 @@ class FusionExecutor:
             info.target,  # lowering checks its limits
             id(self.fusion) if manual else None,
             knobs.debug_hang(),
+            knobs.fast_math(),
         )
         ck = self._compiled.get(key)
         if ck is not None:
@@ -325,6 +326,7 @@ class FusionExecutor:
             orders=[o for o, _ in layouts],
             after_pass=_dump_pass,
             target=info.target,
+            fast_math=knobs.fast_math(),
         )
         knobs.dump("kernel_ir", kernel)
         _check_target(kernel, arch)

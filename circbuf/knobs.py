@@ -11,6 +11,10 @@
   stage instead of hanging.
 - ``CIRCBUF_CACHE_DIR``: where compiled cubins are kept (default
   ``~/.cache/circbuf``); ``CIRCBUF_CACHE_DIR=`` (empty) turns the disk cache off.
+- ``CIRCBUF_FAST_MATH=0``: keep CUDA's accurate exp, sigmoid, silu, gelu and
+  tanh everywhere; by default fp32 values that reach the outputs only through
+  a rounding to bf16/fp16 that hides the error use fast approximate variants
+  (``circbuf/lowering/fast_math.py``).
 """
 
 from __future__ import annotations
@@ -65,3 +69,13 @@ def debug_hang() -> int:
 
         raise CircbufError(f"CIRCBUF_DEBUG_HANG={raw!r}: expected a number of tries") from None
     return max(n, 0)
+
+
+def fast_math() -> bool:
+    """``CIRCBUF_FAST_MATH``: 1 (the default, also when unset or empty) or 0."""
+    raw = os.environ.get("CIRCBUF_FAST_MATH", "").strip()
+    if raw not in ("", "0", "1"):
+        from .ir import CircbufError
+
+        raise CircbufError(f"CIRCBUF_FAST_MATH={raw!r}: expected 0 (accurate math only) or 1")
+    return raw != "0"

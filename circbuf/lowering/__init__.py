@@ -15,12 +15,14 @@ after, so they require it)::
     loop_nest       requires: -
                     provides: loop_nest, name, tensor_params, scalar_params, launch, extent_bindings,
                               max_threads, min_blocks, circular_loops, strides, memory_orders,
-                              index_type, target
+                              index_type, target, fast_math
     allocation      requires: loop_nest
                     provides: allocated, smem_bytes
     indexing        requires: loop_nest
                     provides: indexed, tensor_maps, descriptors
                     consumes: loop_nest
+    fast_math       requires: indexed
+                    provides: approximated
     vectorize       requires: indexed
                     provides: vectorized
     predicate       requires: indexed, vectorized
@@ -45,6 +47,9 @@ after, so they require it)::
     sync            requires: predicated, tma_stores_synced, pipelined, named_barriers,
                               mbarriers_allocated
                     provides: synced, named_barriers
+
+``approximated`` (fast_math): the fp32 transcendentals whose error no output
+shows marked for their fast variants (``Assign.fast``).
 
 IR facts: ``loop_nest`` the fusion's exprs placed in their loops, not yet
 indexed; ``allocated`` an Allocate per local/shared buffer; ``indexed`` every
@@ -71,6 +76,7 @@ from ..target import DEFAULT, Target
 from .allocation import insert_allocations
 from .circular_buffer import circular_buffer
 from .codegen import codegen
+from .fast_math import use_fast_math
 from .hoist import hoist_indices
 from .indexing import lower_indexing
 from .kir import Kernel
@@ -95,6 +101,7 @@ PASSES = [
         provides=("indexed", "tensor_maps", "descriptors"),
         consumes=("loop_nest",),
     ),
+    Pass("fast_math", use_fast_math, requires=("indexed",), provides=("approximated",)),
     Pass("vectorize", vectorize_loops, requires=("indexed",), provides=("vectorized",)),
     Pass("predicate", insert_predicates, requires=("indexed", "vectorized"), provides=("predicated",)),
     Pass("wgmma", wgmma_sync, requires=("indexed",), provides=("wgmma_synced",)),
@@ -180,6 +187,7 @@ def lower(
     orders=None,
     after_pass=None,
     target: Target = DEFAULT,
+    fast_math: bool = True,
 ) -> Kernel:
     """Scheduled fusion -> Kernel. ``contiguity[k]`` gives, per axis of the k-th
     tensor parameter (inputs then outputs), whether its stride is the product
@@ -187,6 +195,8 @@ def lower(
     row-major; tensor maps follow it too). ``after_pass(name, kernel)``, if
     given, sees the kernel after the loop nest is built (``"loop_nest"``) and
     after each pass. ``target``: the GPU whose limits the passes check (``kernel.target``).
+    ``fast_math``: whether the fast_math pass may use approximate transcendentals
+    (``kernel.fast_math``; the driver passes ``CIRCBUF_FAST_MATH``).
 
     >>> import circbuf as cb
     >>> with cb.FusionDefinition() as fd:
@@ -200,6 +210,7 @@ def lower(
     kernel = generate_loop_nest(fusion, name)
     kernel.index_type = index_type
     kernel.target = target
+    kernel.fast_math = fast_math
     for k, p in enumerate(kernel.tensor_params):
         nd = p.tv.ndim
         contig = contiguity[k] if contiguity is not None else [True] * nd

@@ -409,7 +409,7 @@ class CudaCodegen:
         elif isinstance(e, CastOp):
             rhs = f"cb::cast<{dt.value}>({self.value(ops[0], e.inputs[0].dtype)})"
         elif isinstance(e, UnaryOp):
-            rhs = f"cb::{e.op_name}({self.value(ops[0], dt)})"
+            rhs = f"cb::{'fast_' * a.fast}{e.op_name}({self.value(ops[0], dt)})"
         elif isinstance(e, BinaryOp):
             cdt = _operand_type(e)
             x, y = self.value(ops[0], cdt), self.value(ops[1], cdt)

@@ -199,13 +199,14 @@ class Assign(Node):
     touches_global: bool = False
     accumulate: bool = False  # reduction update: lhs = lhs op rhs
     init: Scalar | None = None
+    fast: bool = False  # the op's fast approximate variant (set by the fast_math pass)
 
     def lines(self, ind):
         if self.init is not None:
             rhs = str(self.init)
         else:
             args = ", ".join(str(o) for o in self.operands)
-            rhs = f"{self.expr.op_name}({args})" if self.expr is not None else args
+            rhs = f"{'fast_' * self.fast}{self.expr.op_name}({args})" if self.expr is not None else args
         return ["  " * ind + f"{self.lhs} = {rhs}"]
 
 
@@ -674,6 +675,7 @@ class Kernel:
         default_factory=dict
     )  # smem tv name -> (lbo, sbo, swizzle): wgmma descriptor bases
     named_barriers: dict = field(default_factory=dict)  # purpose -> first id (ids 1..15; 0 is __syncthreads)
+    fast_math: bool = True  # may the fast_math pass pick approximate transcendentals (CIRCBUF_FAST_MATH)
 
     def mbarrier(self, name: str, count: int, arrivals) -> str:
         """Register an array of ``count`` mbarriers, each completing a phase on

@@ -87,6 +87,76 @@ template <typename T> __device__ __forceinline__ T sigmoid(T x) { return T(1) / 
 template <typename T> __device__ __forceinline__ T silu(T x) { return x / (T(1) + exp(-x)); }
 __device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + ::erff(x * 0.70710678118654752f)); }
 __device__ __forceinline__ double gelu(double x) { return 0.5 * x * (1.0 + ::erf(x * 0.70710678118654752)); }
+
+// ---- fast fp32 variants: the fast_math lowering pass picks them for a value whose every
+// path to an output ends in a rounding to bf16/fp16 that hides their error (at most 1/8 of
+// an output ulp; circbuf/lowering/fast_math.py). Error bounds, PTX ISA 9.1, section 9.7.3:
+//   ex2.approx.f32   at most 2 ulp from the correctly rounded 2^t over the full range;
+//                    subnormal results kept (flushed only with .ftz)
+//   rcp.approx.f32   at most 1 ulp
+//   tanh.approx.f32  relative error at most 2^-11 over the full range (sm_75 on)
+__device__ __forceinline__ float ex2_approx(float t) {
+  float r;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(t));
+  return r;
+}
+__device__ __forceinline__ float ex2_approx_ftz(float t) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
+  return r;
+}
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// e^x = 2^(x log2 e): 2 ulp, plus the rounding of t = x log2 e, |t| 2^-24 ln 2 relative
+// (below 2^-17.4 wherever e^x is finite): relative error < 2^-17. FMUL, MUFU.EX2 and 3
+// instructions that keep subnormal results, against 8 for expf.
+__device__ __forceinline__ float fast_exp(float x) { return ex2_approx(x * 1.44269504088896341f); }
+// sigmoid(x) = s for x >= 0, e s below, e = e^-|x| in (0, 1], s = 1 / (1 + e): the reciprocal's
+// argument lies in [1, 2] (never overflows, never subnormal), and e s keeps its relative
+// accuracy down to e^-103 (torch's 1 / (1 + e^-x) is 0 below x = -88.7). Relative error
+// < 2^-16 (exp's, 1 ulp rcp, two roundings); -0.0 gives 0.5, NaN gives NaN.
+__device__ __forceinline__ float fast_sigmoid(float x) {
+  const float e = fast_exp(-::fabsf(x));
+  const float s = rcp_approx_ftz(1.0f + e);
+  return x >= 0.0f ? s : e * s;
+}
+// silu(x) = x sigmoid(x): no IEEE division (its slow path and branch); silu(-inf) is NaN
+// (-inf * 0), as torch's -inf / inf
+__device__ __forceinline__ float fast_silu(float x) { return x * fast_sigmoid(x); }
+// tanh.approx.f32: one MUFU.TANH, relative error 2^-11 (1/8 of a bf16 ulp; the pass never
+// uses it for fp16 results, nor where a sum or difference follows)
+__device__ __forceinline__ float fast_tanh(float x) {
+#if __CUDA_ARCH__ >= 750
+  float r;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return ::tanhf(x);
+#endif
+}
+// gelu(x) = x Phi(x); Phi(x) = 1 - h for x >= 0, h below, h = erfc(|x| / sqrt 2) / 2.
+// erfc(a) = t exp(-a^2 + P(t)), t = 1 / (1 + a / 2) (the form of Numerical Recipes' erfcc);
+// P is our degree-5 fit (scripts/fit_fast_gelu.py): |error| < 2^-17 in the exponent over
+// a in [0, 9.5], i.e. relative error of erfc. In base 2 with the 1/2 folded in:
+// h = t 2^(Q(t) - x^2 log2(e) / 2), Q = log2(e) P - 1. h goes subnormal below x = -13.2:
+// flushed (.ftz) there, gelu is -0, as torch's 1 + erf(x / sqrt 2), which is 0 below -5.5.
+// erfc is computed directly, not as 1 + erf: the negative tail keeps its relative accuracy.
+// Relative error < 2^-15.5 (the fit, x^2 rounded at |x| ~ 12, ex2, rcp); MUFU.RCP and
+// MUFU.EX2 and ~14 more instructions, against ~27 for erff's gelu. gelu(-inf) = NaN, as torch.
+__device__ __forceinline__ float fast_gelu(float x) {
+  const float t = rcp_approx_ftz(::fabsf(x) * 0.353553390593273762f + 1.0f);
+  float q = 0.3300761282444f;
+  q = q * t - 1.023150086402893f;
+  q = q * t + 0.6845528483390808f;
+  q = q * t + 0.36708226799964905f;
+  q = q * t + 1.4686833620071411f;
+  q = q * t - 2.8272335529327393f;
+  const float h = t * ex2_approx_ftz(q - (x * 0.721347520444482f) * x);
+  return x * (x >= 0.0f ? 1.0f - h : h);
+}
 // NaN-propagating, as torch.maximum / torch.max
 template <typename T> __device__ __forceinline__ T maximum(T a, T b) {
   return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
