@@ -305,13 +305,13 @@ def test_a_fact_changed_by_a_later_pass_is_refused():
     def fn(k):
         return k
 
-    reader = Pass("reader", fn, requires=("mbarriers",))
-    adder = Pass("adder", fn, provides=("mbarriers",))
-    other = Pass("other", fn, provides=("mbarriers",))
+    reader = Pass("reader", fn, requires=("rings",))
+    adder = Pass("adder", fn, provides=("rings",))
+    other = Pass("other", fn, provides=("rings",))
     check_order([adder, other, reader])
-    with pytest.raises(PassOrderError, match="'reader' requires 'mbarriers', which the later pass 'other'"):
+    with pytest.raises(PassOrderError, match="'reader' requires 'rings', which the later pass 'other'"):
         check_order([adder, reader, other])
-    with pytest.raises(PassOrderError, match="'reader' requires 'mbarriers', which neither"):
+    with pytest.raises(PassOrderError, match="'reader' requires 'rings', which neither"):
         check_order([reader, adder])
 
 

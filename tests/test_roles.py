@@ -235,6 +235,13 @@ def test_pingpong_consumers_are_two_sync_groups(monkeypatch):
     assert cons.groups == 2 and cons.threads == 256 and prod.registers and cons.increase
     (ring,) = ck.kernel.rings
     assert ring.barriers()[1][2] == 4  # one elected lane per warp of one warpgroup releases a stage
+    # the warpgroups take turns on the MMAs and the epilogue: one barrier per group per phase,
+    # set up with the ring's; the kernel IR lists the order with the roles and rings
+    (order,) = ck.kernel.turn_orders
+    assert (order.role, order.groups, order.phases, order.arrivals) == ("consumers", 2, ["mma", "epi"], 128)
+    names = ck.kernel.barrier_names
+    assert names[:2] == [order.barrier("mma"), order.barrier("epi")] and names[2:] == [ring.full, ring.empty]
+    assert f"  {order}" in ck.kernel_ir.splitlines()[:6]
 
 
 def test_hang_record_names_the_ring_barriers(monkeypatch):

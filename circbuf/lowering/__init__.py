@@ -15,7 +15,7 @@ after, so they require it)::
     loop_nest       requires: -
                     provides: loop_nest, name, tensor_params, scalar_params, launch, extent_bindings,
                               max_threads, min_blocks, circular_loops, strides, memory_orders,
-                              index_type, target, fast_math
+                              index_type, target, mbarriers, fast_math
     allocation      requires: loop_nest
                     provides: allocated, smem_bytes
     indexing        requires: loop_nest
@@ -32,13 +32,13 @@ after, so they require it)::
     roles           requires: allocated
                     provides: roles, role_switch, launch, max_threads, min_blocks
     turns           requires: allocated, wgmma_synced, roles
-                    provides: turns, mbarriers
+                    provides: turns, turn_orders
     tma_store       requires: indexed, role_switch, launch
                     provides: tma_stores_synced, named_barriers
     circular_buffer requires: allocated, indexed, predicated, wgmma_synced, roles, turns,
                               tma_stores_synced, launch, max_threads
                     provides: pipelined, rings
-    mbarriers       requires: rings, turns, mbarriers, launch
+    mbarriers       requires: rings, turns, turn_orders, launch
                     provides: mbarriers_allocated
     simplify        requires: indexed, predicated, turns, tma_stores_synced, pipelined, mbarriers_allocated
                     provides: simplified
@@ -112,7 +112,10 @@ PASSES = [
         provides=("roles", "role_switch", "launch", "max_threads", "min_blocks"),
     ),
     Pass(
-        "turns", take_turns, requires=("allocated", "wgmma_synced", "roles"), provides=("turns", "mbarriers")
+        "turns",
+        take_turns,
+        requires=("allocated", "wgmma_synced", "roles"),
+        provides=("turns", "turn_orders"),
     ),
     Pass(
         "tma_store",
@@ -139,7 +142,7 @@ PASSES = [
     Pass(
         "mbarriers",
         setup_mbarriers,
-        requires=("rings", "turns", "mbarriers", "launch"),
+        requires=("rings", "turns", "turn_orders", "launch"),
         provides=("mbarriers_allocated",),
     ),
     Pass(

@@ -448,6 +448,43 @@ class Role:
         return f"{sel} ({self.threads} threads){groups}{regs}"
 
 
+@dataclass
+class TurnOrder:
+    """The sync groups of a role taking turns (ping-pong warpgroups): each of
+    ``phases`` (the MMAs, the epilogue) runs one group at a time, the groups
+    in order. One mbarrier per group per phase: a group waits on its own for
+    its turn and arrives on the next group's (every one of its ``arrivals``
+    threads) when done; ``side`` carries the stage index and phase bit of the
+    order, as a ring's side does.
+
+    >>> t = TurnOrder("T9", "consumers", 2, ["mma", "epi"], 128)
+    >>> str(t)
+    'turns T9: the 2 sync groups of role consumers in order, mma T9_mma_turn[2], epi T9_epi_turn[2]'
+    >>> t.barriers()
+    [('T9_mma_turn', 2, 128), ('T9_epi_turn', 2, 128)]
+    """
+
+    name: str
+    role: str
+    groups: int
+    phases: list
+    arrivals: object
+
+    def __post_init__(self):
+        self.side = RingSide(f"{self.name}_turn", 1)
+
+    def barrier(self, phase: str) -> str:
+        return f"{self.name}_{phase}_turn"
+
+    def barriers(self) -> list:
+        """``(name, count, arrivals)`` of its mbarrier arrays, one per phase."""
+        return [(self.barrier(p), self.groups, self.arrivals) for p in self.phases]
+
+    def __str__(self):
+        arrays = ", ".join(f"{p} {self.barrier(p)}[{self.groups}]" for p in self.phases)
+        return f"turns {self.name}: the {self.groups} sync groups of role {self.role} in order, {arrays}"
+
+
 @dataclass(eq=False)
 class RoleSwitch(Node):
     """The warp-role split: branch ``k`` runs ``bodies[k]`` on the threads of
@@ -668,6 +705,7 @@ class Kernel:
     hang_record: bool = False  # the kernel takes a host-mapped record (CIRCBUF_DEBUG_HANG)
     roles: list = field(default_factory=list)  # Role: warp roles (set by the circular-buffer pass)
     rings: list = field(default_factory=list)  # Ring: their mbarriers are set up by the mbarriers pass
+    turn_orders: list = field(default_factory=list)  # TurnOrder: groups of a role taking turns
     memory_orders: dict = field(
         default_factory=dict
     )  # tensor param name -> logical axes, outer to inner in memory
@@ -685,8 +723,10 @@ class Kernel:
 
     def all_mbarriers(self) -> list:
         """Every mbarrier array ``(name, count, arrivals)``: those registered
-        with :meth:`mbarrier`, then each ring's full and empty arrays."""
-        return list(self.mbarriers) + [b for ring in self.rings for b in ring.barriers()]
+        with :meth:`mbarrier`, each turn order's, then each ring's full and
+        empty arrays."""
+        turns = [b for t in self.turn_orders for b in t.barriers()]
+        return list(self.mbarriers) + turns + [b for ring in self.rings for b in ring.barriers()]
 
     @property
     def barrier_names(self) -> list:
@@ -750,6 +790,7 @@ class Kernel:
         if self.smem_bytes:
             head += f" smem({self.smem_bytes})"
         decls = [f"  role {r.name}: {r.describe()}" for r in self.roles] + [f"  {r}" for r in self.rings]
+        decls += [f"  {t}" for t in self.turn_orders]
         return "\n".join([head] + decls + _block(self.body, 1))
 
 

@@ -1,11 +1,12 @@
 """Pass: set up the mbarriers the kernel waits on, in one place.
 
-Requires: rings, turns, mbarriers, launch; provides: mbarriers_allocated.
+Requires: rings, turns, turn_orders, launch; provides: mbarriers_allocated.
 
 The circular-buffer pass describes each ring (``kernel.rings``: its full
-and empty arrays and their arrival counts) and the turn-taking pass
-registers its arrays (``kernel.mbarrier(name, count, arrivals)``); both
-emit only the waits and arrivals. This pass allocates every registered array, has one
+and empty arrays and their arrival counts) and the turn-taking pass each
+turn order (``kernel.turn_orders``); other arrays may be registered with
+``kernel.mbarrier(name, count, arrivals)``. Those passes emit only the waits
+and arrivals. This pass allocates every registered array, has one
 thread initialize it and fence the initialization for the async proxy
 (the TMA unit signals these barriers), and syncs the block before any
 thread can wait. Where every thread runs to the end of the kernel (no warp

@@ -65,6 +65,7 @@ LOOP_NEST_PROVIDES = (
     "memory_orders",
     "index_type",
     "target",
+    "mbarriers",
     "fast_math",
 )
 

@@ -1,6 +1,6 @@
 """Pass: ping-pong warpgroups take turns on the tensor cores.
 
-Requires: allocated, wgmma_synced, roles; provides: turns, mbarriers.
+Requires: allocated, wgmma_synced, roles; provides: turns, turn_orders.
 
 Each of two warpgroups (``threadIdx.y`` 0 and 1: the two sync groups of the
 ``consumers`` role) owns whole tiles. An MMA
@@ -22,6 +22,7 @@ Before::
 
 After::
 
+    TURNS acc: the 2 sync groups of role consumers in order, mma acc_mma_turn[2], epi acc_epi_turn[2]
     RING acc_turn (stages=1) at position (1 - threadIdx.y)
     FOR t ...
       MBARRIER_WAIT acc_mma_turn[threadIdx.y] parity=acc_turn_phase
@@ -46,7 +47,7 @@ from .kir import (
     MBarrierWait,
     RingAdvance,
     RingInit,
-    RingSide,
+    TurnOrder,
     Wgmma,
     WgmmaWait,
     insert_before,
@@ -93,10 +94,12 @@ def take_turns(kernel: Kernel) -> Kernel:
         tail = next((j for j in range(k + 1, len(body)) if isinstance(body[j], WgmmaWait)), None)
         if tail is None:
             raise CircbufError(f"{tv.name}: the k loop's wgmmas are never waited for")
+        threads = role.threads // role.groups  # a warpgroup's every thread arrives
+        order = TurnOrder(tv.name, role.name, 2, ["mma", "epi"], threads)
+        kernel.turn_orders.append(order)
         mine = Var(pt.value, lo=0, hi=Const(2))
         other = Const(1) - mine
-        mma, epi = f"{tv.name}_mma_turn", f"{tv.name}_epi_turn"
-        turn = RingSide(f"{tv.name}_turn", 1)
+        mma, epi, turn = order.barrier("mma"), order.barrier("epi"), order.side
         body[tail + 1 : tail + 1] = [
             Comment("the epilogue's turn"),
             MBarrierWait(MBarrierRef(epi, mine), turn.phase),
@@ -111,7 +114,4 @@ def take_turns(kernel: Kernel) -> Kernel:
         ]
         body += [MBarrierArrive(MBarrierRef(epi, other)), RingAdvance(turn, Const(1))]
         insert_before(kernel.body, tile, [RingInit(turn, other)])
-        threads = role.threads // role.groups
-        kernel.mbarrier(mma, 2, threads)  # a warpgroup's every thread arrives
-        kernel.mbarrier(epi, 2, threads)
     return kernel
