@@ -407,4 +407,9 @@ def test_gpu_unrolled_pointwise(monkeypatch):
     x = torch.randn(1 << 22, generator=_gen(9014)).to(DEV)
     ck = fd.compile([x], arch=None)
     assert ck.kernels[0].params.unroll > 1, ck.kernels[0].params
-    _check(fd.execute([x]), ref(x.double().cpu()))
+    # exp then sin amplify fp32 rounding: at x = -5.3 (the tail of 4M normal samples),
+    # exp(-x) = 200 carries ~1.2e-5 of absolute error into sin, and a * c multiplies
+    # it by 5.3, so any fp32 evaluation of this chain is ~6e-5 from float64 there
+    # (measured on the H100: 2.7e-5 absolute at most, 5 of 4M elements past 1e-5)
+    for o, r in zip(fd.execute([x]), ref(x.double().cpu())):
+        assert_close(o, r, rtol=1e-4, atol=1e-4)
