@@ -64,6 +64,8 @@ REGRESSIONS = [
     ("722:143", *K),  # outputs feeding outputs: a tensor read by two output caches tied loops in a cycle
     ("725:158", *K),  # an outer reduction's output keeping a reduced axis through a reshape (two passes)
     ("901:14", *K),  # outputs feeding outputs (neg(x) read by exp(.) and . * sin(exp(.))): loops in a cycle
+    ("931:108", *K),  # var over a reshape's axis beside x: a broadcast of x's axis in the reduced tensor
+    ("931:188", *K),  # reshape(x[0, 1, 2], [0]) beside sum(x, [1, 2]): the row axis made from itself
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice

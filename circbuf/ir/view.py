@@ -156,9 +156,14 @@ def concretize_reshapes(fusion, env) -> tuple:
         if not isinstance(e, ReshapeOp):
             continue
         if not e.concrete:
-            ins = [evaluate(i.loop_extent, env) for i in e.inputs[0].domain.no_reductions()]
-            outs = [evaluate(i.extent, env) for i in e.out.logical]
-            _, equal = concretize(e, ins, outs)
-            fusion.extent_equalities += equal
+            fusion.extent_equalities += concretize_for(e, env)
         sig.append(e.groups)
     return tuple(sig)
+
+
+def concretize_for(op, env) -> list:
+    """Concretize reshape ``op`` for the sizes ``env`` gives; returns the
+    extent pairs its groups make equal (see :func:`concretize`)."""
+    ins = [evaluate(i.loop_extent, env) for i in op.inputs[0].domain.no_reductions()]
+    outs = [evaluate(i.extent, env) for i in op.out.logical]
+    return concretize(op, ins, outs)[1]

@@ -34,6 +34,7 @@ from .utils import (
     once_per_row,
     propagate,
     recompute_multi_use,
+    required_ones,
     view_self_mapping,
 )
 
@@ -146,7 +147,7 @@ def _can_schedule(fusion: Fusion) -> tuple:
     if contractions(fusion):
         return "fusion has a matmul", None
     lmap = LogicalMap(fusion)
-    why = view_self_mapping(fusion, lmap)
+    why = view_self_mapping(fusion, lmap, empty=True)
     if why:
         return why, lmap
     ref = reds[0]
@@ -155,9 +156,10 @@ def _can_schedule(fusion: Fusion) -> tuple:
         if _red_classes(r, lmap) != key or len(r.logical) != len(ref.logical):
             return f"reductions {ref.name} and {r.name} reduce different axes", lmap
     axes = lmap.derivable({lmap.find(i) for i in ref.logical})  # through reshapes too
+    ones = required_ones(fusion)
     for tv in fusion.used_tvs():
         for d, i in enumerate(tv.logical):
-            if is_const(i.loop_extent, 1):
+            if is_const(i.loop_extent, 1) or str(i.loop_extent) in ones:
                 continue
             if i.concrete_extent is not None and lmap.find(i) not in axes:
                 why = (

@@ -23,8 +23,11 @@ before the segment writing it in place"). Ties go to the earlier exprs, so
 the result is deterministic for a fusion. Then one-input elementwise chains
 (a cast of a bf16 input) are recomputed in each segment that reads them
 rather than passed through memory (:func:`_forward`), and each group is cut
-out as a standalone Fusion (:func:`_cut`). Structural only: no input sizes
-are needed.
+out as a standalone Fusion (:func:`_cut`). Structural: no input sizes are
+needed; given the first call's (``env``), axes of different extents joined
+through a broadcast are cut apart, and reshapes whose splits and merges
+depend on sizes only the inputs give are judged as these sizes make them
+(a tensor combined with a view of itself shows only then).
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from ..ir import CircbufError, Fusion, TensorView, Var
+from ..ir import CircbufError, Fusion, ReshapeOp, TensorView, Var
 from ..ir.fusion import _elementwise_layout
 from ..ir.nodes import ELEMENTWISE, MemoryType, TensorDomain
 from ..ir.scalar import free_vars
+from ..ir.view import concretize_for
 from .utils import check_aliases
 
 
@@ -143,6 +147,30 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
     naming an expr no scheduler takes even alone."""
     exprs = fusion.exprs()
     n = len(exprs)
+    # verdicts are asked of ``judged``: the fusion, or, where a reshape's
+    # splits and merges depend on sizes only the inputs give, a copy with them
+    # made for the sizes in ``env`` (a tensor combined with a view of itself
+    # shows only then). The extents a reshape's grouping equates (an input
+    # axis squeezed as 1) count for a group with that reshape: its segment,
+    # compiled, concretizes the reshape again and knows them, a segment
+    # without it does not. The segments are cut from the fusion itself.
+    judged, jexprs, equal = fusion, exprs, {}
+    if env is not None and any(isinstance(e, ReshapeOp) and not e.concrete for e in exprs):
+        judged = fusion.clone()
+        jexprs = judged.exprs()
+        assert [type(e) for e in jexprs] == [type(e) for e in exprs]
+        equal = {
+            k: concretize_for(e, env)
+            for k, e in enumerate(jexprs)
+            if isinstance(e, ReshapeOp) and not e.concrete
+        }
+
+    def view(positions, outputs=None):
+        f2 = _view(judged, jexprs, positions, outputs)[0]
+        if equal:
+            f2.extent_equalities = judged.extent_equalities + [q for k in positions for q in equal.get(k, ())]
+        return f2
+
     pos = {id(e): k for k, e in enumerate(exprs)}
     made_by = {id(t): pos[id(e)] for e in exprs for t in e.outputs}
     # tensor edges: (producer expr or None for an input, consumer expr, tensor)
@@ -159,7 +187,7 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
     def takers(group: frozenset, outputs=None) -> list:
         key = (group, outputs)
         if key not in verdicts:
-            f2 = _view(fusion, exprs, sorted(group), outputs)[0]
+            f2 = view(sorted(group), outputs)
             ok = [] if extents_differ(f2, env) else schedulers_taking(f2)
             if ok and f2.aliases:
                 try:
@@ -170,7 +198,7 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
         return verdicts[key]
 
     for k, e in enumerate(exprs):
-        why = extents_differ(_view(fusion, exprs, [k])[0], env)
+        why = extents_differ(view([k]), env)
         if why:
             raise CircbufError(f"{e}: {why}, within this one op (define them in separate fusions)")
     # an expr no scheduler takes alone (a 0-dim mean's division) may still
@@ -247,7 +275,7 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
             from .registry import SCHEDULERS, can_schedule
 
             k = next(k for k in sorted(members[g]) if not takers(frozenset([k])))
-            f1 = _view(fusion, exprs, [k])[0]
+            f1 = view([k])
             why = "; ".join(f"{s.name}: {can_schedule(s, f1)}" for s, _ in SCHEDULERS)
             if schedulers_taking(f1):  # the schedulers take it: the in-place output is what no kernel can write
                 check_aliases(f1)  # raises, naming the rule

@@ -774,6 +774,14 @@ def once_per_row(lmap: LogicalMap, reduction: TensorView):
     return lambda tv: not any(comp(lmap.find(i)) in rclasses and not i.is_broadcast for i in tv.logical)
 
 
+def required_ones(fusion: Fusion) -> set:
+    """Names of the extents the fusion requires to be 1 (a squeezed symbolic
+    axis, an input axis a reshape squeezes): one element, no loop. Compiling
+    makes them the constant 1; a segmenter's verdict, before that, asks here."""
+    eq = getattr(fusion, "extent_equalities", ())
+    return {str(a) for a, b in eq if is_const(b, 1)} | {str(b) for a, b in eq if is_const(a, 1)}
+
+
 def unmapped_axis(fusion: Fusion, refs, lmap: LogicalMap | None = None) -> str | None:
     """Why ``refs`` cannot drive the loops of every tensor of ``fusion``, or
     None: an axis of some tensor (not a plain broadcast, not of size 1) that
@@ -797,9 +805,7 @@ def unmapped_axis(fusion: Fusion, refs, lmap: LogicalMap | None = None) -> str |
                 classes = lmap.derivable(classes | both)
                 grown = True
     names = " and ".join(r.name for r in refs)
-    # extents the fusion requires to be 1 (a squeezed symbolic axis): one element, no loop
-    ones = {str(a) for a, b in getattr(fusion, "extent_equalities", ()) if is_const(b, 1)}
-    ones |= {str(b) for a, b in getattr(fusion, "extent_equalities", ()) if is_const(a, 1)}
+    ones = required_ones(fusion)
     for tv in fusion.used_tvs():
         for d, i in enumerate(tv.logical):
             if is_const(i.loop_extent, 1) or (i.is_broadcast and i.concrete_extent is None):
@@ -814,33 +820,72 @@ def unmapped_axis(fusion: Fusion, refs, lmap: LogicalMap | None = None) -> str |
     return None
 
 
-def view_self_mapping(fusion: Fusion, lmap: LogicalMap | None = None) -> str | None:
+def view_self_mapping(fusion: Fusion, lmap: LogicalMap | None = None, empty: bool = False) -> str | None:
     """Why one loop nest cannot walk every tensor of ``fusion``, or None: a
-    tensor with an axis and, beside it, the pieces a view splits that axis
-    into (or the axes a view merges into it): ``add(reshape(x, [2, 64, 1, 1]),
-    neg(x))`` of an x[128, 1] is [2, 64, 128, 1], x's axis 0 both its axis 2
-    and, through the reshape, its axes 0 and 1 (nvFuser's self mapping). A
-    reference's splits and merges, replayed onto x, would need x's one axis
-    for both. The segmenter computes the view in another kernel, whose
-    output the kernel that combines them reads. (A reshape to sizes only the
-    inputs give has no splits and merges before it is compiled: found then.)"""
+    tensor that holds one axis of the fusion twice (nvFuser's self mapping).
+
+    - Through a view: an axis and, beside it, the pieces a view splits that
+      axis into (or the axes a view merges into it): ``add(reshape(x, [2, 64,
+      1, 1]), neg(x))`` of an x[128, 1] is [2, 64, 128, 1], x's axis 0 both
+      its axis 2 and, through the reshape, its axes 0 and 1. A reference's
+      splits and merges, replayed onto x, would need x's one axis for both.
+    - Through a broadcast: an axis and a broadcast axis that the fusion
+      expands to that axis elsewhere. ``x[n]`` broadcast to ``t[n, 1]``,
+      summed over axis 0 and added to x: t's axis 1 meets x's axis 0 in the
+      add, so t holds x's axis once reduced and once as its broadcast (the
+      sum is computed for every element of x); 931:108 makes one with a
+      reshape's new size-1 axis beside the axis a var reduces. The reference
+      has the axis twice, every other tensor once.
+
+    The segmenter computes the two in different kernels (the view, or the
+    reduction, in one; the kernel that combines them reads its output).
+    Tensors with no element (an extent 0) are walked by no loop: the
+    pointwise kernel leaves their loops empty and runs; ``empty=True`` (the
+    reduction kernels, whose row and reduced loops a view of such a tensor
+    tangles: ``reshape(x[0, 1, 2], [0])`` beside ``sum(x, [1, 2])`` makes
+    the row axis from itself and the reduced ones) checks them too. (A
+    reshape to sizes only the inputs give has no splits and merges until it
+    is concretized for sizes: the segmenter does that for the first call's.)"""
     lmap = lmap if lmap is not None else LogicalMap(fusion)
-    if not lmap.views:
-        return None
-    for tv in fusion.used_tvs():
-        if any(is_const(i.loop_extent, 0) for i in tv.logical):
+    tvs = fusion.used_tvs()
+    # classes some axis gives an extent other than 1: a plain broadcast of
+    # one is given that extent (concretize_broadcasts) and walked
+    big = set()
+    for tv in tvs:
+        for i in tv.logical:
+            e = i.concrete_extent
+            if e is not None and not is_const(e, 1):
+                big.add(lmap.find(i))
+    walked = []  # per tensor with elements: (tensor, [(position, class, plain broadcast)])
+    for tv in tvs:
+        if not empty and any(is_const(i.loop_extent, 0) for i in tv.logical):
             continue  # no element, no loop walks it (x[n, 0] beside reshape(x, [0]): 0 * n is 0)
-        axes = [
-            (d, lmap.find(i))
-            for d, i in enumerate(tv.logical)
-            if not (is_const(i.loop_extent, 1) or (i.is_broadcast and i.concrete_extent is None))
-        ]
-        classes = {c for _, c in axes}
-        for d, c in axes:
-            if c in lmap.derivable(classes - {c}):
+        axes = []
+        for d, i in enumerate(tv.logical):
+            c = lmap.find(i)
+            plain = i.is_broadcast and i.concrete_extent is None
+            if (plain and c in big) or not (plain or is_const(i.loop_extent, 1)):
+                axes.append((d, c, plain))
+        walked.append((tv, axes))
+    if lmap.views:
+        for tv, axes in walked:
+            classes = {c for _, c, _ in axes}
+            for d, c, _ in axes:
+                if c in lmap.derivable(classes - {c}):
+                    return (
+                        f"axis {d} of {tv.name} is also made, through a view, from its other axes: a tensor "
+                        "is combined with a view of itself (reshape(x) + x); one kernel cannot walk both"
+                    )
+    for tv, axes in walked:
+        seen: dict = {}
+        for d, c, plain in axes:
+            first = seen.setdefault(c, (d, plain))
+            if first[0] != d and (plain or first[1]):
+                b, a = (d, first[0]) if plain else (first[0], d)
                 return (
-                    f"axis {d} of {tv.name} is also made, through a view, from its other axes: a tensor is "
-                    "combined with a view of itself (reshape(x) + x); one kernel cannot walk both"
+                    f"axis {b} of {tv.name} is a broadcast the fusion expands to its axis {a} elsewhere: "
+                    f"{tv.name} holds one axis of the fusion twice (a tensor combined with a broadcast of "
+                    "itself); one kernel cannot walk both"
                 )
     return None
 
