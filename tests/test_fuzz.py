@@ -64,6 +64,12 @@ REGRESSIONS = [
     ("722:143", *K),  # outputs feeding outputs: a tensor read by two output caches tied loops in a cycle
     ("725:158", *K),  # an outer reduction's output keeping a reduced axis through a reshape (two passes)
     ("901:14", *K),  # outputs feeding outputs (neg(x) read by exp(.) and . * sin(exp(.))): loops in a cycle
+    ("743:89", *K),  # sum over rows of no element: the normalization scheduler's TMA box of 0 columns
+    ("743:89", "full", "interp"),
+    ("745:158", *K),  # an output cache of a broadcast of a broadcast lost the link to the inner one's axes
+    ("746:171", "interp", "interp"),  # a reshape of an empty tensor merged its size-1 axes into the 0
+    ("950:14", *K),  # [n, 1] beside a reduction whose broadcast row axis another tensor gives an extent
+    ("950:14", "full", "interp"),
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice
