@@ -341,6 +341,12 @@ class TensorView:
             i.parallel_type = ParallelType.Serial
         fusion.register(c)
         d.replace_output(self, c)
+        # axes joined to self's (a broadcast of a broadcast made one) are c's now:
+        # self's axes are replaced by fresh ones below, which the copy joins to c's
+        mine = {id(i): k for k, i in enumerate(self.logical + self.domain.root)}
+        cs = c.logical + c.domain.root
+        c.joined_axes = [(a, cs[mine[id(b)]]) for a, b in self.joined_axes if id(b) in mine]
+        self.joined_axes = []
         self.domain = TensorDomain(
             [i.clone() for i in c.domain.no_reductions()], self.domain.contiguity, self.domain.stride_order
         )

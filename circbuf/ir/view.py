@@ -74,7 +74,7 @@ def concretize(op, in_sizes, out_sizes) -> tuple:
     # merged, it makes the neighbour's class out of its own, and a broadcast
     # of the result meeting the input again ([8, 1, 1] -> reshape [8, 1, 1]
     # == x) puts one axis of the fusion on both sides of the merge
-    some = math.prod(in_sizes) > 1
+    some = math.prod(in_sizes) != 1  # axes other than ones: a tensor with no element too
     ones = [k for k in ki if in_sizes[k] == 1] if some else []
     ki = [k for k in ki if k not in ones]
     # likewise an output axis of size 1 (a -1 that is 1 for these sizes) is a

@@ -115,6 +115,8 @@ class NormalizationScheduler:
         for i in ref.logical:
             if not i.is_reduction:
                 rows *= evaluate(i.extent, info.extents)
+        if R == 0:  # a TMA box of 0 columns, a register row of none: the plain kernel writes the init values
+            return _decline(overrides, "nothing to stage (rows of no element)")
         lmap = LogicalMap(fusion)
         cands = full_shape_inputs(fusion, ref, lmap)
         if not cands:

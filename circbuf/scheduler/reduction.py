@@ -175,8 +175,13 @@ def _output_lacks_a_row_axis(fusion, ref, lmap) -> str | None:
     an output with no axis (broadcast or not) of one of the row axes (a
     tensor later broadcast to [5, ...] and reduced, itself an output of the
     smaller shape) would be bound to a grid of another extent, each CTA
-    writing elements of another row. The segmenter gives it its own kernel."""
-    rows = {lmap.find(i) for i in ref.logical if not i.is_reduction and not _one(i)}
+    writing elements of another row. A broadcast row axis that another
+    tensor gives an extent (``x[n, 1]`` broadcast to ``[n, 1, 1, 1]`` and
+    multiplied by a ``[n, a, b, c]``) is a row axis too: the scheduler
+    concretizes it and the grid runs over it (:func:`_one_axes`). The
+    segmenter gives such an output its own kernel."""
+    one = _one_axes(fusion, ref, lmap)
+    rows = {lmap.find(i) for i, o in zip(ref.logical, one) if not i.is_reduction and not o}
     for k, o in enumerate(fusion.outputs):
         have = lmap.derivable({lmap.find(i) for i in o.logical})
         for c in rows - have:
@@ -186,11 +191,6 @@ def _output_lacks_a_row_axis(fusion, ref, lmap) -> str | None:
                 "its rows cannot write it (a kernel of its own)"
             )
     return None
-
-
-def _one(i) -> bool:
-    """One element: no loop, no grid."""
-    return is_const(i.loop_extent, 1) or (i.is_broadcast and i.concrete_extent is None)
 
 
 def _red_classes(tv, lmap) -> frozenset:
