@@ -152,6 +152,15 @@ def test_segmented_plan_runs_each_segment():
     torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
 
 
+def test_circbuf_interpret_runs_execute_on_cpu_tensors(monkeypatch):
+    fd, ins, ref = CASES["norm_layer_norm_ws"]()
+    with pytest.raises(cb.CircbufError, match="execute needs CUDA tensors"):
+        fd.execute(ins)
+    monkeypatch.setenv("CIRCBUF_INTERPRET", "1")
+    out = fd.execute(ins)[0]
+    torch.testing.assert_close(out.double(), ref(), rtol=2e-2, atol=2e-2)
+
+
 def test_circbuf_check_env_runs_the_checker(monkeypatch):
     fd, ins, _ = _manual("ws")
     monkeypatch.setenv("CIRCBUF_CHECK", "2")

@@ -28,16 +28,18 @@ True
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from .. import knobs
 from ..ir import CircbufError
 from ..lowering.kir import Kernel
 from ..target import DEFAULT, resolve
 from .machine import Launch
 
-__all__ = ["Launch", "run_kernel", "interpret", "interpret_executor", "check", "check_kernel", "launch_args"]
+__all__ = [
+    "Launch", "run_kernel", "interpret", "interpret_fusion", "interpret_executor", "check", "check_kernel",
+    "launch_args", "interpreted_plan",
+]  # fmt: skip
 
 
 def run_kernel(
@@ -111,10 +113,13 @@ def interpret(fd, inputs, seed=0, check=None, check_stores=True, target=None):
     once. ``check``: run the protocol checker on each kernel first, with
     that many schedules (True: 8; default: ``CIRCBUF_CHECK``, 0 or a number
     of schedules). A segmented fusion runs its segmented plan."""
+    return interpret_fusion(fd._get_executor(), fd._flat_inputs(inputs), seed, check, check_stores, target)
+
+
+def interpret_fusion(ex, inputs, seed=0, check=None, check_stores=True, target=None):
+    """:func:`interpret` for the FusionExecutor of a whole fusion (flat inputs)."""
     if check is None:
-        check = _env_check()
-    inputs = fd._flat_inputs(inputs)
-    ex = fd._get_executor()
+        check = knobs.check_schedules()
     _, info = _compile(ex, inputs, target)
     kw = dict(seed=seed, check=check, check_stores=check_stores, target=target)
     if ex._segments is None:
@@ -133,13 +138,17 @@ def interpret(fd, inputs, seed=0, check=None, check_stores=True, target=None):
     return plan.run(inputs)
 
 
-def _env_check() -> int:
-    raw = os.environ.get("CIRCBUF_CHECK", "").strip()
-    if raw in ("", "0"):
-        return 0
-    if not raw.isdigit():
-        raise CircbufError(f"CIRCBUF_CHECK={raw!r}: expected 0, 1 or a number of schedules")
-    return 8 if raw == "1" else int(raw)
+def interpreted_plan(ex):
+    """``CIRCBUF_INTERPRET=1``: the plan ``execute`` runs for CPU inputs."""
+
+    class InterpretedPlan:
+        @staticmethod
+        def run(inputs, finish=True):
+            if not finish:  # a segment's plan: its kernel, handing its outputs on
+                return interpret_executor(ex, list(inputs), False, check=knobs.check_schedules())
+            return interpret_fusion(ex, list(inputs))
+
+    return InterpretedPlan()
 
 
 def interpret_executor(ex, inputs, finish=True, seed=0, check=False, check_stores=True, target=None):
