@@ -203,6 +203,19 @@ def flip_empty_parity(k):
     w.parity = Bin("^", w.parity, Const(1))
 
 
+def drop_full_wait(k):
+    _remove(k, _wait(k, "_full"))
+
+
+def half_the_releases(k):
+    """The empty barriers count half the consumers: a release completes two phases."""
+    for n in k.body:
+        if isinstance(n, kir.IfThenElse):
+            for init in n.then:
+                if isinstance(init, kir.MBarrierInit) and init.bar.name.endswith("_empty"):
+                    init.arrivals = Const(128)
+
+
 def release_before_read(k):
     a = _arrive(k, "_empty")
     _remove(k, a)
@@ -231,6 +244,11 @@ def release_current_stage(k):
 
 def wait_group_too_loose(k):
     _find(k, lambda n: isinstance(n, kir.WgmmaWait) and n.pending == 1).pending = 2
+
+
+def drop_last_wgmma_wait(k):
+    """The epilogue reads the accumulators while the last wgmmas may still write them."""
+    _remove(k, _find(k, lambda n: isinstance(n, kir.WgmmaWait) and n.pending == 0))
 
 
 def turn_before_mmas(k):
@@ -289,6 +307,17 @@ MUTATIONS = [
     ),
     (
         WS,
+        drop_full_wait,
+        r"race: role consumers thread .* reads stage 0 of T4 .* before any copy into it completed",
+    ),
+    (
+        WS,
+        half_the_releases,
+        r"deadlock.*waits on T4_empty\[0\] for parity 0 \(the barrier is in phase 2 .* for the release of "
+        r"position 0, which completes phase 1",
+    ),
+    (
+        WS,
         release_before_read,
         r"race: the TMA copy into T4 .*role producer.*overwrites stage \d of T4.*read by role consumers",
     ),
@@ -304,6 +333,11 @@ MUTATIONS = [
         COOP,
         drop_store_war_wait,
         r"race: role consumers thread .* overwrites T6\[\d+\], read by the TMA store of T6",
+    ),
+    (
+        COOP,
+        drop_last_wgmma_wait,
+        r"role consumers thread .* reads accumulator T5 while wgmmas still write it",
     ),
     (COOP, drop_proxy_fence, r"T6\[\d+\] is written by role consumers .* no fence.proxy.async"),
     (COOP, too_many_registers, r"the warp roles ask for 70656 registers .* a CTA has 65536"),

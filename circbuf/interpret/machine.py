@@ -466,6 +466,10 @@ class CTA:
         for t in blocked:
             w = t.waiting
             desc = w.describe() if w is not None else "is runnable"
+            if isinstance(w, MBarrierWait) and w.obj.name in self.prog.ring_of_bar:
+                got = _ring_need(t, w.obj, *self.prog.ring_of_bar[w.obj.name])
+                if got is not None:
+                    desc += f" for {got[1]}, which completes phase {got[0]}"
             groups.setdefault((t.role_label(), desc), []).append(t)
         parts = []
         for (role, desc), ts in groups.items():
@@ -709,7 +713,7 @@ def _allocate(th, n):
         off = n.offset if isinstance(n.offset, int) else th.prog.sc(n.offset)(env)
         cta.alloc[name] = (off, n.tv.dtype.size, size, n.stages, n.tv.dtype)
         if cta.checker is not None:
-            cta.shadow[name] = cta.checker.shadow(name, total)
+            cta.shadow[name] = cta.checker.shadow(name, total, name in th.prog.ring_of_buf)
 
 
 def _assign(th, n):
@@ -843,14 +847,15 @@ def _mbar_wait(th, n):
             _turn_take(th, bar, *turn)
 
 
-def _check_ring_phase(th, bar, parity, ring, kind):
-    """A ring wait must pass on exactly the phase its position needs: the
-    fill of this position (full), the release of the position ``d`` back
-    (empty) — not an older phase of the same parity, nor a newer one."""
+def _ring_need(th, bar, ring, kind):
+    """``(phases, what)``: how many phases of ring barrier ``bar`` have
+    completed when the thread's wait on it may pass — the fill of its
+    position (full), the release of the position ``d`` back (empty) — or
+    None when the thread holds no position on that side."""
     side = ring.use if kind == "full" else ring.load
     got = th.ring_pos.get(side.name)
     if got is None:
-        return
+        return None
     pos, S = got
     s = pos % S
     if kind == "full":
@@ -858,12 +863,20 @@ def _check_ring_phase(th, bar, parity, ring, kind):
             raise CircbufError(
                 f"{th.cta.kernel_name}: {th.who()} waits on {bar.label}, not on its stage {s}'s full barrier"
             )
-        need = pos // S + 1
-        what = f"the fill of position {pos}"
-    else:
-        d = (s - bar.stage) % S or S
-        need = (pos - d) // S + 1
-        what = f"the release of position {pos - d}" if pos >= d else "nothing (a fresh slot)"
+        return pos // S + 1, f"the fill of position {pos}"
+    d = (s - bar.stage) % S or S
+    return (pos - d) // S + 1, (
+        f"the release of position {pos - d}" if pos >= d else "nothing (a fresh slot)"
+    )
+
+
+def _check_ring_phase(th, bar, parity, ring, kind):
+    """A ring wait must pass on exactly the phase its position needs, not
+    an older phase of the same parity, nor a newer one."""
+    got = _ring_need(th, bar, ring, kind)
+    if got is None:
+        return
+    need, what = got
     if bar.phase != need:
         why = (
             "an older phase of the same parity satisfied it"

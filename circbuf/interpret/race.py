@@ -82,10 +82,10 @@ class Agent:
 class Shadow:
     """The access history of one shared buffer's elements."""
 
-    __slots__ = ("name", "W", "R", "PW", "PR")
+    __slots__ = ("name", "W", "R", "PW", "PR", "ring")
 
-    def __init__(self, name: str, n: int):
-        self.name = name
+    def __init__(self, name: str, n: int, ring: bool = False):
+        self.name, self.ring = name, ring
         self.W = [None] * n  # (comp, clk, agent) of the last write
         self.R = [None] * n  # {comp: (clk, agent)} of the reads since
         self.PW = [None] * n  # an asynchronous write in flight
@@ -102,10 +102,12 @@ class Checker:
         self.shadows: dict = {}
         self._memo: dict = {}
 
-    def shadow(self, name: str, n: int) -> Shadow:
+    def shadow(self, name: str, n: int, ring: bool = False) -> Shadow:
+        """The shadow of shared buffer ``name`` of ``n`` elements (``ring``:
+        a circular buffer's stages, which are never read before a fill)."""
         s = self.shadows.get(name)
         if s is None:
-            s = self.shadows[name] = Shadow(name, n)
+            s = self.shadows[name] = Shadow(name, n, ring)
         return s
 
     def join(self, a: dict, b: dict) -> dict:
@@ -127,7 +129,13 @@ class Checker:
             if PW[k] is not None:
                 self.race("read", s, k, PW[k], th, pending=True)
             w = W[k]
-            if w is not None and not th.sees(w[0], w[1]):
+            if w is None:
+                if s.ring:  # a ring stage is read after its fill, always
+                    raise CircbufError(
+                        f"{self.ctx.kernel_name}: race: {th.who()} reads {self.ctx.where(s, k)} before any "
+                        f"copy into it completed{self.ctx.ring_hint(s, k, th, th)}"
+                    )
+            elif not th.sees(w[0], w[1]):
                 self.race("read", s, k, w[2], th, clk=w[1])
             r = R[k]
             if r is None:

@@ -85,14 +85,14 @@ class ScalarCache:
 
     def __init__(self):
         self._fns: dict = {}
+        self._keep: list = []  # the scalars compiled: each id stays its object's
 
     def __call__(self, e):
         f = self._fns.get(id(e))
         if f is None:
             f = compile_scalar(e) if not isinstance(e, (int, float, bool)) else (lambda env, v=e: v)
             self._fns[id(e)] = f
-            self._keep = getattr(self, "_keep", [])
-            self._keep.append(e)  # the id stays this object's
+            self._keep.append(e)
         return f
 
 
