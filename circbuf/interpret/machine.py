@@ -15,7 +15,9 @@ what codegen prints for it:
   ``cb::block_reduce_x``/``_y`` combine them;
 - ``RoleSwitch`` sends each thread into its role's branch (the role is
   named in every report); ``ElectOne`` runs its body on lane 0 of each warp
-  its condition selects; ``Return`` ends the thread;
+  its condition selects (``elect.sync`` elects the same lane for the same
+  mask every time, so the lane that commits a bulk group also waits on it);
+  ``Return`` ends the thread;
 - mbarriers, TMA copies (completing at a random later step), bulk groups,
   ring stage and phase variables, ``setmaxnreg``, wgmma (a collective of
   the warpgroup's 128 threads, reading both operands from shared memory
