@@ -53,7 +53,7 @@ from .runtime.executor import (
     torch_dtype,
 )
 from .scheduler import InputInfo, TensorInfo
-from .scheduler.registry import Unschedulable, compute_params
+from .scheduler.registry import Unschedulable, apply, compute_params
 from .scheduler.segmenter import segment
 from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, check_aliases, prepare
 from .target import DEFAULT, Target, resolve
@@ -314,7 +314,7 @@ class FusionExecutor:
         knobs.dump("fusion_ir", fusion_ir)
         if sched is not None:
             knobs.dump("params", params)
-            sched.schedule(fusion, params)
+            apply(sched, fusion, params)
         transforms = fusion.print_transforms()
         knobs.dump("transforms", transforms)
         name = f"circbuf_{sched.name if sched else 'manual'}"

@@ -19,6 +19,9 @@
   tanh everywhere; by default fp32 values that reach the outputs only through
   a rounding to bf16/fp16 that hides the error use fast approximate variants
   (``circbuf/lowering/fast_math.py``).
+- ``CIRCBUF_DYNAMO_COMPILE_ONLY=1``: the torch.compile backend
+  (``circbuf.dynamo``) translates and compiles every fusion for sm_90a but
+  runs the graph eagerly (works on CPU tensors).
 """
 
 from __future__ import annotations
@@ -83,6 +86,16 @@ def fast_math() -> bool:
 
         raise CircbufError(f"CIRCBUF_FAST_MATH={raw!r}: expected 0 (accurate math only) or 1")
     return raw != "0"
+
+
+def dynamo_compile_only() -> bool:
+    """``CIRCBUF_DYNAMO_COMPILE_ONLY``: 0 (the default, also when unset or empty) or 1."""
+    raw = os.environ.get("CIRCBUF_DYNAMO_COMPILE_ONLY", "").strip()
+    if raw not in ("", "0", "1"):
+        from .ir import CircbufError
+
+        raise CircbufError(f"CIRCBUF_DYNAMO_COMPILE_ONLY={raw!r}: expected 0 or 1")
+    return raw == "1"
 
 
 def interpret() -> bool:

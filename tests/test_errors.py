@@ -176,7 +176,7 @@ def test_zero_dim_outputs_of_reductions_compile_and_others_are_refused():
     ck, plan = _plan(fd, [x])
     assert "Tensor<float, 0> T1)" in ck.cuda  # the output param: a data pointer, no sizes
     body = ck.cuda.split("end of prelude")[1]
-    assert "if ((((index_t)threadIdx.x) == 0)) {\n    T1.data[0] = T2[0];" in body
+    assert "if ((((index_t)threadIdx.x) == 0)) {\n    T1.data[0] = T2;" in body
     assert plan.grid == (1, 1, 1) and not plan.empty
     shape, dtype = plan.out_specs[0][:2]
     out = torch.empty(*shape, dtype=dtype)  # as the plan allocates it

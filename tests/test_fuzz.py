@@ -61,6 +61,9 @@ REGRESSIONS = [
     ("900:284", "full", "interp"),
     ("902:60", "interp", "interp"),  # var_mean over axes 0 and 2 of x[1, 1, 31]: its one row squeezed
     ("903:56", "interp", "interp"),  # sum(x[n, 1], [0]) beside reshape(x, [-1]), which drops its one row
+    ("722:143", *K),  # outputs feeding outputs: a tensor read by two output caches tied loops in a cycle
+    ("725:158", *K),  # an outer reduction's output keeping a reduced axis through a reshape (two passes)
+    ("901:14", *K),  # outputs feeding outputs (neg(x) read by exp(.) and . * sin(exp(.))): loops in a cycle
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice

@@ -28,6 +28,7 @@ from ..ir import (
     Var,
     ViewExpr,
     as_scalar,
+    simplify,
 )
 from . import wgmma_ops
 from .kir import (
@@ -138,6 +139,7 @@ class CudaCodegen:
         self.red_smem: list[str] = []
         self.helpers: dict[str, str] = {}  # wgmma wrappers the kernel uses, by name
         self.zeroed = _zeroed_registers(kernel)
+        self.scalars = _one_element_registers(kernel)
 
     # -------------------------------------------------------- scalars
     def scalar(self, e: Scalar) -> str:
@@ -192,6 +194,8 @@ class CudaCodegen:
         return f"cb::cast<{dt.value}>({self.scalar(x)})"
 
     def ref(self, r: TensorRef) -> str:
+        if r.tv.name in self.scalars:  # a register of one element is a plain variable
+            return r.tv.name
         idx = self.scalar(r.index)
         if r.tv.memory_type == MemoryType.Global:
             return f"{r.tv.name}.data[{idx}]"
@@ -259,6 +263,9 @@ class CudaCodegen:
             desc = self.k.descriptors.get(n.tv.name)
             if desc is not None:  # wgmma reads it: the descriptor of element 0, made once
                 self.emit(wgmma_ops.descriptor_decl(n.tv.name, desc))
+        elif n.tv.name in self.scalars:
+            zero = " = {}" if n.tv.name in self.zeroed else ""
+            self.emit(f"{t} {n.tv.name}{zero};")
         else:
             zero = " = {}" if n.tv.name in self.zeroed else ""
             self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}]{zero};")
@@ -459,6 +466,30 @@ class CudaCodegen:
             "    " + ",\n    ".join(params) + ") {",
         ]
         return "\n".join(head + smem + body + ["}", ""])
+
+
+def _one_element_registers(kernel: Kernel) -> set:
+    """Register buffers of one element, every access at index 0: printed as
+    a plain variable (``float T11;``), not a one-element array."""
+    allocs, bad = {}, set()
+
+    def visit(n, _stack):
+        if isinstance(n, Allocate) and n.memory == MemoryType.Local:
+            if n.stages == 1 and as_scalar(n.size) == Const(1):
+                allocs[n.tv.name] = n
+            else:
+                bad.add(n.tv.name)
+        refs = []
+        if isinstance(n, Assign):
+            refs = [n.lhs, *n.operands]
+        elif isinstance(n, BlockReduce):
+            refs = [n.ref]
+        for r in refs:
+            if isinstance(r, TensorRef) and (r.vector != 1 or simplify(r.index) != Const(0)):
+                bad.add(r.tv.name)
+
+    walk(kernel.body, visit)
+    return set(allocs) - bad
 
 
 def _zeroed_registers(kernel: Kernel) -> set:

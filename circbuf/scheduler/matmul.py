@@ -68,6 +68,7 @@ from .overrides import MATMUL, names
 from .params import MatmulParams
 from .utils import (
     LogicalMap,
+    cache_output,
     concretize_broadcasts,
     contractions,
     hoist_broadcasts,
@@ -766,6 +767,13 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
     acc, As, Bs = translate(fusion, params)
     hoist_broadcasts(fusion)
     _pair_caches(fusion, params, acc.ndim)
+    # an output the epilogue reads again (``b = exp(y)`` stored, ``sin(b)`` too) is
+    # computed into registers that its store and its readers share: read back
+    # from global memory it was a loop nest of its own after every tile's,
+    # which no loop order could run before a reader inlined beside its producers
+    for o in list(fusion.outputs):
+        if fusion.consumers(o):
+            cache_output(fusion, o)
     e = acc.definition
     # outputs staged in shared memory and stored by TMA a [64 x en] box at a time
     staged = {}

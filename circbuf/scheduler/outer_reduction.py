@@ -88,9 +88,13 @@ class OuterReductionScheduler:
         for r in reds:
             if _ancestors(r) & outs:
                 return "a reduction reads another reduction's result (two passes)"
-        rc = _red_classes(ref, lmap)
+        # through a reshape too: an axis merged from (or split off) reduced
+        # ones is reduced (an output of [R0 * R1, C] beside sum(x[R0, R1, C], [0, 1])
+        # needs every column's result before its first element: two passes)
+        comp = lmap.view_component()
+        rc = {comp(c) for c in _red_classes(ref, lmap)}
         for o in fusion.outputs:
-            if any(lmap.find(i) in rc and not i.is_broadcast and not i.is_reduction for i in o.logical):
+            if any(comp(lmap.find(i)) in rc and not i.is_broadcast and not i.is_reduction for i in o.logical):
                 return f"output {o.name} keeps a reduced axis"
         return None
 

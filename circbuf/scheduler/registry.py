@@ -17,7 +17,7 @@ from ..ir import CircbufError, Fusion, ReductionOp
 from . import matmul, normalization, outer_reduction, pointwise, pointwise_tma, reduction
 from .info import InputInfo
 from .overrides import TABLES, Declined
-from .utils import check_aliases, check_distinct_axes, prepare
+from .utils import check_aliases, check_distinct_axes, prepare, untangle_inlining
 
 SCHEDULERS = [
     (matmul.MatmulScheduler, matmul.OVERRIDES),
@@ -201,9 +201,17 @@ def _said(variant: str) -> str:
     return f"{sched} ({kind})"
 
 
+def apply(sched, fusion: Fusion, params) -> None:
+    """Schedule ``fusion`` with ``sched`` and ``params``, then lower the
+    inline positions no one loop nest can honor (:func:`.utils.untangle_inlining`):
+    what a scheduler leaves always lowers."""
+    sched.schedule(fusion, params)
+    untangle_inlining(fusion)
+
+
 def schedule(fusion: Fusion, info: InputInfo, overrides: dict | None = None):
     """Compute params and apply the schedule to ``fusion``; returns the params."""
     prepare(fusion, info.extents)
     sched, params = compute_params(fusion, info, overrides or {})
-    sched.schedule(fusion, params)
+    apply(sched, fusion, params)
     return params

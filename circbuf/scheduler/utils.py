@@ -8,6 +8,8 @@
   TensorView (nvFuser's TransformPropagator, reduced to one reference).
 - :func:`recompute_multi_use`: duplicate an intermediate for each extra consumer
   so that every consumer can inline its own copy.
+- :func:`untangle_inlining`: lower inline positions that tie loops into a
+  cycle (run after every scheduler, by :func:`.registry.apply`).
 """
 
 from __future__ import annotations
@@ -629,6 +631,114 @@ def inline_intermediates(fusion: Fusion, row_pos: int | None = None, row_scalar=
         while pos > limit and (tv.loop[pos - 1].is_broadcast or is_const(tv.loop[pos - 1].loop_extent, 1)):
             pos -= 1
         tv.inline_at(pos)
+
+
+def untangle_inlining(fusion: Fusion) -> None:
+    """Lower inline positions that no one loop nest can honor.
+
+    Inlining ``p`` at a position past ``k`` makes axis ``k`` of ``p`` and of
+    every consumer of ``p`` one loop. When a tensor between two of those
+    consumers (computed from one, read by the other) has a loop of its own at
+    that level, no order of the two loops computes each tensor before it is
+    read: ``a = neg(x)`` inlined into both ``b = exp(a)`` and ``d = mul(a,
+    c)``, where ``c = sin(b)`` is a pointwise output's register cache computed
+    whole before it is stored (inlined at the thread position), would need the
+    element loop of ``b`` and ``d`` both before and after that of ``c``.
+    Level by level, outermost first, such a ``p`` with several consumers is
+    inlined at ``k`` instead: its consumers keep loops of their own there and
+    it is a register array over its inner axes, computed before them::
+
+        FOR v            # p, b, d: one loop       FOR v: p = neg(x)
+          p = neg(x)                                FOR v: b = exp(p)
+          b = exp(p)     # c's loop must come       FOR v: c = sin(b)
+          d = mul(p, c)  # between b and d          FOR v: d = mul(p, c)
+
+    Only a tensor with several consumers can tie loops into a cycle (a chain
+    of single consumers inlined into one another is a tree whose loop ends at
+    its last tensor); each step lowers one that breaks a cycle.
+    """
+    tvs = [t for t in fusion.used_tvs() if not t.is_input and t.definition is not None]
+    edges = [(p, e.out) for e in fusion.exprs() for p in e.tv_inputs() if not p.is_input]
+    consumers = {id(t): {id(c) for p, c in edges if p is t} for t in tvs}
+    depth = max((len(t.loop) for t in tvs), default=0)
+    for k in range(depth):
+        while True:
+            cyclic = _cyclic_loop_classes(tvs, edges, k)
+            if not cyclic:
+                break
+            tied = [t for t in tvs if id(t) in cyclic and t.compute_at_pos > k and len(consumers[id(t)]) > 1]
+            assert tied, f"a cycle of loops at level {k} with no tensor of several consumers inlined past it"
+            n = len(cyclic)
+            pick = None
+            for t in reversed(tied):  # the last one first: the cycle is downstream of the rest
+                pos, t.compute_at_pos = t.compute_at_pos, k
+                breaks = len(_cyclic_loop_classes(tvs, edges, k)) < n
+                t.compute_at_pos = pos
+                if breaks:
+                    pick = t
+                    break
+            for t in [pick] if pick is not None else tied:
+                t.inline_at(k)
+
+
+def _cyclic_loop_classes(tvs, edges, k: int) -> set:
+    """``id(tv)`` of each tensor whose loop at level ``k`` (the loop class its
+    axis ``k`` joins by inlining) lies on a cycle of loops, each computing a
+    tensor the next one reads."""
+    parent = {id(t): id(t) for t in tvs}
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for p, c in edges:
+        if p.compute_at_pos > k:
+            parent[find(id(p))] = find(id(c))
+    succ: dict = {}
+    for p, c in edges:
+        a, b = find(id(p)), find(id(c))
+        if a != b:
+            succ.setdefault(a, set()).add(b)
+    # Tarjan's strongly connected components, iteratively
+    index, low, on, stack, comp = {}, {}, set(), [], {}
+    counter = 0
+    for root in {find(id(t)) for t in tvs}:
+        if root in index:
+            continue
+        work = [(root, iter(succ.get(root, ())))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(succ.get(w, ()))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                scc = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    scc.append(w)
+                    if w == v:
+                        break
+                for w in scc:
+                    comp[w] = len(scc) > 1
+    return {id(t) for t in tvs if comp[find(id(t))]}
 
 
 def aligned(lmap: LogicalMap, x: TensorView, ref: TensorView, broadcast: bool = False) -> bool:
