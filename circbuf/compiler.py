@@ -505,6 +505,10 @@ class FusionExecutor:
         import torch
 
         self._check_outputs()
+        if knobs.interpret() and not any(getattr(x, "is_cuda", False) for x in inputs):
+            from .interpret import interpreted_plan
+
+            return interpreted_plan(self)  # CIRCBUF_INTERPRET=1: CPU tensors run in the interpreter
         info, device = self._bind(inputs, need_cuda=True)
         if not self.fusion.outputs:  # every output is an input, returned as is: nothing to run
             p = Plan()

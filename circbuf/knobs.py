@@ -11,6 +11,10 @@
   stage instead of hanging.
 - ``CIRCBUF_CACHE_DIR``: where compiled cubins are kept (default
   ``~/.cache/circbuf``); ``CIRCBUF_CACHE_DIR=`` (empty) turns the disk cache off.
+- ``CIRCBUF_INTERPRET=1``: ``execute`` on CPU tensors runs the kernels in the
+  kernel interpreter (``circbuf.interpret``) instead of refusing them.
+- ``CIRCBUF_CHECK=<schedules>`` (1: 8 schedules): the interpreter first runs the
+  pipeline protocol checker on each kernel it runs.
 - ``CIRCBUF_FAST_MATH=0``: keep CUDA's accurate exp, sigmoid, silu, gelu and
   tanh everywhere; by default fp32 values that reach the outputs only through
   a rounding to bf16/fp16 that hides the error use fast approximate variants
@@ -92,3 +96,20 @@ def dynamo_compile_only() -> bool:
 
         raise CircbufError(f"CIRCBUF_DYNAMO_COMPILE_ONLY={raw!r}: expected 0 or 1")
     return raw == "1"
+
+
+def interpret() -> bool:
+    """``CIRCBUF_INTERPRET``: run ``execute`` on CPU tensors in the interpreter."""
+    return os.environ.get("CIRCBUF_INTERPRET", "") not in ("", "0")
+
+
+def check_schedules() -> int:
+    """``CIRCBUF_CHECK``: 0 (off, also when unset), 1 (8 schedules) or a number of schedules."""
+    raw = os.environ.get("CIRCBUF_CHECK", "").strip()
+    if raw in ("", "0"):
+        return 0
+    if not raw.isdigit():
+        from .ir import CircbufError
+
+        raise CircbufError(f"CIRCBUF_CHECK={raw!r}: expected 0, 1 or a number of schedules")
+    return 8 if raw == "1" else int(raw)

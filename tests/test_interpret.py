@@ -1,0 +1,381 @@
+"""The kernel interpreter and the pipeline protocol checker (circbuf.interpret), on the CPU.
+
+Every scheduler's kernels at small shapes: the interpreter's results match
+float64 torch (each output element stored exactly once) and the checker
+passes them. Then real kernels are mutated the way pipelines break (an
+arrive dropped, a parity flipped, a stage released early, a ping-pong turn
+handed over before the MMAs, a TMA store buffer rewritten without its
+wait_group.read, ...) and the checker must name each bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import circbuf as cb
+from circbuf.interpret import check, check_kernel, interpret, launch_args, run_kernel
+from circbuf.ir import Bin, Const, Var
+from circbuf.lowering import kir
+from circbuf.target import H100
+from tests.test_gpu_matmul import mm_fusion
+from tests.util import (
+    OUTER_TORCH,
+    D,
+    axpy_fusion,
+    manual_ring_exp,
+    manual_ws_exp,
+    norm_fusion,
+    norm_inputs,
+    norm_reference,
+    outer_fusion,
+)
+
+BF, H = torch.bfloat16, torch.float16
+TD = {BF: D.BFloat16, H: D.Half, torch.float32: D.Float}
+# a GPU of one SM: a persistent kernel's one CTA runs every tile (several
+# tiles and ring wraps at small shapes)
+ONE_SM = dataclasses.replace(H100, sm_count=1)
+
+
+def _pw(rank, shape, dtype=BF, **ov):
+    fd = axpy_fusion(TD[dtype], rank)
+    if ov:
+        fd.fusion.schedule(**ov)
+    a, b = torch.randn(*shape, dtype=dtype), torch.randn(*shape, dtype=dtype)
+    return fd, [a, b], lambda: a.double() * b.double() + 1
+
+
+def _norm(kind, rows, cols, dtype=BF, **ov):
+    fd = norm_fusion(kind, TD[dtype])
+    if ov:
+        fd.fusion.schedule(**ov)
+    ins = norm_inputs(kind, rows, cols, dtype, "cpu")
+    return fd, ins, lambda: norm_reference(kind, ins)
+
+
+def _outer(op, shape, axes, weight=False, **ov):
+    fd = outer_fusion(op, D.Half, len(shape), axes, weight)
+    if ov:
+        fd.fusion.schedule(**ov)
+    ins = [torch.randn(*shape, dtype=H)]
+    if weight:
+        ins.append(torch.randn(*shape[len(axes) :], dtype=H))
+
+    def ref():
+        x = ins[0].double()
+        if weight:
+            x = x * ins[1].double()
+        return OUTER_TORCH[op](x, list(axes))
+
+    return fd, ins, ref
+
+
+def _mm(kind, m, n, k, dtype=BF, bias=False, epilogue=None, **ov):
+    fd = mm_fusion(kind, TD[dtype], bias=bias, epilogue=epilogue)
+    if ov:
+        fd.fusion.schedule(**ov)
+    a = torch.randn(m, k, dtype=dtype)
+    b = torch.randn((n, k) if kind == "linear" else (k, n), dtype=dtype)
+    ins = [a, b] + ([torch.randn(n, dtype=dtype)] if bias else [])
+
+    def ref():
+        y = a.double() @ (b.double().T if kind == "linear" else b.double())
+        if bias:
+            y = y + ins[2].double()
+        if epilogue == "gelu":
+            y = torch.nn.functional.gelu(y)
+        return y
+
+    return fd, ins, ref
+
+
+def _manual(ring, rows=5, cols=296):
+    x = torch.randn(rows, cols, dtype=BF)
+    fd = manual_ws_exp(128, 3) if ring == "ws" else manual_ring_exp(128, 3)
+    return fd, [x], lambda: x.double().exp()
+
+
+CASES = {
+    "pointwise": lambda: _pw(2, (33, 200)),
+    "pointwise_tma": lambda: _pw(2, (40, 512), stages=3),
+    "pointwise_tma_store": lambda: _pw(2, (40, 512), stages=3, tma_store=True),
+    "pointwise_tma_ws": lambda: _pw(3, (3, 7, 512), H, stages=4, warp_specialized=True),
+    "manual_pipelined_ring": lambda: _manual("pipelined", rows=6),
+    "manual_ws_setmaxnreg": lambda: _manual("ws"),
+    "norm_softmax_tma": lambda: _norm("softmax", 6, 512, staging="tma"),
+    "norm_layer_norm_ws": lambda: _norm("layer_norm", 6, 512, warp_specialized=True, stages=3),
+    "norm_rms_tma_mbarrier": lambda: _norm("rms_norm", 9, 256, stages=4, war="mbarrier"),
+    "outer_max_pipelined": lambda: _outer("max", (20, 3, 64), (0,), stages=3, warp_specialized=False),
+    "outer_sum_weight_ws": lambda: _outer("sum", (99, 136), (0,), True, stages=3, warp_specialized=True),
+    "matmul_simt": lambda: _mm("matmul", 17, 20, 30),
+    "matmul_cooperative": lambda: _mm("matmul", 128, 256, 128),
+    "matmul_pingpong_bias_gelu": lambda: _mm(
+        "linear", 100, 136, 72, bias=True, epilogue="gelu", pingpong=True
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernels_match_torch_and_pass_the_checker(name):
+    fd, ins, ref = CASES[name]()
+    out = interpret(fd, ins)[0]  # every output element stored exactly once, too
+    want = ref()
+    tol = 2e-2 if out.dtype in (BF, H) else 1e-5
+    torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
+    check(fd, ins, schedules=2)
+
+
+def test_matmul_through_the_interpreter_on_one_sm():
+    """[128, 256, 128] ping-pong on a one-SM GPU: one CTA, both warpgroups
+    taking turns over two tiles, the ring wrapping; then checked."""
+    fd, ins, ref = _mm("matmul", 128, 256, 128, pingpong=True)
+    out = interpret(fd, ins, target=ONE_SM)[0]
+    torch.testing.assert_close(out.double(), ref(), rtol=2e-2, atol=2e-2)
+    check(fd, ins, schedules=2, target=ONE_SM)
+
+
+def test_segmented_plan_runs_each_segment():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        g = fd.define_tensor([-1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.cast(fd.ops.layer_norm(fd.ops.linear(x, w), g, b, 1e-5), D.BFloat16))
+    ins = [torch.randn(64, 64, dtype=BF), torch.randn(128, 64, dtype=BF)]
+    ins += [torch.randn(128, dtype=BF), torch.randn(128, dtype=BF)]
+    out = interpret(fd, ins, check=1)[0]
+    y = (ins[0].double() @ ins[1].double().T).to(BF).double()  # the segments hand bf16 over
+    want = torch.nn.functional.layer_norm(y, (128,), ins[2].double(), ins[3].double(), 1e-5)
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_circbuf_interpret_runs_execute_on_cpu_tensors(monkeypatch):
+    fd, ins, ref = CASES["norm_layer_norm_ws"]()
+    with pytest.raises(cb.CircbufError, match="execute needs CUDA tensors"):
+        fd.execute(ins)
+    monkeypatch.setenv("CIRCBUF_INTERPRET", "1")
+    out = fd.execute(ins)[0]
+    torch.testing.assert_close(out.double(), ref(), rtol=2e-2, atol=2e-2)
+
+
+def test_circbuf_check_env_runs_the_checker(monkeypatch):
+    fd, ins, _ = _manual("ws")
+    monkeypatch.setenv("CIRCBUF_CHECK", "2")
+    interpret(fd, ins)
+    monkeypatch.setenv("CIRCBUF_CHECK", "yes")
+    with pytest.raises(cb.CircbufError, match="CIRCBUF_CHECK"):
+        interpret(fd, ins)
+
+
+# ------------------------------------------------------------ mutations
+def _find(k, pred, nth=0):
+    found = []
+    kir.walk(k.body, lambda n, _s: found.append(n) if pred(n) else None)
+    return found[nth]
+
+
+def _remove(k, node):
+    kir.parent_list(k.body, node).remove(node)
+
+
+def _arrive(k, suffix, nth=0):
+    return _find(k, lambda n: isinstance(n, kir.MBarrierArrive) and n.bar.name.endswith(suffix), nth)
+
+
+def _wait(k, suffix, nth=0):
+    return _find(k, lambda n: isinstance(n, kir.MBarrierWait) and n.bar.name.endswith(suffix), nth)
+
+
+def drop_release(k):
+    _remove(k, _arrive(k, "_empty"))
+
+
+def flip_full_parity(k):
+    w = _wait(k, "_full")
+    w.parity = Bin("^", w.parity, Const(1))
+
+
+def flip_empty_parity(k):
+    w = _wait(k, "_empty")
+    w.parity = Bin("^", w.parity, Const(1))
+
+
+def drop_full_wait(k):
+    _remove(k, _wait(k, "_full"))
+
+
+def half_the_releases(k):
+    """The empty barriers count half the consumers: a release completes two phases."""
+    for n in k.body:
+        if isinstance(n, kir.IfThenElse):
+            for init in n.then:
+                if isinstance(init, kir.MBarrierInit) and init.bar.name.endswith("_empty"):
+                    init.arrivals = Const(128)
+
+
+def release_before_read(k):
+    a = _arrive(k, "_empty")
+    _remove(k, a)
+    kir.insert_after(k.body, _wait(k, "_full"), [a])
+
+
+def drop_expect_tx(k):
+    _remove(k, _find(k, lambda n: isinstance(n, kir.MBarrierArriveExpectTx)))
+
+
+def restart_ring_each_row(k):
+    """The nested-ring bug: the ring's stage and phase start over in each
+    iteration of the enclosing loop (the barriers do not)."""
+    inits = [n for n in k.body if isinstance(n, kir.RingInit)]
+    outer = next(n for n in k.body if isinstance(n, kir.ForLoop))
+    for n in inits:
+        k.body.remove(n)
+    outer.body[0:0] = inits
+
+
+def release_current_stage(k):
+    """The matmul releases the stage its wgmmas still read (one step early)."""
+    a = _arrive(k, "_empty")
+    a.bar = kir.MBarrierRef(a.bar.name, k.rings[0].use.stage)
+
+
+def wait_group_too_loose(k):
+    _find(k, lambda n: isinstance(n, kir.WgmmaWait) and n.pending == 1).pending = 2
+
+
+def drop_last_wgmma_wait(k):
+    """The epilogue reads the accumulators while the last wgmmas may still write them."""
+    _remove(k, _find(k, lambda n: isinstance(n, kir.WgmmaWait) and n.pending == 0))
+
+
+def turn_before_mmas(k):
+    a, w = _arrive(k, "_mma_turn"), _wait(k, "_mma_turn")
+    _remove(k, a)
+    kir.insert_after(k.body, w, [a])
+
+
+def drop_turn_arrive(k):
+    _remove(k, _arrive(k, "_epi_turn"))
+
+
+def drop_store_war_wait(k):
+    w = _find(k, lambda n: isinstance(n, kir.BulkWaitGroup) and n.read)
+    _remove(k, _find(k, lambda n: isinstance(n, kir.ElectOne) and w in n.then))
+
+
+def drop_proxy_fence(k):
+    _remove(k, _find(k, lambda n: isinstance(n, kir.Fence) and n.kind == "proxy_async"))
+
+
+def split_named_barrier(k):
+    """Half the block syncs 64 threads on named barrier 1, half 128."""
+    s = _find(k, lambda n: isinstance(n, kir.BlockSync) and "WAR" in n.reason)
+    lst = kir.parent_list(k.body, s)
+    half = Var("threadIdx.y").lt(2)
+    lst[lst.index(s)] = kir.IfThenElse(half, [kir.BlockSync("a", (1, 64))], [kir.BlockSync("b", (1, 128))])
+
+
+def too_many_registers(k):
+    _find(k, lambda n: isinstance(n, kir.SetMaxNReg) and n.increase).count = 256
+
+
+WS = lambda: _manual("ws", rows=5)  # noqa: E731  (9 positions on a 3-stage ring)
+PIPELINED = lambda: _manual("pipelined", rows=6)  # noqa: E731
+COOP = lambda: _mm("matmul", 128, 512, 256)  # noqa: E731  (2 tiles x 4 k steps on a 4-stage ring)
+PINGPONG = lambda: _mm("matmul", 128, 256, 256, pingpong=True)  # noqa: E731
+TMA_STORE = lambda: _pw(2, (40, 512), stages=3, tma_store=True)  # noqa: E731
+
+MUTATIONS = [
+    # (kernel, mutation, what the report must say)
+    (
+        WS,
+        drop_release,
+        r"deadlock.*role producer.*waits on T4_empty\[0\] for parity 0.*256 of 256 arrivals pending",
+    ),
+    (
+        WS,
+        flip_full_parity,
+        r"role consumers thread .* T4_use position 0 \(stage 0, phase 0\) passed its wait on T4_full\[0\] \(parity 1\).*wrong phase",
+    ),
+    (
+        WS,
+        flip_empty_parity,
+        r"deadlock.*role producer: 1 thread .*T4_load position 0.*waits on T4_empty\[0\] for parity 0",
+    ),
+    (
+        WS,
+        drop_full_wait,
+        r"race: role consumers thread .* reads stage 0 of T4 .* before any copy into it completed",
+    ),
+    (
+        WS,
+        half_the_releases,
+        r"deadlock.*waits on T4_empty\[0\] for parity 0 \(the barrier is in phase 2 .* for the release of "
+        r"position 0, which completes phase 1",
+    ),
+    (
+        WS,
+        release_before_read,
+        r"race: the TMA copy into T4 .*role producer.*overwrites stage \d of T4.*read by role consumers",
+    ),
+    (WS, drop_expect_tx, r"deadlock.*T4_full\[0\].*-512 transaction bytes"),
+    (PIPELINED, restart_ring_each_row, r"race: .*stage \d of T4 \(ring T4"),
+    (COOP, release_current_stage, r"deadlock.*role producer.*waits on T3_T4_empty\[0\]"),
+    (
+        COOP,
+        wait_group_too_loose,
+        r"race: the TMA copy into T3 .*overwrites stage 0 of T3 .*while the wgmmas of warpgroup 0",
+    ),
+    (
+        COOP,
+        drop_store_war_wait,
+        r"race: role consumers thread .* overwrites T6\[\d+\], read by the TMA store of T6",
+    ),
+    (
+        COOP,
+        drop_last_wgmma_wait,
+        r"role consumers thread .* reads accumulator T5 while wgmmas still write it",
+    ),
+    (COOP, drop_proxy_fence, r"T6\[\d+\] is written by role consumers .* no fence.proxy.async"),
+    (COOP, too_many_registers, r"the warp roles ask for 70656 registers .* a CTA has 65536"),
+    (
+        PINGPONG,
+        turn_before_mmas,
+        r"role consumers group 0 thread .* issues a wgmma into T5 outside its turn .*T5_mma_turn\[0\]",
+    ),
+    (
+        PINGPONG,
+        drop_turn_arrive,
+        r"deadlock.*role consumers group 1: 128 threads .* wait on T5_epi_turn\[1\]",
+    ),
+    (TMA_STORE, split_named_barrier, r"named barrier 1"),
+]
+
+
+@pytest.mark.parametrize("make, mutate, message", MUTATIONS, ids=[f"{m.__name__}" for _, m, _ in MUTATIONS])
+def test_checker_catches_injected_bug(make, mutate, message):
+    fd, ins, _ = make()
+    k, tensors, scalars, grid, block = launch_args(fd, ins, target=ONE_SM)
+    check_kernel(
+        k, [t.clone() for t in tensors], scalars, grid, block, schedules=1
+    )  # the kernel as built passes
+    mutate(k)
+    with pytest.raises(cb.CircbufError, match=message):
+        check_kernel(k, tensors, scalars, grid, block, schedules=2)
+
+
+def test_wrong_swizzle_gives_a_wrong_result():
+    """The interpreter applies the tensor map's swizzle and the wgmma
+    descriptor's: a box copied unswizzled is read wrongly by the MMAs."""
+    fd, ins, ref = _mm("matmul", 64, 256, 64)
+    k, tensors, scalars, grid, block = launch_args(fd, ins)
+    run_kernel(k, tensors, scalars, grid, block)
+    torch.testing.assert_close(tensors[-1].double(), ref(), rtol=2e-2, atol=2e-2)
+    k, tensors, scalars, grid, block = launch_args(fd, ins)
+    a_map = next(m for m in k.tensor_maps if m.param == 0)
+    a_map.swizzle = 0
+    run_kernel(k, tensors, scalars, grid, block)
+    assert not torch.allclose(tensors[-1].double(), ref(), rtol=2e-2, atol=2e-2)
