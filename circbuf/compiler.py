@@ -70,6 +70,10 @@ class FusionExecutor:
         self.fusion = fusion
         self.is_segment = is_segment  # a segment of a segmented fusion: not split further
         self._segments = None  # (SegmentedFusion, executor per segment) once the fusion is split
+        # the split made for each set of sizes that are 0 (``_segments`` is the one for the
+        # inputs being compiled): a loop over an empty axis writes nothing, so an output with
+        # elements beside one is cut apart only for the sizes that make it empty
+        self._splits: dict = {}
         self.n_inputs = len(fusion.inputs)
         self._tpos = [k for k, x in enumerate(fusion.inputs) if isinstance(x, TensorView)]
         tp = self._tpos
@@ -366,6 +370,7 @@ class FusionExecutor:
             self._finish(info.extents)  # a view's sizes are checked here
             self.last = CompiledFusion(SegmentedFusion(self.fusion, []), [])
             return self.last
+        self._select_split(info.extents)
         if self._segments is None:
             try:
                 ck = self._compile(info, arch)
@@ -380,12 +385,22 @@ class FusionExecutor:
 
     # ------------------------------------------------------- segments
     def _segment(self, env: dict):
-        """Split the fusion (once): no one scheduler takes it whole, or two
-        axes it joins through a broadcast have different extents for the
-        sizes in ``env`` (each segment then covers axes of one extent)."""
+        """Split the fusion (once per set of empty sizes: :meth:`_select_split`):
+        no one scheduler takes it whole, or two axes it joins through a
+        broadcast have different extents for the sizes in ``env`` (each
+        segment then covers axes of one extent), or an output with elements
+        meets an axis of extent 0 (:func:`.scheduler.utils.unwritten_output`)."""
         seg = segment(self.fusion, env)
         knobs.dump("segments", seg)
         self._segments = (seg, [FusionExecutor(s.fusion, is_segment=True) for s in seg.segments])
+        self._splits[_empty_sizes(env)] = self._segments
+
+    def _select_split(self, env: dict):
+        """``_segments`` for the sizes in ``env``: the split made for the first
+        inputs whose sizes of 0 were these (None: not split yet). Sizes with
+        elements share one split, made for the first of them, as nvFuser
+        keys its concretized fusions by the extents that are 0 at run time."""
+        self._segments = self._splits.get(_empty_sizes(env))
 
     def _give_overrides(self):
         """Each segment gets the schedule() overrides its schedulers take; a
@@ -517,6 +532,7 @@ class FusionExecutor:
             p.scalar_slots = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
             p.finish = self._finish(info.extents)
             return p
+        self._select_split(info.extents)
         if self._segments is None:
             try:
                 with torch.cuda.device(device):
@@ -672,6 +688,11 @@ def _getter(idx: list):
 def _source(kind, k, inputs, vals, env):
     """A segment's input: a fusion input, an earlier segment's output, or a size."""
     return inputs[k] if kind == "input" else vals[k] if kind == "tensor" else env[k]
+
+
+def _empty_sizes(env: dict) -> frozenset:
+    """The names of the sizes that are 0 in ``env``."""
+    return frozenset(k for k, v in env.items() if type(v) is int and v == 0)
 
 
 def _all_outputs_empty(out_shapes) -> bool:

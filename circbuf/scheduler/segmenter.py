@@ -25,7 +25,9 @@ the result is deterministic for a fusion. Then one-input elementwise chains
 rather than passed through memory (:func:`_forward`), and each group is cut
 out as a standalone Fusion (:func:`_cut`). Structural: no input sizes are
 needed; given the first call's (``env``), axes of different extents joined
-through a broadcast are cut apart, and reshapes whose splits and merges
+through a broadcast are cut apart, an output with elements is cut from an
+axis of extent 0 its broadcast axis meets (a loop over it writes nothing:
+:func:`.utils.unwritten_output`), and reshapes whose splits and merges
 depend on sizes only the inputs give are judged as these sizes make them
 (a tensor combined with a view of itself shows only then).
 """
@@ -40,7 +42,7 @@ from ..ir.fusion import _elementwise_layout
 from ..ir.nodes import ELEMENTWISE, MemoryType, TensorDomain
 from ..ir.scalar import free_vars
 from ..ir.view import concretize_for
-from .utils import check_aliases
+from .utils import check_aliases, unwritten_output
 
 
 @dataclass
@@ -188,7 +190,8 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
         key = (group, outputs)
         if key not in verdicts:
             f2 = view(sorted(group), outputs)
-            ok = [] if extents_differ(f2, env) else schedulers_taking(f2)
+            unfit = extents_differ(f2, env) or (env is not None and unwritten_output(f2, env))
+            ok = [] if unfit else schedulers_taking(f2)
             if ok and f2.aliases:
                 try:
                     check_aliases(f2)  # an in-place output no kernel can write with these readers
@@ -277,7 +280,9 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
             k = next(k for k in sorted(members[g]) if not takers(frozenset([k])))
             f1 = view([k])
             why = "; ".join(f"{s.name}: {can_schedule(s, f1)}" for s, _ in SCHEDULERS)
-            if schedulers_taking(f1):  # the schedulers take it: the in-place output is what no kernel can write
+            if schedulers_taking(
+                f1
+            ):  # the schedulers take it: the in-place output is what no kernel can write
                 check_aliases(f1)  # raises, naming the rule
             raise CircbufError(
                 f"no scheduler can take this fusion (nor {exprs[k]} as a kernel of its own, "
@@ -428,7 +433,9 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None):
                 t2.is_input = True
                 t2.memory_type = MemoryType.Global
                 if id(t) in in_place:  # it lives in the input it was written into: that input's strides
-                    t2.domain = TensorDomain(t.domain.no_reductions(), contiguity=[None] * len(t.domain.no_reductions()))
+                    t2.domain = TensorDomain(
+                        t.domain.no_reductions(), contiguity=[None] * len(t.domain.no_reductions())
+                    )
                 else:
                     t2.domain = TensorDomain(t.domain.no_reductions(), stride_order=_layout(t))
                 boundary.append(t)

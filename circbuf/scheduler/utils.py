@@ -125,8 +125,9 @@ class LogicalMap:
 
 
 class AxisExtentsDiffer(CircbufError):
-    """One axis class with two extents at run time (the compile driver
-    segments the fusion at the broadcast joining them)."""
+    """One axis class with two extents at run time, or an output with
+    elements whose broadcast axis is in a class of extent 0 (the compile
+    driver segments the fusion at the broadcast joining them)."""
 
 
 def bind_axis_extents(fusion: Fusion, env: dict) -> None:
@@ -171,8 +172,56 @@ def bind_axis_extents(fusion: Fusion, env: dict) -> None:
             ):
                 fusion.extent_equalities.append(pair)
                 added = True
+    why = unwritten_output(fusion, env, lmap)
+    if why:
+        raise AxisExtentsDiffer(f"{why}: one kernel cannot write it")
     if added:
         canonicalize_extents(fusion)
+
+
+def unwritten_output(fusion: Fusion, env: dict, lmap: LogicalMap | None = None) -> str | None:
+    """Why one kernel of ``fusion`` would leave an output unwritten for the
+    sizes in ``env``, or None: an output with elements whose broadcast axis
+    is one axis of the fusion with an axis of extent 0 (``neg(x[13, 1])``
+    beside ``mul(y[13, 0], x)``). A kernel's loops over that axis run no
+    iteration, so the output's element along it is never stored. nvFuser
+    concretizes such extents to 0 and removes the empty tensors' math; here
+    the segmenter gives the output a kernel without the empty axis. Extents
+    ``env`` does not give are taken to be nonzero.
+
+    >>> # unwritten_output(fusion, {"i0": 13, "i1": 0})  # -> "output T11 (shape [13, 1]) ..."
+    """
+    from ..ir import evaluate
+
+    lmap = lmap or LogicalMap(fusion)
+
+    def value(ext):
+        try:
+            return evaluate(ext, env)
+        except KeyError:  # a size these inputs do not fix
+            return None
+
+    empty: dict[int, tuple] = {}
+    for tv in fusion.used_tvs():
+        for d, i in enumerate(tv.logical):
+            ext = i.concrete_extent
+            if ext is not None and lmap.find(i) not in empty and value(ext) == 0:
+                empty[lmap.find(i)] = (tv, d)
+    if not empty:
+        return None
+    for o in fusion.outputs:
+        ids = o.domain.no_reductions()
+        shape = [value(i.loop_extent) for i in ids]
+        if 0 in shape:
+            continue
+        for d, i in enumerate(ids):
+            if i.is_broadcast and lmap.find(i) in empty:
+                tv, a = empty[lmap.find(i)]
+                return (
+                    f"output {o.name} (shape {shape}) has elements, but its broadcast axis {d} is one axis "
+                    f"of the fusion with axis {a} of {tv.name}, of extent 0: a loop over it writes nothing"
+                )
+    return None
 
 
 def concretize_broadcasts(fusion: Fusion, lmap: LogicalMap):
