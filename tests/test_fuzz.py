@@ -73,6 +73,7 @@ REGRESSIONS = [
     ("950:14", *K),  # [n, 1] beside a reduction whose broadcast row axis another tensor gives an extent
     ("950:14", "full", "interp"),
     ("942:41", "interp", "interp"),  # [13, 1] beside [13, 0], its size-1 axis the 0: left unwritten
+    ("960:29", "interp", "interp"),  # x[5, 127] beside reshape(x, [1, -1]) > y[n, 1]: two grid extents
 ]
 GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("100:8", "full", "cuda"),  # an in-place output beside an unrelated part: applied twice

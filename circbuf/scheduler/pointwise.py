@@ -19,6 +19,7 @@ from ..ir import (
     ReductionOp,
     TensorView,
 )
+from ..ir.scalar import is_const
 from .info import InputInfo
 from .overrides import POINTWISE, names
 from .params import PointwiseParams
@@ -32,6 +33,7 @@ from .utils import (
     inline_intermediates,
     output_vectorizable,
     propagate,
+    required_ones,
     unmapped_axis,
     vector_access,
     view_self_mapping,
@@ -200,10 +202,20 @@ def _math_cost(fusion) -> int:
 
 
 def _unrelated_output(fusion: Fusion) -> str | None:
-    """Why one loop over the reference output cannot cover every output: an
-    output with a (non-broadcast) axis that no axis of the reference is joined
-    to (``[5] + 1`` next to ``[n] * 2``) has no loop to run on; the segmenter
-    gives it a kernel of its own."""
+    """Why one loop over the reference output cannot cover every output:
+
+    - an output with a (non-broadcast) axis that no axis of the reference is
+      joined to (``[5] + 1`` next to ``[n] * 2``) has no loop to run on;
+    - an output without an axis of the reference (nor one a view splits or
+      merges it from): ``exp(x[5, 127])`` beside ``reshape(exp(x), [1, -1]) >
+      y[n, 1]``, whose reference is [n, 635]. Its loops, replayed from the
+      reference's, miss that axis: its grid covers 5 * 127 elements where the
+      reference's covers n * 635, and one grid axis cannot have both extents.
+      Written once per element of the missing axis, it would be written by
+      several CTAs anyway (``outputs have different ranks`` catches this
+      where no view keeps the ranks equal).
+
+    The segmenter gives such an output a kernel of its own."""
     ref_k = PointwiseScheduler.reference_index(fusion)
     ref = fusion.outputs[ref_k]
     lmap = LogicalMap(fusion)
@@ -213,6 +225,24 @@ def _unrelated_output(fusion: Fusion) -> str | None:
         for a, i in enumerate(o.logical):
             if lmap.find(i) not in (joined if i.is_broadcast else have):
                 return f"output {k}'s axis {a} is not an axis of output {ref_k} (no one loop covers both)"
+    # the reference's axes the grid walks: of a class that some axis gives an
+    # extent other than 1 (a broadcast one of such a class is given it)
+    ones = required_ones(fusion)
+    big = {
+        lmap.find(i)
+        for t in fusion.used_tvs()
+        for i in t.logical
+        if not i.is_broadcast and not is_const(i.extent, 1) and str(i.extent) not in ones
+    }
+    walked = [(a, lmap.find(i)) for a, i in enumerate(ref.logical) if lmap.find(i) in big]
+    for k, o in enumerate(fusion.outputs):
+        cover = lmap.derivable({lmap.find(i) for i in o.logical})
+        for a, c in walked:
+            if c not in cover:
+                return (
+                    f"output {k} has no axis {a} of output {ref_k}, nor one a view makes it from "
+                    "(one grid cannot walk both)"
+                )
     return None
 
 
