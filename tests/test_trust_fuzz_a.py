@@ -35,13 +35,9 @@ import torch
 import circbuf as cb
 from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain, assert_stores_bind_the_grid
-from tests.util import D, assert_close
+from tests.util import D, assert_close, build_case, check_outputs, seeded, to_double
 
 DEV = "cuda"
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 # ------------------------------------------------------------------ one-element axes
@@ -56,7 +52,7 @@ def _sum_rows_of_one_squeezed(fd):
     fd.add_output(t)
 
     def inputs(device):
-        return [torch.randn(1, 1, generator=_gen(708)).expand(127, 1).to(device)]
+        return [torch.randn(1, 1, generator=seeded(708)).expand(127, 1).to(device)]
 
     def ref(x):
         return [x.sum(0).reshape([]), x[None, :, None, :]]
@@ -70,7 +66,7 @@ def _outer_sum_of_one_column(fd):
     fd.add_output(fd.ops.squeeze(fd.ops.sum(x, [0]), [0]))
 
     def inputs(device):
-        return [torch.randn(300, 1, generator=_gen(1)).to(device)]
+        return [torch.randn(300, 1, generator=seeded(1)).to(device)]
 
     def ref(x):
         return [x.sum(0).squeeze(0)]
@@ -86,7 +82,7 @@ def _softmax_over_one_squeezed(fd):
     fd.add_output(fd.ops.relu(fd.ops.squeeze(fd.ops.softmax(x, 2), [2])))
 
     def inputs(device):
-        return [torch.randn(1, 5, 32, generator=_gen(701)).permute(2, 1, 0).to(device)]
+        return [torch.randn(1, 5, 32, generator=seeded(701)).permute(2, 1, 0).to(device)]
 
     def ref(x):
         return [torch.relu(torch.softmax(x, 2).squeeze(2))]
@@ -102,7 +98,7 @@ def _softmax_of_one_element(fd):
     fd.add_output(fd.ops.neg(fd.ops.where(fd.ops.gt(fd.ops.squeeze(fd.ops.softmax(x, 0), [0]), w), 3.0, w)))
 
     def inputs(device):
-        return [torch.randn(1, generator=_gen(702)).to(device), torch.tensor(0.5).to(device)]
+        return [torch.randn(1, generator=seeded(702)).to(device), torch.tensor(0.5).to(device)]
 
     def ref(x, w):
         s = torch.softmax(x, 0).squeeze(0)
@@ -119,7 +115,7 @@ def _sum_over_one_dropped_by_reshape(fd):
     fd.add_output(fd.ops.minimum(fd.ops.reshape(fd.ops.abs(x), [2, 1, 1]), 0.25))
 
     def inputs(device):
-        return [torch.randn(2, 2, generator=_gen(704))[:, :1].to(device)]
+        return [torch.randn(2, 2, generator=seeded(704))[:, :1].to(device)]
 
     def ref(x):
         return [torch.asinh(x).sum(1), torch.clamp(x.abs().reshape(2, 1, 1), max=0.25)]
@@ -136,7 +132,7 @@ def _softmax_of_one_row_squeezed(fd):
     fd.add_output(fd.ops.squeeze(fd.ops.softmax(x, 1), [0]))
 
     def inputs(device):
-        return [torch.randn(1, 64, generator=_gen(3)).to(device)]
+        return [torch.randn(1, 64, generator=seeded(3)).to(device)]
 
     def ref(x):
         return [torch.softmax(x, 1).squeeze(0)]
@@ -149,7 +145,7 @@ def _layer_norm_of_one_row_squeezed(fd):
     fd.add_output(fd.ops.squeeze(fd.ops.layer_norm(x, None, None, 1e-5), [0]))
 
     def inputs(device):
-        return [torch.randn(1, 96, generator=_gen(4)).to(device)]
+        return [torch.randn(1, 96, generator=seeded(4)).to(device)]
 
     def ref(x):
         return [torch.nn.functional.layer_norm(x, [96], eps=1e-5).squeeze(0)]
@@ -169,7 +165,7 @@ def _column_sum_of_one_row(fd):
     fd.add_output(fd.ops.squeeze(t, [0]))
 
     def inputs(device):
-        return [torch.randn(1, 1024, generator=_gen(5)).to(device)]
+        return [torch.randn(1, 1024, generator=seeded(5)).to(device)]
 
     def ref(x):
         return [(2 * x).sum(0), (2 * x).squeeze(0)]
@@ -187,7 +183,7 @@ def _reshape_eq_softmax(fd):
     fd.add_output(fd.ops.sub(fd.ops.reshape(x, [2, 64, 1, 1]), y))
 
     def inputs(device):
-        return [torch.randn(128, 1, generator=_gen(709)).to(device)]
+        return [torch.randn(128, 1, generator=seeded(709)).to(device)]
 
     def ref(x):
         return [x.reshape(2, 64, 1, 1) - torch.softmax(x, 0)]
@@ -201,7 +197,7 @@ def _reshape_plus_itself(fd):
     fd.add_output(fd.ops.add(fd.ops.reshape(x, [2, 64, 1, 1]), fd.ops.neg(x)))
 
     def inputs(device):
-        return [torch.randn(128, 1, generator=_gen(7)).to(device)]
+        return [torch.randn(128, 1, generator=seeded(7)).to(device)]
 
     def ref(x):
         return [x.reshape(2, 64, 1, 1) - x]
@@ -223,32 +219,16 @@ CASES = {
 }
 
 
-def _build(name):
-    with cb.FusionDefinition() as fd:
-        inputs, ref = CASES[name](fd)
-    return fd, inputs, ref
-
-
-def _double(x):
-    return x.double() if x.is_floating_point() else x
-
-
-def _check(outs, refs):
-    assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
-        assert_close(o, r)
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_compiles_and_runs(name):
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs("cpu")
     ck = fd.compile(xs, arch="sm_90a")
     kernels = getattr(ck, "kernels", None) or [ck]
     for k in kernels:
         assert_stores_bind_the_grid(k)
     assert all(_plain(k) for k in kernels)  # each runs on the interpreter
-    _check(interpret(fd, xs), ref(*[_double(x) for x in xs]))
+    check_outputs(interpret(fd, xs), ref(*[to_double(x) for x in xs]))
 
 
 def _kernel_names(fd, xs):
@@ -260,16 +240,16 @@ def test_one_element_layouts():
     """Which kernel runs each: a reduction of one element per row is the plain
     kernel, one thread per row (no block reduction); rows of one element
     reduce across threads."""
-    fd, inputs, _ = _build("701:38")
+    fd, inputs, _ = build_case(CASES, "701:38")
     xs = inputs("cpu")
     ck = fd.compile(xs, arch="sm_90a")
     assert ck.name == "circbuf_reduction" and not ck.params.inner, ck.params
     assert "block_reduce" not in ck.cuda.split("end of prelude")[1]
-    fd, inputs, _ = _build("708:111-min")
+    fd, inputs, _ = build_case(CASES, "708:111-min")
     ck = fd.compile(inputs("cpu"), arch="sm_90a")
     assert ck.name == "circbuf_reduction" and ck.params.inner, ck.params
     for name in ("norm-one-row", "layer-norm-one-row", "outer-one-row"):
-        fd, inputs, _ = _build(name)
+        fd, inputs, _ = build_case(CASES, name)
         assert _kernel_names(fd, inputs("cpu")) == ["circbuf_reduction"], name
 
 
@@ -302,11 +282,11 @@ def test_view_self_mapping_is_named():
     from circbuf.scheduler.reduction import ReductionScheduler
     from circbuf.scheduler.utils import view_self_mapping
 
-    fd, _, _ = _build("709:50-pointwise")
+    fd, _, _ = build_case(CASES, "709:50-pointwise")
     why = view_self_mapping(fd.fusion)
     assert why is not None and "combined with a view of itself" in why, why
     assert PointwiseScheduler.can_schedule(fd.fusion) == why
-    fd, _, _ = _build("709:50")
+    fd, _, _ = build_case(CASES, "709:50")
     assert "combined with a view of itself" in (ReductionScheduler.can_schedule(fd.fusion) or "")
     with cb.FusionDefinition() as fd:  # [2, 64] + reshape(x[128]): the pieces only
         x = fd.define_tensor([128], dtype=D.Float)
@@ -318,7 +298,7 @@ def test_view_self_mapping_is_named():
 def test_view_self_mapping_segments():
     """The reshape of a self mapping runs in a kernel of its own."""
     for name in ("709:50", "709:50-pointwise"):
-        fd, inputs, _ = _build(name)
+        fd, inputs, _ = build_case(CASES, name)
         assert len(_kernel_names(fd, inputs("cpu"))) == 2, name
 
 
@@ -331,7 +311,7 @@ def test_symbolic_view_self_mapping_segments():
     with cb.FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1], dtype=D.Float)
         fd.add_output(fd.ops.add(fd.ops.reshape(x, [2, 64, 1, 1]), fd.ops.neg(x)))
-    xs = [torch.randn(128, 1, generator=_gen(5))]
+    xs = [torch.randn(128, 1, generator=seeded(5))]
     assert len(_kernel_names(fd, xs)) == 2
     (out,) = interpret(fd, xs)
     x = xs[0].double()
@@ -356,6 +336,6 @@ def test_empty_tensor_is_no_self_mapping():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu(monkeypatch, name):
     monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs(DEV)
-    _check(fd.execute(xs), ref(*[_double(x).cpu() for x in xs]))
+    check_outputs(fd.execute(xs), ref(*[to_double(x).cpu() for x in xs]))

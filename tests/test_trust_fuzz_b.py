@@ -17,13 +17,9 @@ from circbuf.scheduler.matmul import MatmulScheduler
 from circbuf.scheduler.utils import LogicalMap, hoist_broadcasts
 from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain, assert_stores_bind_the_grid
-from tests.util import D, assert_close
+from tests.util import D, build_case, check_outputs, seeded, to_double
 
 DEV = "cuda"
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 # ------------------------------------------------ 708:1: hoisted broadcasts
@@ -43,7 +39,7 @@ def _expand_beside_its_broadcast(fd):
     fd.add_output(fd.ops.expand(b, [-1, -1, -1]))
 
     def inputs(device):
-        return [(torch.rand(7, 31, generator=_gen(708)) > 0.5).to(device)]
+        return [(torch.rand(7, 31, generator=seeded(708)) > 0.5).to(device)]
 
     def ref(x):
         t = (x != True) | x  # noqa: E712  (the fusion's ne(x, True))
@@ -63,7 +59,7 @@ def _broadcast_beside_a_reduction(fd):
     fd.add_output(fd.ops.sum(s, [2]))
 
     def inputs(device):
-        return [torch.randn(7, 31, generator=_gen(7081)).to(device)]
+        return [torch.randn(7, 31, generator=seeded(7081)).to(device)]
 
     def ref(x):
         s = -x[:, None, :].expand(7, 5, 31)
@@ -81,7 +77,7 @@ def _identity_broadcast_beside_its_input(fd):
     fd.add_output(s)
 
     def inputs(device):
-        return [torch.randn(7, 31, generator=_gen(7082)).to(device)]
+        return [torch.randn(7, 31, generator=seeded(7082)).to(device)]
 
     def ref(x):
         s = -x[:, None, :].expand(7, 5, 31)
@@ -107,7 +103,7 @@ def _linear_beside_its_bias(fd, m=4, k=10, n=6, seed=709):
     fd.add_output(fd.ops.linear(x, w, bias))
 
     def inputs(device):
-        g = _gen(seed)
+        g = seeded(seed)
         xs = [torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)]
         return [t.bfloat16().to(device) for t in xs]
 
@@ -134,7 +130,7 @@ def _float_matmul_beside_its_bias(fd):
     fd.add_output(fd.ops.mul(bias, 2.0))
 
     def inputs(device):
-        g = _gen(7092)
+        g = seeded(7092)
         xs = [torch.randn(5, 9, generator=g), torch.randn(9, 7, generator=g), torch.randn(7, generator=g)]
         return [t.to(device) for t in xs]
 
@@ -154,29 +150,9 @@ CASES = {
 }
 
 
-def _build(name):
-    with cb.FusionDefinition() as fd:
-        inputs, ref = CASES[name](fd)
-    return fd, inputs, ref
-
-
-def _check(outs, refs):
-    assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
-        if not o.is_floating_point():
-            assert o.dtype == r.dtype, (o.dtype, r.dtype)
-            assert torch.equal(o.cpu(), r.cpu())
-        else:
-            assert_close(o, r)
-
-
-def _double(x):
-    return x.double() if x.is_floating_point() else x
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_compiles_and_runs(name):
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs("cpu")
     ck = fd.compile(xs, arch="sm_90a")
     kernels = getattr(ck, "kernels", None) or [ck]
@@ -186,14 +162,14 @@ def test_compiles_and_runs(name):
         assert any(k.params.__class__.__name__ == "MatmulParams" and k.params.simt is None for k in kernels)
         return  # wgmma and TMA: the GPU test runs it
     assert all(_plain(k) for k in kernels), name
-    _check(interpret(fd, xs), ref(*[_double(x) for x in xs]))
+    check_outputs(interpret(fd, xs), ref(*[to_double(x) for x in xs]), exact_dtype=True)
 
 
 @pytest.mark.parametrize("name", ["708:1", "708:1-reduction", "708:1-identity"])
 def test_hoisted_copy_keeps_the_broadcast_axes(name):
     """After hoist_broadcasts, every output axis of extent 5 is one axis of
     the fusion (the loop one kernel runs over it), as before the rewrite."""
-    fd, _, _ = _build(name)
+    fd, _, _ = build_case(CASES, name)
     f = fd.fusion.clone()
 
     def fives(f):
@@ -209,7 +185,7 @@ def test_matmul_refuses_what_its_simt_path_cannot_take():
     """The whole 709:174 fusion is refused by the matmul scheduler's
     can_schedule with the SIMT path's reason (the segmenter splits it), and
     a matmul with a same-shape epilogue output is still taken whole."""
-    fd, _, _ = _build("709:174")
+    fd, _, _ = build_case(CASES, "709:174")
     why = MatmulScheduler.can_schedule(fd.fusion)
     assert why is not None and "SIMT path" in why and "does not have the matmul output's shape" in why, why
     with cb.FusionDefinition() as fd2:
@@ -224,6 +200,6 @@ def test_matmul_refuses_what_its_simt_path_cannot_take():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu(monkeypatch, name):
     monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs(DEV)
-    _check(fd.execute(xs), ref(*[_double(x).cpu() for x in xs]))
+    check_outputs(fd.execute(xs), ref(*[to_double(x).cpu() for x in xs]), exact_dtype=True)

@@ -48,13 +48,9 @@ from circbuf.scheduler.registry import compute_params
 from circbuf.scheduler.utils import prepare, untangle_inlining
 from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain, assert_stores_bind_the_grid
-from tests.util import D, assert_close
+from tests.util import D, assert_close, build_case, check_outputs, seeded, to_double
 
 DEV = "cuda"
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 # ------------------------------------------------ outputs that feed outputs
@@ -70,7 +66,7 @@ def _outputs_feed_outputs(fd):
     fd.add_output(c)
 
     def inputs(device):
-        return [torch.randn(1000, generator=_gen(901)).to(device)]
+        return [torch.randn(1000, generator=seeded(901)).to(device)]
 
     def ref(x):
         a = -x
@@ -95,7 +91,7 @@ def _bool_feeds_outputs(fd):
     fd.add_output(s)
 
     def inputs(device):
-        g = _gen(722)
+        g = seeded(722)
         return [
             torch.randn(7, 31, 8, generator=g)[:, :, 1::2].to(device),
             torch.randn(4, generator=g).to(device),
@@ -126,7 +122,7 @@ def _two_tangles(fd):
     fd.add_output(f)
 
     def inputs(device):
-        return [torch.randn(33, 40, generator=_gen(9011)).to(device)]
+        return [torch.randn(33, 40, generator=seeded(9011)).to(device)]
 
     def ref(x):
         a = -x
@@ -151,7 +147,7 @@ def _softmax_outputs_feed_outputs(fd):
     fd.add_output(c)
 
     def inputs(device):
-        return [torch.randn(20, 64, generator=_gen(9012)).to(device)]
+        return [torch.randn(20, 64, generator=seeded(9012)).to(device)]
 
     def ref(x):
         s = torch.softmax(x, 1)
@@ -177,7 +173,7 @@ def _matmul_outputs_feed_outputs(fd):
     fd.add_output(c)
 
     def inputs(device):
-        g = _gen(9013)
+        g = seeded(9013)
         xs = [torch.randn(256, 64, generator=g) * 0.1, torch.randn(64, 512, generator=g) * 0.1]
         return [t.bfloat16().to(device) for t in xs]
 
@@ -201,7 +197,7 @@ def _outer_sum_beside_its_view(fd):
     fd.add_output(fd.ops.maximum(s, fd.ops.reshape(fd.ops.ceil(t), [32, 32])))
 
     def inputs(device):
-        return [torch.randn(8, 4, 32, generator=_gen(725)).to(device)]
+        return [torch.randn(8, 4, 32, generator=seeded(725)).to(device)]
 
     def ref(x):
         t = torch.relu(x)
@@ -220,7 +216,7 @@ def _outer_prod_beside_its_view_of_one(fd):
 
     def inputs(device):
         # values near 1: a product of 32 of them stays finite and nonzero
-        return [(1 + 0.05 * torch.randn(8, 4, 1, 32, generator=_gen(7251))).to(device)]
+        return [(1 + 0.05 * torch.randn(8, 4, 1, 32, generator=seeded(7251))).to(device)]
 
     def ref(x):
         t = torch.relu(x)
@@ -238,22 +234,6 @@ CASES = {
     "725:158": _outer_sum_beside_its_view,
     "725:158-prod": _outer_prod_beside_its_view_of_one,
 }
-
-
-def _build(name):
-    with cb.FusionDefinition() as fd:
-        inputs, ref = CASES[name](fd)
-    return fd, inputs, ref
-
-
-def _double(x):
-    return x.double() if x.is_floating_point() else x
-
-
-def _check(outs, refs):
-    assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
-        assert_close(o, r)
 
 
 def _output_accesses(ck):
@@ -277,7 +257,7 @@ def _output_accesses(ck):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_compiles_and_runs(name):
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs("cpu")
     ck = fd.compile(xs, arch="sm_90a")
     kernels = getattr(ck, "kernels", None) or [ck]
@@ -289,13 +269,13 @@ def test_compiles_and_runs(name):
         assert [k.name for k in kernels] == ["circbuf_matmul"] and kernels[0].params.simt is None
         return  # wgmma and TMA: the GPU test runs it
     assert all(_plain(k) for k in kernels), name
-    _check(interpret(fd, xs), ref(*[_double(x) for x in xs]))
+    check_outputs(interpret(fd, xs), ref(*[to_double(x) for x in xs]))
 
 
 def _scheduled(name):
     """The fusion of case ``name`` copied and scheduled by its scheduler
     alone (no untangle_inlining), and the scheduler's name."""
-    fd, inputs, _ = _build(name)
+    fd, inputs, _ = build_case(CASES, name)
     xs = inputs("cpu")
     ex = fd._get_executor()
     info, _ = ex._bind(xs, need_cuda=False, target=cb.target.DEFAULT)
@@ -385,15 +365,15 @@ def test_matmul_output_read_from_registers():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu(monkeypatch, name):
     monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs(DEV)
-    _check(fd.execute(xs), ref(*[_double(x).cpu() for x in xs]))
+    check_outputs(fd.execute(xs), ref(*[to_double(x).cpu() for x in xs]))
 
 
 def test_unrolled_pointwise_compiles():
     """901:14 large enough for the pointwise kernel to unroll (two vectors a
     thread): the tied tensor's register array spans the unrolled loop too."""
-    fd, _, _ = _build("901:14")
+    fd, _, _ = build_case(CASES, "901:14")
     ck = fd.compile([torch.randn(1 << 22)], arch="sm_90a")
     assert ck.kernels[0].params.unroll > 1, ck.kernels[0].params
 
@@ -403,8 +383,8 @@ def test_gpu_unrolled_pointwise(monkeypatch):
     """901:14 large enough for the pointwise kernel to unroll (two vectors a
     thread): the tied tensor's register array spans the unrolled loop too."""
     monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
-    fd, _, ref = _build("901:14")
-    x = torch.randn(1 << 22, generator=_gen(9014)).to(DEV)
+    fd, _, ref = build_case(CASES, "901:14")
+    x = torch.randn(1 << 22, generator=seeded(9014)).to(DEV)
     ck = fd.compile([x], arch=None)
     assert ck.kernels[0].params.unroll > 1, ck.kernels[0].params
     # exp then sin amplify fp32 rounding: at x = -5.3 (the tail of 4M normal samples),

@@ -51,13 +51,9 @@ from circbuf.scheduler.segmenter import segment
 from circbuf.scheduler.utils import LogicalMap, prepare, view_self_mapping
 from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain, assert_stores_bind_the_grid
-from tests.util import D, assert_close
+from tests.util import D, assert_close, build_case, check_outputs, seeded, to_double
 
 DEV = "cuda"
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 # ------------------------------------------------ a broadcast of an axis beside it
@@ -70,7 +66,7 @@ def _var_over_reshape_beside_x(fd, shape=(-1, -1, -1)):
     fd.add_output(fd.ops.add(fd.ops.neg(x), v))
 
     def inputs(device):
-        return [torch.randn(1, 7, 5, generator=_gen(931108)).to(device)]
+        return [torch.randn(1, 7, 5, generator=seeded(931108)).to(device)]
 
     def ref(x):
         return [-x.reshape(1, 1, 7, 5) + x.reshape(1, 7, 1, 5).var(1, keepdim=True, unbiased=False)]
@@ -97,7 +93,7 @@ def _fuzz_931_108(fd):
     fd.add_output(t6)
 
     def inputs(device):
-        return [torch.randn([118], generator=_gen(931))[1:].view(1, 13, 9).to(device)]
+        return [torch.randn([118], generator=seeded(931))[1:].view(1, 13, 9).to(device)]
 
     def ref(x):
         g = torch.nn.functional.gelu(x)
@@ -116,7 +112,7 @@ def _sum_of_broadcast_beside_x(fd):
     fd.add_output(fd.ops.add(x, fd.ops.sum(fd.ops.broadcast(x, [False, True]), [0])))
 
     def inputs(device):
-        return [torch.randn(100, generator=_gen(2)).to(device)]
+        return [torch.randn(100, generator=seeded(2)).to(device)]
 
     def ref(x):
         return [x + x.sum()]
@@ -138,7 +134,7 @@ def _empty_reshape_beside_sum(fd, twice=True):
     fd.add_output(s)
 
     def inputs(device):
-        return [torch.randn(1, 2, 0, generator=_gen(931188)).permute(2, 0, 1).to(device)]
+        return [torch.randn(1, 2, 0, generator=seeded(931188)).permute(2, 0, 1).to(device)]
 
     def ref(x):
         t = -x
@@ -166,11 +162,11 @@ def _fuzz_931_188(fd):
 
     def inputs(device):
         return [
-            torch.randint(-9, 10, [1, 2, 0], dtype=torch.int64, generator=_gen(1))
+            torch.randint(-9, 10, [1, 2, 0], dtype=torch.int64, generator=seeded(1))
             .permute([2, 0, 1])
             .to(device),
-            torch.randint(-9, 10, [1, 1, 2], dtype=torch.int64, generator=_gen(2)).to(device),
-            (torch.rand([0], generator=_gen(3)) > 0.5).to(device),
+            torch.randint(-9, 10, [1, 1, 2], dtype=torch.int64, generator=seeded(2)).to(device),
+            (torch.rand([0], generator=seeded(3)) > 0.5).to(device),
         ]
 
     def ref(x1, x4, x8):
@@ -192,22 +188,6 @@ CASES = {
 }
 
 
-def _build(name):
-    with cb.FusionDefinition() as fd:
-        inputs, ref = CASES[name](fd)
-    return fd, inputs, ref
-
-
-def _double(x):
-    return x.double() if x.is_floating_point() else x
-
-
-def _check(outs, refs):
-    assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
-        assert_close(o, r)
-
-
 def _kernels(fd, xs):
     ck = fd.compile(xs, arch="sm_90a")
     return getattr(ck, "kernels", None) or [ck]
@@ -215,18 +195,18 @@ def _kernels(fd, xs):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_compiles_and_runs(name):
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs("cpu")
     kernels = _kernels(fd, xs)
     assert len(kernels) >= 2, name  # the self mapping is cut apart
     for k in kernels:
         assert_stores_bind_the_grid(k)
     assert all(_plain(k) for k in kernels), name
-    _check(interpret(fd, xs), ref(*[_double(x) for x in xs]))
+    check_outputs(interpret(fd, xs), ref(*[to_double(x) for x in xs]))
 
 
 def _prepared(name):
-    fd, inputs, _ = _build(name)
+    fd, inputs, _ = build_case(CASES, name)
     ex = fd._get_executor()
     info, _ = ex._bind(inputs("cpu"), need_cuda=False, target=cb.target.DEFAULT)
     f = fd.fusion.clone()
@@ -258,7 +238,7 @@ def test_normalizations_are_no_self_mapping():
         m = fd.ops.mean(y, [1, 2], keepdim=True)
         fd.add_output(fd.ops.softmax(fd.ops.sub(y, m), 2))
         fd.add_output(fd.ops.sub(x, fd.ops.mean(x, [1], keepdim=True)))
-    xs = [torch.randn(4, 16, generator=_gen(3))]
+    xs = [torch.randn(4, 16, generator=seeded(3))]
     f = fd.fusion.clone()
     info, _ = fd._get_executor()._bind(xs, need_cuda=False, target=cb.target.DEFAULT)
     prepare(f, info.extents)
@@ -289,7 +269,7 @@ def test_segmenter_concretizes_symbolic_reshapes():
     and the fusion one group, which the compile then refuses."""
     from circbuf.ir import ReshapeOp
 
-    fd, inputs, _ = _build("931:188-min")
+    fd, inputs, _ = build_case(CASES, "931:188-min")
     info, _ = fd._get_executor()._bind(inputs("cpu"), need_cuda=False, target=cb.target.DEFAULT)
     assert len(segment(fd.fusion)) == 1
     seg = segment(fd.fusion, info.extents)
@@ -306,7 +286,7 @@ def test_squeezed_extent_counts_within_its_segment():
     sizes): a group with the reshape knows it (the reduction takes the whole
     var with the reshape, as its compiled segment will); a group without it
     does not (the combination with x is a segment of its own)."""
-    fd, inputs, _ = _build("931:108-min")
+    fd, inputs, _ = build_case(CASES, "931:108-min")
     info, _ = fd._get_executor()._bind(inputs("cpu"), need_cuda=False, target=cb.target.DEFAULT)
     seg = segment(fd.fusion, info.extents)
     assert [s.scheduler for s in seg.segments] == ["reduction", "pointwise_tma"], seg
@@ -324,7 +304,7 @@ def test_later_sizes_reuse_the_segments():
         v = fd.ops.var(fd.ops.reshape(x, [1, n, 1, m]), [1], keepdim=True, correction=0)
         fd.add_output(fd.ops.add(fd.ops.neg(x), v))
     for shape in ((1, 7, 5), (1, 3, 4)):
-        x = torch.randn(*shape, generator=_gen(shape[1]))
+        x = torch.randn(*shape, generator=seeded(shape[1]))
         (out,) = interpret(fd, [x])
         xd = x.double()
         ref = -xd.reshape(1, 1, *shape[1:]) + xd.reshape(1, shape[1], 1, shape[2]).var(
@@ -337,9 +317,9 @@ def test_later_sizes_reuse_the_segments():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu(monkeypatch, name):
     monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs(DEV)
-    _check(fd.execute(xs), ref(*[_double(x).cpu() for x in xs]))
+    check_outputs(fd.execute(xs), ref(*[to_double(x).cpu() for x in xs]))
 
 
 @pytest.mark.gpu
@@ -350,7 +330,7 @@ def test_gpu_931_108_as_found(monkeypatch):
         x = fd.define_tensor([-1, -1, -1], dtype=D.Float)
         v = fd.ops.var(fd.ops.reshape(x, [1, 127, 1, 127]), [1], keepdim=True, correction=0)
         fd.add_output(fd.ops.add(fd.ops.neg(x), v))
-    x = torch.randn([16130], generator=_gen(931))[1:].view([1, 127, 127])
+    x = torch.randn([16130], generator=seeded(931))[1:].view([1, 127, 127])
     (out,) = fd.execute([x.to(DEV)])
     xd = x.double()
     assert_close(

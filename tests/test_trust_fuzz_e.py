@@ -47,13 +47,9 @@ from circbuf.ir import CircbufError, ReshapeOp, concretize_reshapes
 from circbuf.scheduler.overrides import Declined
 from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain, assert_stores_bind_the_grid
-from tests.util import D, assert_close
+from tests.util import D, build_case, check_outputs, seeded, to_double
 
 DEV = "cuda"
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 # ------------------------------------------------------------------ rows of no element
@@ -65,7 +61,7 @@ def _sum_of_empty_rows(fd):
     fd.add_output(fd.ops.softmax(x, 1))
 
     def inputs(device):
-        return [torch.randn(5, 4, generator=_gen(743))[:, :0].to(device)]
+        return [torch.randn(5, 4, generator=seeded(743))[:, :0].to(device)]
 
     def ref(x):
         return [x.sum(1), torch.softmax(x, 1)]
@@ -101,7 +97,7 @@ def _min_beside_broadcast_of_broadcast(fd):
     fd.add_output(fd.ops.neg(u))
 
     def inputs(device):
-        return [torch.randn(24, 16, generator=_gen(745)).to(device)]
+        return [torch.randn(24, 16, generator=seeded(745)).to(device)]
 
     def ref(x):
         t = x[:, None, :, None].expand(-1, 1, -1, 5)
@@ -120,7 +116,7 @@ def _sum_beside_broadcast_of_broadcast(fd):
     fd.add_output(u)
 
     def inputs(device):
-        return [torch.randn(8, 40, generator=_gen(7451)).to(device)]
+        return [torch.randn(8, 40, generator=seeded(7451)).to(device)]
 
     def ref(x):
         t = x[:, None, :, None].expand(-1, 1, -1, 5)
@@ -181,7 +177,7 @@ def _symbolic_reshape_with_rows(fd):
     ref = _symbolic_reshape(fd)
 
     def inputs(device):
-        g = _gen(746)
+        g = seeded(746)
         return [
             torch.randn(3, 1, 127, generator=g).to(device),
             torch.randn(3, 1, 127, generator=g).to(device),
@@ -207,7 +203,7 @@ def _rms_norm_of_broadcast_beside_input(fd):
     fd.add_output(fd.ops.neg(x))
 
     def inputs(device):
-        g = _gen(950)
+        g = seeded(950)
         return [torch.randn(16, 1, generator=g).to(device), torch.randn(16, 3, 1, 1, generator=g).to(device)]
 
     def ref(x, y):
@@ -230,34 +226,18 @@ CASES = {
 }
 
 
-def _build(name):
-    with cb.FusionDefinition() as fd:
-        inputs, ref = CASES[name](fd)
-    return fd, inputs, ref
-
-
-def _double(x):
-    return x.double() if x.is_floating_point() else x
-
-
-def _check(outs, refs):
-    assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
-        assert_close(o, r)
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_compiles_and_runs(name):
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs("cpu")
     ck = fd.compile(xs, arch="sm_90a")
     kernels = getattr(ck, "kernels", None) or [ck]
-    refs = ref(*[_double(x) for x in xs])
+    refs = ref(*[to_double(x) for x in xs])
     if all(r.numel() for r in refs):  # an empty output's index may drop blockIdx (its extent 0 is fixed)
         for k in kernels:
             assert_stores_bind_the_grid(k)
     assert all(_plain(k) for k in kernels)  # each runs on the interpreter
-    _check(interpret(fd, xs), refs)
+    check_outputs(interpret(fd, xs), refs)
 
 
 def test_empty_rows_are_not_staged():
@@ -269,7 +249,7 @@ def test_empty_rows_are_not_staged():
     from circbuf.scheduler.normalization import NormalizationScheduler
     from circbuf.scheduler.utils import prepare
 
-    fd, inputs, _ = _build("743:89")
+    fd, inputs, _ = build_case(CASES, "743:89")
     (x,) = inputs("cpu")
     assert NormalizationScheduler.can_schedule(fd.fusion) is None  # the structure is its
     f = fd.fusion.clone()
@@ -280,11 +260,11 @@ def test_empty_rows_are_not_staged():
     got = NormalizationScheduler.compute_params(f, info, {})
     assert isinstance(got, Declined) and "nothing to stage" in got.why, got
     assert fd.compile([x], arch="sm_90a").name == "circbuf_reduction"
-    fd, inputs, _ = _build("743:89")
+    fd, inputs, _ = build_case(CASES, "743:89")
     fd.fusion.schedule(staging="registers")
     with pytest.raises(CircbufError, match=r"schedule\(staging='registers'\): nothing to stage"):
         fd.compile(inputs("cpu"), arch="sm_90a")
-    fd, inputs, _ = _build("743:89-no-rows")
+    fd, inputs, _ = build_case(CASES, "743:89-no-rows")
     assert fd.compile(inputs("cpu"), arch="sm_90a").name == "circbuf_normalization"
 
 
@@ -336,7 +316,7 @@ def test_broadcast_row_axis_given_an_extent_is_a_row():
     lacks the row axis; the segmenter runs it in two kernels."""
     from circbuf.scheduler.reduction import ReductionScheduler
 
-    fd, inputs, _ = _build("950:14")
+    fd, inputs, _ = build_case(CASES, "950:14")
     why = ReductionScheduler.can_schedule(fd.fusion)
     assert why is not None and "has no axis of the reduction" in why and "axis 1" in why, why
     ck = fd.compile(inputs("cpu"), arch="sm_90a")
@@ -347,6 +327,6 @@ def test_broadcast_row_axis_given_an_extent_is_a_row():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu(monkeypatch, name):
     monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs(DEV)
-    _check(fd.execute(xs), ref(*[_double(x).cpu() for x in xs]))
+    check_outputs(fd.execute(xs), ref(*[to_double(x).cpu() for x in xs]))

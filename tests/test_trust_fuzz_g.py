@@ -32,13 +32,9 @@ import circbuf as cb
 from circbuf.scheduler.utils import AxisExtentsDiffer, prepare, unwritten_output
 from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain
-from tests.util import D, assert_close
+from tests.util import D, build_case, check_outputs, seeded, to_double
 
 DEV = "cuda"
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 # ------------------------------------------------------------------ the fuzz case and its variants
@@ -50,7 +46,7 @@ def _column_beside_empty_rows(fd):
     fd.add_output(fd.ops.mul(x1, x2))
 
     def inputs(device, n=0):
-        g = _gen(942)
+        g = seeded(942)
         return [torch.randn(13, n, generator=g).to(device), torch.randn(13, 1, generator=g).to(device)]
 
     def ref(x1, x2):
@@ -71,7 +67,7 @@ def _fuzz_942_41(fd):
     fd.add_output(t6)
 
     def inputs(device, n=0):
-        g = _gen(9421)
+        g = seeded(9421)
         return [
             torch.randint(-9, 10, (13, n), generator=g, dtype=torch.int32).to(device),
             torch.randn(13, 1, generator=g).to(device),
@@ -93,7 +89,7 @@ def _row_beside_empty_columns(fd):
     fd.add_output(fd.ops.add(x1, x2))
 
     def inputs(device, n=0):
-        g = _gen(9422)
+        g = seeded(9422)
         return [torch.randn(n, 7, generator=g).to(device), torch.randn(1, 7, generator=g).to(device)]
 
     def ref(x1, x2):
@@ -110,7 +106,7 @@ def _column_beside_sum_of_empty_rows(fd):
     fd.add_output(fd.ops.sum(fd.ops.mul(x1, x2), [1]))
 
     def inputs(device, n=0):
-        g = _gen(9423)
+        g = seeded(9423)
         return [torch.randn(13, n, generator=g).to(device), torch.randn(13, 1, generator=g).to(device)]
 
     def ref(x1, x2):
@@ -127,7 +123,7 @@ def _column_beside_softmax_of_empty_rows(fd):
     fd.add_output(fd.ops.softmax(fd.ops.add(x1, x2), 1))
 
     def inputs(device, n=0):
-        g = _gen(9424)
+        g = seeded(9424)
         return [torch.randn(13, n, generator=g).to(device), torch.randn(13, 1, generator=g).to(device)]
 
     def ref(x1, x2):
@@ -145,7 +141,7 @@ def _keepdim_sum_beside_empty_rows(fd):
     fd.add_output(fd.ops.sub(x1, s))
 
     def inputs(device, n=0):
-        return [torch.randn(13, n, generator=_gen(9425)).to(device)]
+        return [torch.randn(13, n, generator=seeded(9425)).to(device)]
 
     def ref(x1):
         s = x1.sum(1, keepdim=True)
@@ -168,7 +164,7 @@ def _split_beside_reductions(fd):
     fd.fusion.schedule(tma=False)  # plain kernels: the interpreter runs them
 
     def inputs(device, n=0):
-        g = _gen(9426)
+        g = seeded(9426)
         return [
             torch.randn(8, 16, generator=g).to(device),
             torch.randn(13, n, generator=g).to(device),
@@ -192,24 +188,6 @@ CASES = {
 }
 
 
-def _build(name):
-    with cb.FusionDefinition() as fd:
-        inputs, ref = CASES[name](fd)
-    return fd, inputs, ref
-
-
-def _double(x):
-    return x.double() if x.is_floating_point() else x
-
-
-def _check(outs, refs):
-    assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
-        assert o.shape == r.shape, (o.shape, r.shape)
-        assert not (o.is_floating_point() and o.isnan().any()), "an output element was never written"
-        assert_close(o, r)
-
-
 def _env(fusion, xs):
     """The sizes of the inputs' symbolic axes, by extent name."""
     return {
@@ -229,9 +207,9 @@ def _interpreted(fd, xs):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_empty_axis_beside_output_with_elements(name):
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs("cpu")
-    _check(_interpreted(fd, xs), ref(*[_double(x) for x in xs]))
+    check_outputs(_interpreted(fd, xs), ref(*[to_double(x) for x in xs]), written=True)
 
 
 SIZED = sorted(set(CASES) - {"942:41"})  # 942:41 fixes x4's axis of 0, and with it x1's
@@ -242,17 +220,17 @@ def test_elements_then_empty(name):
     """One definition, run first with the axis of 5 elements (one kernel may
     take it all), then with 0: the second signature is checked again and
     segmented; a third call with elements still runs right."""
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     for n in (5, 0, 3):
         xs = inputs("cpu", n)
-        _check(interpret(fd, xs), ref(*[_double(x) for x in xs]))
+        check_outputs(interpret(fd, xs), ref(*[to_double(x) for x in xs]), written=True)
 
 
 def test_the_output_gets_a_kernel_of_its_own():
     """For an empty x1 the check names the output and the empty axis; the
     compile segments the fusion, neg(x2) in a kernel without x1's axis. With
     elements one kernel takes both."""
-    fd, inputs, _ = _build("column")
+    fd, inputs, _ = build_case(CASES, "column")
     f = fd.fusion.clone()
     x1, _ = f.inputs
     env = _env(f, inputs("cpu"))
@@ -263,7 +241,7 @@ def test_the_output_gets_a_kernel_of_its_own():
     assert unwritten_output(fd.fusion.clone(), {**env, x1.logical[1].extent.name: 4}) is None
     ck = fd.compile(inputs("cpu"), arch="sm_90a")
     assert len(ck.kernels) == 2, ck
-    fd, inputs, _ = _build("column")
+    fd, inputs, _ = build_case(CASES, "column")
     assert fd.compile(inputs("cpu", 4), arch="sm_90a").name == "circbuf_pointwise"
 
 
@@ -272,12 +250,12 @@ def test_a_split_per_set_of_empty_sizes():
     (the executor keeps a split per set of sizes that are 0, as nvFuser keys
     its concretized fusions by the extents that are 0); sizes with elements
     again take the first split."""
-    fd, inputs, ref = _build("split")
+    fd, inputs, ref = build_case(CASES, "split")
     ex = fd._get_executor()
     counts = []
     for n in (5, 0, 3, 0):
         xs = inputs("cpu", n)
-        _check(interpret(fd, xs), ref(*[_double(x) for x in xs]))
+        check_outputs(interpret(fd, xs), ref(*[to_double(x) for x in xs]), written=True)
         counts.append(len(ex._segments[0]))
     assert counts == [3, 4, 3, 4], counts
 
@@ -291,7 +269,7 @@ def test_every_output_empty_is_one_kernel():
         fd.add_output(fd.ops.neg(fd.ops.add(x1, x2)))
     xs = [torch.randn(13, 0), torch.randn(13, 1)]
     assert fd.compile(xs, arch="sm_90a").name == "circbuf_pointwise"
-    _check(interpret(fd, xs), [xs[0] * xs[1], -(xs[0] + xs[1])])
+    check_outputs(interpret(fd, xs), [xs[0] * xs[1], -(xs[0] + xs[1])], written=True)
 
 
 def test_expanded_to_empty_is_empty():
@@ -304,14 +282,14 @@ def test_expanded_to_empty_is_empty():
         fd.add_output(fd.ops.mul(x1, x2))
     xs = [torch.randn(13, 0), torch.randn(13, 1)]
     assert unwritten_output(fd.fusion.clone(), _env(fd.fusion, xs)) is None
-    _check(interpret(fd, xs), [xs[1].expand(13, 0), xs[0] * xs[1]])
+    check_outputs(interpret(fd, xs), [xs[1].expand(13, 0), xs[0] * xs[1]], written=True)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu(monkeypatch, name):
     monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     for n in (0, 5, 0) if name in SIZED else (0,):
         xs = inputs(DEV, n)
-        _check(fd.execute(xs), ref(*[_double(x).cpu() for x in xs]))
+        check_outputs(fd.execute(xs), ref(*[to_double(x).cpu() for x in xs]), written=True)

@@ -33,13 +33,9 @@ import circbuf as cb
 from circbuf.scheduler.pointwise import PointwiseScheduler
 from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain
-from tests.util import D, assert_close
+from tests.util import D, build_case, check_outputs, seeded, to_double
 
 DEV = "cuda"
-
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 # ------------------------------------------------------------------ the fuzz case and its variants
@@ -58,7 +54,7 @@ def _fuzz_960_29(fd):
     fd.add_output(t6)
 
     def inputs(device, n=1):
-        g = _gen(960)
+        g = seeded(960)
         return [
             torch.randn(5, 127, generator=g).to(torch.bfloat16).to(device),
             torch.randn(n, 1, generator=g, dtype=torch.float64).mul(2).to(device),
@@ -82,7 +78,7 @@ def _merged_view_beside_rows(fd):
     fd.add_output(e)
 
     def inputs(device, n=1):
-        g = _gen(9601)
+        g = seeded(9601)
         return [torch.randn(5, 127, generator=g).to(device), torch.randn(n, 1, generator=g).to(device)]
 
     def ref(x, y):
@@ -102,7 +98,7 @@ def _split_view_beside_rows(fd):
     fd.add_output(e)
 
     def inputs(device, n=1):
-        g = _gen(9602)
+        g = seeded(9602)
         return [torch.randn(24, generator=g).to(device), torch.randn(n, 1, 1, generator=g).to(device)]
 
     def ref(x, y):
@@ -120,7 +116,7 @@ def _reshape_keeping_rank_beside_columns(fd):
     fd.add_output(s)
 
     def inputs(device, n=1):
-        g = _gen(9603)
+        g = seeded(9603)
         return [torch.randn(6, 20, generator=g).to(device), torch.randn(1, n, generator=g).to(device)]
 
     def ref(x, y):
@@ -138,38 +134,20 @@ CASES = {
 }
 
 
-def _build(name):
-    with cb.FusionDefinition() as fd:
-        inputs, ref = CASES[name](fd)
-    return fd, inputs, ref
-
-
-def _double(x):
-    return x.double() if x.is_floating_point() else x
-
-
-def _check(outs, refs):
-    assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
-        assert o.shape == r.shape, (o.shape, r.shape)
-        assert not (o.is_floating_point() and o.isnan().any()), "an output element was never written"
-        assert_close(o, r)
-
-
 @pytest.mark.parametrize("n", [1, 3])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_output_without_a_reference_axis(name, n):
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs("cpu", n)
     ck = fd.compile(xs, arch="sm_90a")
     assert all(_plain(k) for k in ck.kernels)  # each runs on the interpreter
-    _check(interpret(fd, xs), ref(*[_double(x) for x in xs]))
+    check_outputs(interpret(fd, xs), ref(*[to_double(x) for x in xs]), written=True)
 
 
 def test_the_output_gets_a_kernel_of_its_own():
     """The pointwise scheduler names the output without the reference's axis;
     the compile gives it a kernel of its own."""
-    fd, inputs, _ = _build("merged")
+    fd, inputs, _ = build_case(CASES, "merged")
     why = PointwiseScheduler.can_schedule(fd.fusion)
     assert why is not None and "output 1 has no axis 0 of output 0" in why, why
     ck = fd.compile(inputs("cpu"), arch="sm_90a")
@@ -186,11 +164,11 @@ def test_a_view_with_every_axis_stays_one_kernel():
         fd.add_output(fd.ops.add(fd.ops.reshape(e, [6, 4]), y))
         fd.add_output(e)
     assert PointwiseScheduler.can_schedule(fd.fusion) is None
-    g = _gen(9604)
+    g = seeded(9604)
     xs = [torch.randn(4, 6, generator=g), torch.randn(6, 4, generator=g)]
     assert len(fd.compile(xs, arch="sm_90a").kernels) == 1  # no segments
     e = torch.exp(xs[0].double())
-    _check(interpret(fd, xs), [e.reshape(6, 4) + xs[1].double(), e])
+    check_outputs(interpret(fd, xs), [e.reshape(6, 4) + xs[1].double(), e], written=True)
 
 
 @pytest.mark.gpu
@@ -198,7 +176,7 @@ def test_a_view_with_every_axis_stays_one_kernel():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_output_without_a_reference_axis_gpu(name, n, monkeypatch):
     monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
-    fd, inputs, ref = _build(name)
+    fd, inputs, ref = build_case(CASES, name)
     xs = inputs(DEV, n)
     outs = fd.execute(xs)
-    _check([o.cpu() for o in outs], ref(*[_double(x.cpu()) for x in xs]))
+    check_outputs([o.cpu() for o in outs], ref(*[to_double(x.cpu()) for x in xs]), written=True)

@@ -172,3 +172,36 @@ OUTER_TORCH = {
     "max": lambda x, axes: x.amax(axes),
     "min": lambda x, axes: x.amin(axes),
 }
+
+
+def seeded(seed: int) -> torch.Generator:
+    """A CPU generator for reproducible random inputs."""
+    return torch.Generator().manual_seed(seed)
+
+
+def to_double(x):
+    """A float tensor in float64 (a reference's precision); others unchanged."""
+    return x.double() if x.is_floating_point() else x
+
+
+def build_case(cases: dict, name: str):
+    """``cases[name](fd)`` inside a new FusionDefinition: (fd, inputs, ref), the
+    shape of the fuzz-regression test files (tests/test_trust_fuzz_*.py)."""
+    with cb.FusionDefinition() as fd:
+        inputs, ref = cases[name](fd)
+    return fd, inputs, ref
+
+
+def check_outputs(outs, refs, exact_dtype=False, written=False):
+    """Each output against its reference (:func:`assert_close`). ``exact_dtype``:
+    an integer output must also have the reference's dtype; ``written``: no
+    float output element may be NaN even where the reference is (outputs are
+    NaN-poisoned, so a NaN is an element never written)."""
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        assert o.shape == r.shape, (o.shape, r.shape)
+        if exact_dtype and not o.is_floating_point():
+            assert o.dtype == r.dtype, (o.dtype, r.dtype)
+        if written:
+            assert not (o.is_floating_point() and o.isnan().any()), "an output element was never written"
+        assert_close(o, r)
