@@ -133,29 +133,24 @@ class Program:
             return got
         return got[1]
 
-    def assign(self, a: kir.Assign):
-        f = self._assign.get(id(a))
+    def _memo(self, key, node, make):
+        """The function compiled once for ``key`` (``node`` is kept alive, so
+        its id stays unique while the cache holds it)."""
+        f = self._assign.get(key)
         if f is None:
-            f = self._assign[id(a)] = _compile_assign(self, a)
-            self._assign[(id(a), "keep")] = a
+            f = self._assign[key] = make()
+            self._assign[(key, "keep")] = node
         return f
+
+    def assign(self, a: kir.Assign):
+        return self._memo(id(a), a, lambda: _compile_assign(self, a))
 
     # ------------------------------------------------------------ memory access
     def reader(self, ref: kir.TensorRef, n: int = 1):
-        key = (id(ref), n, "r")
-        f = self._assign.get(key)
-        if f is None:
-            f = self._assign[key] = self._reader(ref, n)
-            self._assign[(key, "keep")] = ref
-        return f
+        return self._memo((id(ref), n, "r"), ref, lambda: self._reader(ref, n))
 
     def writer(self, ref: kir.TensorRef, n: int = 1):
-        key = (id(ref), n, "w")
-        f = self._assign.get(key)
-        if f is None:
-            f = self._assign[key] = self._writer(ref, n)
-            self._assign[(key, "keep")] = ref
-        return f
+        return self._memo((id(ref), n, "w"), ref, lambda: self._writer(ref, n))
 
     def _reader(self, ref: kir.TensorRef, n: int = 1):
         tv, idx = ref.tv, self.sc(ref.index)

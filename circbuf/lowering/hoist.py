@@ -85,7 +85,7 @@ def _size(e) -> int:
     return 1 + sum(_size(c) for c in e.children())
 
 
-def _costly(e, index: str) -> bool:
+def _costly(e) -> bool:
     """More than ``index`` times or plus a constant: a division, a remainder,
     a ceilDiv, or a product of two non-constants."""
     if not isinstance(e, Bin):
@@ -94,7 +94,7 @@ def _costly(e, index: str) -> bool:
         e.op == "*" and not isinstance(e.a, Const) and not isinstance(e.b, Const)
     ):
         return True
-    return any(_costly(c, index) for c in e.children())
+    return any(_costly(c) for c in e.children())
 
 
 def _integer(e) -> bool:
@@ -110,7 +110,7 @@ def _candidates(e, ok, index, found):
     and that use ``index`` and are costly."""
     if isinstance(e, (Bin, Un)):
         names = set(free_vars(e))
-        if names <= ok and index in names and _integer(e) and _costly(e, index):
+        if names <= ok and index in names and _integer(e) and _costly(e):
             found.append(e)
             return
         for c in e.children():
