@@ -98,6 +98,8 @@ EPILOGUE_VARIANTS = {
     "pp 128x128": dict(pingpong=True, tile=(128, 128, 64)),
     "pp 128x192": dict(pingpong=True, tile=(128, 192, 64)),
     "pp 64x256 s3": dict(pingpong=True, tile=(64, 256, 64), stages=3),
+    "role 128x128": dict(epilogue="role", tile=(128, 128, 64)),
+    "role 128x192": dict(epilogue="role", tile=(128, 192, 64)),
 }
 SWEEP_SHAPES = [SHAPES[k] for k in (0, 1, 3, 4, 5)]
 
@@ -208,7 +210,12 @@ def breakdown():
         "+bias+gelu": dict(bias=True, epilogue="gelu"),
         "+bias+silu": dict(bias=True, epilogue="silu"),
     }
-    sched = {"coop": {}, "pp 128x128": dict(pingpong=True, tile=(128, 128, 64))}
+    sched = {
+        "coop": {},
+        "coop 128x128": dict(tile=(128, 128, 64)),
+        "pp 128x128": dict(pingpong=True, tile=(128, 128, 64)),
+        "role 128x128": dict(epilogue="role"),
+    }
     for m, n, k in ((8192, 8192, 1024), (4096, 4096, 4096)):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) / 8
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 8

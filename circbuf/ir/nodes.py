@@ -426,9 +426,14 @@ class TensorView:
             )
         d = self.definition
         is_tma = isinstance(d, LoadStoreOp) and d.kind == "tma"
-        if isinstance(type, WarpSpecialized) and not is_tma:
+        if isinstance(type, WarpSpecialized) and not is_tma and type.fill != "threads":
             raise CircbufError(
-                f"circular_buffer({self.name}): a warp-specialized buffer must be filled by TMA"
+                f"circular_buffer({self.name}): a warp-specialized buffer must be filled by TMA "
+                "(or by its writers' threads: WarpSpecialized(fill='threads', readers=...))"
+            )
+        if isinstance(type, WarpSpecialized) and type.fill == "threads" and is_tma:
+            raise CircbufError(
+                f"circular_buffer({self.name}): a TMA-filled buffer cannot have fill='threads'"
             )
         if axis is not None:
             a = _norm_axis(axis, len(self.loop), self, "circular_buffer")
