@@ -335,57 +335,125 @@ def _pipeline(kernel, alloc, key, setup):
 
 
 # ------------------------------------------------------ WarpSpecialized
+def _ring_groups(kernel, allocs, names) -> list:
+    """Warp-specialized buffers grouped into rings: buffers inlined into their
+    readers form one ring; buffers with loop nests of their own share a ring
+    when their nests run the same loops down to their ring loops (a matmul's
+    operand tiles), else each structure is a ring of its own (an epilogue
+    input's sub-tiles beside the operands' k steps)."""
+    separate = [allocs[n].tv.compute_at_pos == 0 for n in names]
+    if any(separate) != all(separate):
+        raise CircbufError(
+            f"warp-specialized buffers {', '.join(names)} must all be inlined into their readers, or none"
+        )
+    if not all(separate):
+        return [list(names)]
+    groups = []  # [(levels of the first nest, [names])]
+    for n in names:
+        tv = allocs[n].tv
+        top = [
+            x for lst in _role_bodies(kernel) for x in lst if isinstance(x, ForLoop) and _only_loads(x, [tv])
+        ]
+        if len(top) != 1:
+            raise CircbufError(f"{n}: its copies must form one loop nest of their own")
+        levels = _level_loops(top[0], kernel.circular_loops[n])
+        for lv, members in groups:
+            if len(lv) == len(levels) and all(_same_header(x, y) for x, y in zip(lv, levels)):
+                members.append(n)
+                break
+        else:
+            groups.append((levels, [n]))
+    return [members for _, members in groups]
+
+
+def _role_bodies(kernel) -> list:
+    switch = next((n for n in kernel.body if isinstance(n, RoleSwitch)), None)
+    return switch.bodies if switch is not None else [kernel.body]
+
+
 def _warp_specialize(kernel, allocs, names):
-    """All warp-specialized buffers form one ring between the roles the
-    roles pass made: one stage count and type, one ring loop (inlined
-    buffers) or one loop structure (own nests)."""
-    S, P, kind = allocs[names[0]].tv.circular
+    """The warp-specialized buffers form rings between the roles the roles
+    pass made (:func:`_ring_groups`): one producer lane issues every ring's
+    copies, its nests fused under one tile loop (the loops above each ring
+    loop must agree there); each ring has its own stages and barriers."""
     switch = next((n for n in kernel.body if isinstance(n, RoleSwitch)), None)
     if switch is None:
         raise CircbufError(f"{names[0]}: a warp-specialized ring needs the roles pass first")
     producer_role, consumer_role = kernel.role("producer"), kernel.role("consumers")
     k_prod, k_cons = switch.roles.index(producer_role), switch.roles.index(consumer_role)
-    tvs = [allocs[n].tv for n in names]
-    separate = [tv.compute_at_pos == 0 for tv in tvs]
-    if any(separate) != all(separate):
-        raise CircbufError(
-            f"warp-specialized buffers {', '.join(names)} must all be inlined into their readers, or none"
-        )
-    label = "_".join(names) if len(names) > 1 else names[0]
+    groups = _ring_groups(kernel, allocs, names)
     # the consumers' branch: its register setting, then the loop nests
     cbody = switch.bodies[k_cons]
     head = [n for n in cbody[:1] if isinstance(n, SetMaxNReg)]
     body = cbody[len(head) :]
-    if all(separate):
-        producer_nest, bufs, levels = _separate_nests(kernel, body, allocs, names)
-    else:
-        producer_nest, bufs, levels = _inlined_nest(kernel, body, allocs, names)
-    # the producer's expect_tx arrival fills a stage; the empty arrivals are known below
-    ring = Ring(label, S, P, list(names), producer_role.name, [consumer_role.name], full_arrivals=1)
-    kernel.rings.append(ring)
-
+    made = []  # (ring, bufs, levels)
+    producer_nest = None
+    for members in groups:
+        S, P, _ = allocs[members[0]].tv.circular
+        kinds = {allocs[n].tv.circular for n in members}
+        if len(kinds) != 1:
+            raise CircbufError(
+                f"warp-specialized buffers {', '.join(members)} share a ring: they must share one stage "
+                "count, prefetch and type"
+            )
+        label = "_".join(members) if len(members) > 1 else members[0]
+        if all(allocs[n].tv.compute_at_pos == 0 for n in members):
+            nest, bufs, levels = _separate_nests(kernel, body, allocs, members)
+        else:
+            nest, bufs, levels = _inlined_nest(kernel, body, allocs, members)
+        if producer_nest is None:
+            producer_nest = nest
+        else:
+            _fuse_under(producer_nest[0], nest[0], bufs, levels, label, body)
+            levels = [(producer_nest[0], None)] + levels[1:]
+        # the producer's expect_tx arrival fills a stage; the empty arrivals are known below
+        ring = Ring(label, S, P, list(members), producer_role.name, [consumer_role.name], full_arrivals=1)
+        kernel.rings.append(ring)
+        made.append((ring, bufs, levels, label))
     # producer: one elected lane runs the copy nest
-    ring_loop = levels[-1][0]
-    ring_loop.body = _issue(ring, bufs, None, None, gap_wait=True)
+    for ring, bufs, levels, _ in made:
+        levels[-1][0].body = _issue(ring, bufs, None, None, gap_wait=True)
     warp0 = Var("threadIdx.x").lt(32)
     switch.bodies[k_prod] += [
-        ElectOne(warp0, [Comment("the elected producer lane"), RingInit(ring.load), *producer_nest]),
+        ElectOne(
+            warp0,
+            [Comment("the elected producer lane"), *[RingInit(r.load) for r, *_ in made], *producer_nest],
+        ),
         Return(),
     ]
 
     # consumers: wait for each position, release it after its last read
     body = [n for n in body if not any(n is m for m in producer_nest)]
     rows = consumer_role.hi - consumer_role.lo
-    # consumer threads (or elected lanes) release a stage
-    ring.empty_arrivals, split = _place_consumer_ring(
-        body, bufs, levels, ring, consumer_role.threads, label, rows
-    )
-    if split != (consumer_role.groups > 1):
-        raise CircbufError(
-            f"{label}: the roles pass and the ring disagree on whether the consumer rows split the positions"
+    for ring, bufs, levels, label in made:
+        # consumer threads (or elected lanes) release a stage
+        ring.empty_arrivals, split = _place_consumer_ring(
+            body, bufs, levels, ring, consumer_role.threads, label, rows
         )
+        if split != (consumer_role.groups > 1):
+            raise CircbufError(
+                f"{label}: the roles pass and the ring disagree on whether the consumer rows split the positions"
+            )
     switch.bodies[k_cons] = head + body
     return kernel
+
+
+def _fuse_under(top, other, bufs, levels, label, body):
+    """Another ring's copy nest ``other`` runs inside the first ring's tile
+    loop ``top``, after its copies: the two tile loops must be one loop."""
+    if not _same_header(top, other):
+        raise CircbufError(
+            f"{label}: its copies run a tile loop ({other.index} from {other.start} step {other.step} to "
+            f"{other.extent}) unlike the other ring's ({top.index}): one producer walks both"
+        )
+    mapping = {other.index.name: top.index}
+    for b in bufs:
+        b.loads = _clone_loads(b.loads, mapping)
+    for lp, _ in levels[1:]:
+        for attr in ("extent", "start", "step"):
+            setattr(lp, attr, substitute(getattr(lp, attr), mapping))
+    top.body += other.body
+    body.remove(other)
 
 
 def _inlined_nest(kernel, body, allocs, names):

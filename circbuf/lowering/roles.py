@@ -137,12 +137,15 @@ def assign_roles(kernel: Kernel) -> Kernel:
     names = [a.tv.name for a in allocs]
     if len(every) != len(kernel.circular_loops):
         raise CircbufError("a kernel's circular buffers must all be warp-specialized, or none")
-    kinds = {a.tv.circular for a in allocs}
+    # one producer row serves every ring: their kinds (its register count) agree;
+    # stage counts are each ring's own (the circular-buffer pass groups buffers into rings)
+    kinds = {a.tv.circular[2] for a in allocs}
     if len(kinds) != 1:
         raise CircbufError(
-            f"warp-specialized buffers {', '.join(names)} must share one stage count, prefetch and type"
+            f"warp-specialized buffers {', '.join(names)} are filled by one producer row: "
+            "they must share one WarpSpecialized type (its thread axis and register counts)"
         )
-    kind = kinds.pop()[2]
+    kind = kinds.pop()
     label = "_".join(names) if len(names) > 1 else names[0]
     if kind.on != ParallelType.TIDy:
         raise CircbufError(f"{names[0]}: WarpSpecialized(on={kind.on.name}) is not supported yet (use TIDy)")

@@ -72,6 +72,7 @@ from .utils import (
     concretize_broadcasts,
     contractions,
     hoist_broadcasts,
+    tma_describable,
     unmapped_axis,
     vector_access,
 )
@@ -336,7 +337,12 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     store = "tma" if tma_ok else "direct"
     # two staging buffers per warpgroup when a tile has an even number of
     # sub-tiles: a sub-tile is written while the last one's TMA store still reads
-    buffers = 2 if tma_ok and (bn // epi[1]) % 2 == 0 else 1
+    # epilogue inputs the producer loads by TMA (cooperative, TMA-stored outputs): a
+    # stage per sub-tile of a tile, so the producer never waits on the epilogue for them
+    loaded = () if pingpong or role or not tma_ok else _tma_inputs(fusion, e, info, epi[1])
+    input_bytes = sum(loaded) * input_stages(bn, epi[1]) * bm * epi[1] * 2
+    # (their rings take the shared memory of the second staging buffer)
+    buffers = 2 if tma_ok and (bn // epi[1]) % 2 == 0 and not loaded else 1
     staging = (
         buffers * 2 * 64 * epi[1] * 2 * len(fusion.outputs) if tma_ok else 0
     )  # [B][2 warpgroups][64][en]
@@ -344,7 +350,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     handoff = 2 if role else 0  # a [128 x 128] tile's two sub-tiles; half a 128x256 tile
     handoff_bytes = handoff * bm * epi[1] * 4
     stage_bytes = (bm + bn) * bk * a.dtype.size
-    budget = info.target.smem_per_block - SMEM_RESERVED - staging - handoff_bytes
+    budget = info.target.smem_per_block - SMEM_RESERVED - staging - handoff_bytes - input_bytes
     fit = budget // stage_bytes
     if "stages" not in ov and fit < 2:
         raise CircbufError(
@@ -432,6 +438,10 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         )
     tiles = batch * tiles_m * tiles_n
     grid = min(tiles, info.target.sm_count) if persistent else tiles
+    vec = _pair_loads(fusion, e, info, n)
+    if loaded:  # read from shared memory, not in pairs from global
+        vec = tuple(v and not t for v, t in zip(vec, loaded)) if vec else ()
+        vec = vec if any(vec) else ()
     return MatmulParams(
         tile=tuple(tile),
         stages=stages,
@@ -450,8 +460,46 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         grid=max(grid, 1),
         a_major=a_major,
         b_major=b_major,
-        vectorize_inputs=_pair_loads(fusion, e, info, n),
+        vectorize_inputs=vec,
+        tma_inputs=loaded,
     )
+
+
+def input_stages(bn: int, en: int) -> int:
+    """Stages of the ring that brings an epilogue input's [bm x en] sub-tiles in
+    by TMA: a tile's worth (the producer loads a tile's sub-tiles after its
+    operands; were it to wait for the epilogue to free a slot, the next tile's
+    operand loads would wait too), at most 4."""
+    return max(2, min(bn // en, 4))
+
+
+def _tma_inputs(fusion, e, info, epi_cols) -> tuple:
+    """Per fusion input, whether the producer loads it by TMA a [bm x en]
+    sub-tile at a time (a residual: an input of the output's [M, N] shape,
+    16-bit, rows of 128 bytes per sub-tile, one a tensor map describes); ()
+    when none is. Cooperative kernels with a TMA store only."""
+    a, b, _ = _operands(e)
+    out = e.out
+    if out.ndim != 2:
+        return ()
+    lmap = LogicalMap(fusion)
+    mn = [lmap.find(i) for i in out.logical]
+    flags = []
+    for x, t in zip(fusion.inputs, info.tensors):
+        ok = (
+            isinstance(x, TensorView)
+            and x not in (a, b)
+            and t is not None
+            and x.ndim == 2
+            and x.dtype.size == 2
+            and epi_cols * x.dtype.size == 128
+            and [lmap.find(i) for i in x.logical] == mn
+            and not any(i.is_broadcast for i in x.logical)
+            and list(t.sizes) == [evaluate(i.extent, info.extents) for i in out.logical]
+            and tma_describable(t, 1) is None
+        )
+        flags.append(ok)
+    return tuple(flags) if any(flags) else ()
 
 
 def _pair_loads(fusion, e, info, n) -> tuple:
@@ -815,6 +863,12 @@ def _operand_tile(xs, roles, params, mn_role, major):
 
 def _schedule_mma(fusion: Fusion, params: MatmulParams):
     acc, As, Bs = translate(fusion, params)
+    # epilogue inputs the producer brings in by TMA, a ring of sub-tiles beside the operands'
+    loaded = [
+        x.cache_after(op="tma")
+        for k, x in enumerate(list(fusion.inputs))
+        if k < len(params.tma_inputs) and params.tma_inputs[k]
+    ]
     hoist_broadcasts(fusion)
     _pair_caches(fusion, params, acc.ndim)
     # an output the epilogue reads again (``b = exp(y)`` stored, ``sin(b)`` too) is
@@ -856,11 +910,14 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         if None in roles:
             raise CircbufError(f"{tv.name}: an axis that is not an axis of the matmul's output")
         pos = _tile(tv, roles, params, pingpong_split=params.pingpong)
-        kind = "acc" if tv is acc else "store" if id(tv) in stores else "epilogue"
-        side = handoff is not None and tv not in (acc, handoff)  # the epilogue role's
+        kind = "acc" if tv is acc else "store" if id(tv) in stores or tv in loaded else "epilogue"
+        # the epilogue role's values, and the producer's loads, walk both warpgroups' halves
+        side = (handoff is not None and tv not in (acc, handoff)) or tv in loaded
         axes = _fragment(tv, pos, params, kind, serial_w=side)
         if tv is handoff:
             _handoff_ring(tv, axes, params)
+        elif tv in loaded:
+            _input_ring(tv, axes, params)
         elif id(tv) in staged:  # [W][64][en], swizzled like the store's box
             tidy = axes["tidy"] or next(a for a in tv.loop if a.parallel_type == ParallelType.TIDy)
             buf = [axes["buffer"]] if "buffer" in axes else []
@@ -875,11 +932,25 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         acc.take_turns(ParallelType.TIDy)
     last = {id(cr) for _, _, cr in staged.values()}
     for tv in fusion.used_tvs():
-        if not (tv.is_input or tv.is_output or tv in (As, Bs, acc, handoff)) and id(tv) not in staged:
+        if (
+            not (tv.is_input or tv.is_output or tv in (As, Bs, acc, handoff, *loaded))
+            and id(tv) not in staged
+        ):
             # the epilogue's last value holds a pair for one vector store
             tv.inline_at(len(tv.loop) - (1 if id(tv) in last else 0))
-    done = {id(t) for t in (As, Bs, acc, handoff) if t is not None}
+    done = {id(t) for t in (As, Bs, acc, handoff, *loaded) if t is not None}
     _hoist_epilogue_inputs(fusion, params, done | set(staged) | last)
+
+
+def _input_ring(rs, axes, params):
+    """An epilogue input the producer loads by TMA: [.., Mb, Nc, W, B{64}, B{en}],
+    one stage per epilogue sub-tile (both warpgroups' [64 x en] boxes), swizzled
+    as the output's staging tile, ringed over the sub-tile loop."""
+    rs.swizzle(128)
+    w = rs.loop.index(axes["tidy"])
+    kind = WarpSpecialized(on=ParallelType.TIDy, registers=params.registers)
+    S = input_stages(params.tile[1], params.epilogue_tile[1])
+    rs.circular_buffer(S, S - 1, kind, axis=w - 1)
 
 
 def _handoff_ring(h, axes, params):

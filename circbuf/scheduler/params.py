@@ -177,6 +177,10 @@ class MatmulParams(Params):
     # per fusion input: the epilogue reads it an accumulator pair (two elements adjacent
     # along N) at a time, one vector load (contiguous along N, N even, aligned)
     vectorize_inputs: tuple = field(default=(), metadata={"hide_default": True})
+    # per fusion input: a tile of the output's shape (a residual) the producer brings into
+    # shared memory by TMA, a [bm x en] sub-tile per stage of a ring of its own, while the
+    # tile's MMAs run; the epilogue reads it there
+    tma_inputs: tuple = field(default=(), metadata={"hide_default": True})
 
     def brief(self) -> str:
         if self.simt is not None:
@@ -185,6 +189,8 @@ class MatmulParams(Params):
         kind = "ping-pong" if self.pingpong else "cooperative"
         if self.epilogue == "role":
             kind += f", epilogue role ({self.handoff_stages} hand-off stages)"
+        if any(self.tma_inputs):
+            kind += f", {sum(self.tma_inputs)} epilogue input(s) by TMA"
         grid = "persistent" if self.persistent else "one CTA per tile"
         return (
             f"tile {bm}x{bn}x{bk}, {self.stages} stages (prefetch {self.prefetch}), {grid}, {kind}, "
