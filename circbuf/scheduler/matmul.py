@@ -869,6 +869,9 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         for k, x in enumerate(list(fusion.inputs))
         if k < len(params.tma_inputs) and params.tma_inputs[k]
     ]
+    # read back an accumulator pair at a time (one 4-byte shared load: a 128-byte
+    # swizzle moves 16-byte pieces, so a pair stays side by side)
+    pairs = {id(rs.cache_after()) for rs in loaded}
     hoist_broadcasts(fusion)
     _pair_caches(fusion, params, acc.ndim)
     # an output the epilogue reads again (``b = exp(y)`` stored, ``sin(b)`` too) is
@@ -936,8 +939,11 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             not (tv.is_input or tv.is_output or tv in (As, Bs, acc, handoff, *loaded))
             and id(tv) not in staged
         ):
-            # the epilogue's last value holds a pair for one vector store
-            tv.inline_at(len(tv.loop) - (1 if id(tv) in last else 0))
+            # the epilogue's last value holds a pair for one vector store; a pair of
+            # an input loaded by TMA is one vector load
+            tv.inline_at(len(tv.loop) - (1 if id(tv) in last or id(tv) in pairs else 0))
+            if id(tv) in pairs:
+                tv.loop[-1].parallelize(ParallelType.Vectorize)
     done = {id(t) for t in (As, Bs, acc, handoff, *loaded) if t is not None}
     _hoist_epilogue_inputs(fusion, params, done | set(staged) | last)
 
