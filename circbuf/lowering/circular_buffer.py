@@ -410,14 +410,9 @@ def _warp_specialize(kernel, allocs, names):
         ring = Ring(label, S, P, list(members), producer_role.name, [consumer_role.name], full_arrivals=1)
         kernel.rings.append(ring)
         made.append((ring, bufs, levels, label))
-    # producer: one elected lane runs the copy nest; a ring over the tile loop
-    # itself (a bias's run of each tile) issues first in each tile
+    # producer: one elected lane runs the copy nest
     for ring, bufs, levels, _ in made:
-        issue = _issue(ring, bufs, None, None, gap_wait=True)
-        if levels[-1][0] is producer_nest[0] and ring is not made[0][0]:
-            producer_nest[0].body[0:0] = issue
-        else:
-            levels[-1][0].body = issue
+        levels[-1][0].body = _issue(ring, bufs, None, None, gap_wait=True)
     warp0 = Var("threadIdx.x").lt(32)
     switch.bodies[k_prod] += [
         ElectOne(
@@ -587,13 +582,7 @@ def _place_consumer_ring(body, bufs, levels, ring, consumers, label, rows):
     # stage offsets of the reads, the wait at the top of each position
     for b in bufs:
         _offset_reads(ring_loop.body, b.tv, simplify(use.stage * b.stage_elems))
-    # the wait goes at the top of each position, or, where the position runs loops
-    # of other work first (a tile loop's k loop before the epilogue reads a bias),
-    # right before the first read
-    first = next((k for k, n in enumerate(ring_loop.body) if any(_reads(n, t) for t in tvs)), 0)
-    if not any(isinstance(n, ForLoop) for n in ring_loop.body[:first]):
-        first = 0
-    ring_loop.body.insert(first, MBarrierWait(MBarrierRef(full, use.stage), use.phase))
+    ring_loop.body.insert(0, MBarrierWait(MBarrierRef(full, use.stage), use.phase))
     per_arrival = 1  # threads per arrival on the empty barrier
     if any(wgmma_ops.reads(n, t) for n in ring_loop.body for t in tvs):
         per_arrival = wgmma_ops.release_after_wait_group(body, ring_loop, ring, label)

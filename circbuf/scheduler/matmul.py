@@ -340,15 +340,9 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     # epilogue inputs the producer loads by TMA (cooperative, TMA-stored outputs): a
     # stage per sub-tile of a tile, so the producer never waits on the epilogue for them
     loaded = () if pingpong or role or not tma_ok else _tma_inputs(fusion, e, info, epi[1])
-    if loaded and not persistent:  # a bias's ring turns over the persistent tile loop
-        loaded = tuple(f and x.ndim == 2 for f, x in zip(loaded, fusion.inputs))
-        loaded = loaded if any(loaded) else ()
-    tiles_2d = [f and x.ndim == 2 for f, x in zip(loaded, fusion.inputs)]
-    input_bytes = sum(tiles_2d) * input_stages(bn, epi[1]) * bm * epi[1] * 2 + 2 * 256 * 2 * (
-        sum(loaded) - sum(tiles_2d)
-    )
+    input_bytes = sum(loaded) * input_stages(bn, epi[1]) * bm * epi[1] * 2
     # (their rings take the shared memory of the second staging buffer)
-    buffers = 2 if tma_ok and (bn // epi[1]) % 2 == 0 and not any(tiles_2d) else 1
+    buffers = 2 if tma_ok and (bn // epi[1]) % 2 == 0 and not loaded else 1
     staging = (
         buffers * 2 * 64 * epi[1] * 2 * len(fusion.outputs) if tma_ok else 0
     )  # [B][2 warpgroups][64][en]
@@ -492,9 +486,6 @@ def _tma_inputs(fusion, e, info, epi_cols) -> tuple:
     mn = [lmap.find(i) for i in out.logical]
     flags = []
     for x, t in zip(fusion.inputs, info.tensors):
-        if isinstance(x, TensorView) and x.ndim == 1 and t is not None:
-            flags.append(_tma_row(x, t, lmap, mn))
-            continue
         ok = (
             isinstance(x, TensorView)
             and x not in (a, b)
@@ -509,39 +500,6 @@ def _tma_inputs(fusion, e, info, epi_cols) -> tuple:
         )
         flags.append(ok)
     return tuple(flags) if any(flags) else ()
-
-
-def _tma_row(x, t, lmap, mn) -> bool:
-    """A bias: a 16-bit vector along the output's M or N that is only ever
-    ``linear``'s bias or broadcast (after a cast, maybe) to the output's 2-D
-    shape, which a 1-D tensor map describes (a box of a tile's bm or bn
-    elements per tile)."""
-    return (
-        x.dtype.size == 2
-        and lmap.find(x.logical[0]) in mn
-        and bool(x.uses)
-        and all(
-            (isinstance(u, LinearOp) and len(u.inputs) > 2 and u.inputs[2] is x)
-            or _broadcasts_of(u) is not None
-            for u in x.uses
-        )
-        and tma_describable(t, 0) is None
-    )
-
-
-def _broadcasts_of(u):
-    """(cast or None, 2-D broadcast) when ``u`` broadcasts its input to 2-D,
-    directly or after one cast; else None."""
-    cast = None
-    if isinstance(u, CastOp):
-        if len(u.out.uses) != 1:
-            return None
-        cast, u = u, u.out.uses[0]
-    if isinstance(u, BroadcastOp) and u.out.ndim == 2:
-        flags = [i.is_broadcast for i in u.out.logical]
-        if flags.count(True) == 1:
-            return cast, u
-    return None
 
 
 def _pair_loads(fusion, e, info, n) -> tuple:
@@ -906,11 +864,11 @@ def _operand_tile(xs, roles, params, mn_role, major):
 def _schedule_mma(fusion: Fusion, params: MatmulParams):
     acc, As, Bs = translate(fusion, params)
     # epilogue inputs the producer brings in by TMA, a ring of sub-tiles beside the operands'
-    picked = [
-        x for k, x in enumerate(list(fusion.inputs)) if k < len(params.tma_inputs) and params.tma_inputs[k]
+    loaded = [
+        x.cache_after(op="tma")
+        for k, x in enumerate(list(fusion.inputs))
+        if k < len(params.tma_inputs) and params.tma_inputs[k]
     ]
-    loaded = [x.cache_after(op="tma") for x in picked if x.ndim == 2]
-    rows = [_staged_row(fusion, x) for x in picked if x.ndim == 1]
     # read back an accumulator pair at a time (one 4-byte shared load: a 128-byte
     # swizzle moves 16-byte pieces, so a pair stays side by side)
     pairs = {id(rs.cache_after()) for rs in loaded}
@@ -949,7 +907,7 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
     # the accumulator and the epilogue: one tile loop
     stores = {id(o) for o, _, _ in staged.values()}
     for tv in fusion.used_tvs():
-        if tv.is_input or tv in (As, Bs, *rows):  # (a bias's run: scheduled below)
+        if tv.is_input or tv in (As, Bs):
             continue
         roles = _roles(tv, lmap, classes)
         if None in roles:
@@ -972,15 +930,13 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             tv.axis(-1).parallelize(ParallelType.Vectorize)  # e: a bf16 pair per store
         elif not tv.is_output:
             tv.memory_type = MemoryType.Local
-    for rs in rows:
-        _row_ring(rs, _roles(rs, lmap, classes), params)
     acc.inline_at(3 if params.persistent else 2)  # the tile loop, the grid, the warpgroup
     if params.pingpong:
         acc.take_turns(ParallelType.TIDy)
     last = {id(cr) for _, _, cr in staged.values()}
     for tv in fusion.used_tvs():
         if (
-            not (tv.is_input or tv.is_output or tv in (As, Bs, acc, handoff, *loaded, *rows))
+            not (tv.is_input or tv.is_output or tv in (As, Bs, acc, handoff, *loaded))
             and id(tv) not in staged
         ):
             # the epilogue's last value holds a pair for one vector store; a pair of
@@ -988,42 +944,8 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             tv.inline_at(len(tv.loop) - (1 if id(tv) in last or id(tv) in pairs else 0))
             if id(tv) in pairs:
                 tv.loop[-1].parallelize(ParallelType.Vectorize)
-    done = {id(t) for t in (As, Bs, acc, handoff, *loaded, *rows) if t is not None}
+    done = {id(t) for t in (As, Bs, acc, handoff, *loaded) if t is not None}
     _hoist_epilogue_inputs(fusion, params, done | set(staged) | last)
-
-
-def _staged_row(fusion, x):
-    """A bias ``x`` staged in shared memory by TMA as the 2-D tensor its
-    broadcasts make ([bM, N] for a bias along N); each broadcast's readers
-    read it instead (through the same cast, now of the staged tile)."""
-    found = [_broadcasts_of(u) for u in list(x.uses)]
-    if not found or any(f is None for f in found):
-        raise CircbufError(
-            f"{x.name}: a bias loaded by TMA is only broadcast (internal: params and fusion disagree)"
-        )
-    flags = [i.is_broadcast for i in found[0][1].out.logical]
-    xs = _new(fusion, broadcast_ids(x.domain.no_reductions(), flags), x.dtype, MemoryType.Shared)
-    LoadStoreOp(xs, x, kind="tma", is_broadcast_dim=flags)
-    for cast, bc in found:
-        src = xs
-        if cast is not None:
-            src = _new(fusion, _clone_axes(xs.domain.no_reductions()), cast.out.dtype)
-            CastOp(src, xs)
-        for v in list(bc.out.uses):
-            v.replace_input(bc.out, src)
-    return xs
-
-
-def _row_ring(rs, roles, params):
-    """A bias's run of a tile: [T/G, G, B{bm or bn}] (its other axis a broadcast),
-    one box per tile, ringed over the tile loop: the producer loads it with the
-    tile's operands and the epilogue reads it from shared memory."""
-    pos = _tile(rs, roles, params, pingpong_split=False)
-    for k in range(pos, len(rs.loop)):
-        if not rs.loop[k].is_broadcast:
-            rs.loop[k].parallelize(ParallelType.Bulk)
-    kind = WarpSpecialized(on=ParallelType.TIDy, registers=params.registers)
-    rs.circular_buffer(2, 1, kind, axis=0)
 
 
 def _input_ring(rs, axes, params):
