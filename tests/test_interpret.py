@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import circbuf as cb
-from circbuf.interpret import check, check_kernel, interpret, launch_args, run_kernel
-from circbuf.ir import Bin, Const, Var
+from circbuf.interpret import check, check_kernel, interpret, launch_args, run_kernel, stored_once
+from circbuf.ir import Bin, Const, MemoryType, Var
 from circbuf.lowering import kir
 from circbuf.target import H100
 from tests.test_gpu_matmul import mm_fusion
@@ -38,6 +38,7 @@ TD = {BF: D.BFloat16, H: D.Half, torch.float32: D.Float}
 # a GPU of one SM: a persistent kernel's one CTA runs every tile (several
 # tiles and ring wraps at small shapes)
 ONE_SM = dataclasses.replace(H100, sm_count=1)
+TWO_SM = dataclasses.replace(H100, sm_count=2)
 
 
 def _pw(rank, shape, dtype=BF, **ov):
@@ -98,6 +99,24 @@ def _manual(ring, rows=5, cols=296):
     return fd, [x], lambda: x.double().exp()
 
 
+def _segmented():
+    """layer_norm(linear(x, w)): a matmul segment, then a normalization one."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        g = fd.define_tensor([-1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.cast(fd.ops.layer_norm(fd.ops.linear(x, w), g, b, 1e-5), D.BFloat16))
+    ins = [torch.randn(64, 64, dtype=BF), torch.randn(128, 64, dtype=BF)]
+    ins += [torch.randn(128, dtype=BF), torch.randn(128, dtype=BF)]
+
+    def ref():
+        y = (ins[0].double() @ ins[1].double().T).to(BF).double()  # the segments hand bf16 over
+        return torch.nn.functional.layer_norm(y, (128,), ins[2].double(), ins[3].double(), 1e-5)
+
+    return fd, ins, ref
+
+
 CASES = {
     "pointwise": lambda: _pw(2, (33, 200)),
     "pointwise_tma": lambda: _pw(2, (40, 512), stages=3),
@@ -106,16 +125,83 @@ CASES = {
     "manual_pipelined_ring": lambda: _manual("pipelined", rows=6),
     "manual_ws_setmaxnreg": lambda: _manual("ws"),
     "norm_softmax_tma": lambda: _norm("softmax", 6, 512, staging="tma"),
+    "norm_softmax_registers": lambda: _norm("softmax", 6, 512, staging="registers"),
+    "norm_layer_norm_plain": lambda: _norm("layer_norm", 5, 200, tma=False),
     "norm_layer_norm_ws": lambda: _norm("layer_norm", 6, 512, warp_specialized=True, stages=3),
     "norm_rms_tma_mbarrier": lambda: _norm("rms_norm", 9, 256, stages=4, war="mbarrier"),
     "outer_max_pipelined": lambda: _outer("max", (20, 3, 64), (0,), stages=3, warp_specialized=False),
     "outer_sum_weight_ws": lambda: _outer("sum", (99, 136), (0,), True, stages=3, warp_specialized=True),
+    "outer_sum_plain": lambda: _outer("sum", (20, 3, 64), (0,), tma=False),
     "matmul_simt": lambda: _mm("matmul", 17, 20, 30),
     "matmul_cooperative": lambda: _mm("matmul", 128, 256, 128),
     "matmul_pingpong_bias_gelu": lambda: _mm(
         "linear", 100, 136, 72, bias=True, epilogue="gelu", pingpong=True
     ),
+    "segmented_linear_layer_norm": _segmented,
 }
+
+
+def _kind(p) -> str:
+    """The kernel a scheduler's params describe, as :data:`KINDS` names them."""
+    name = type(p).__name__
+    if p is None:
+        return "manual"  # scheduled by hand
+    if name == "MatmulParams":
+        return (
+            "matmul simt"
+            if p.simt is not None
+            else "matmul ping-pong"
+            if p.pingpong
+            else "matmul cooperative"
+        )
+    if name == "NormalizationParams":
+        return f"normalization {p.staging}" + (" warp-specialized" if p.warp_specialized else "")
+    if name in ("PointwiseTmaParams", "OuterReductionParams"):
+        base = "pointwise tma" if name == "PointwiseTmaParams" else "outer reduction"
+        return (
+            base
+            + (" warp-specialized" if p.warp_specialized else "")
+            + (" tma store" if getattr(p, "tma_store", False) else "")
+        )
+    return {"PointwiseParams": "pointwise", "ReductionParams": "reduction"}[name]
+
+
+# every kernel kind the schedulers emit; each must have a case above (a new
+# scheduler or variant without one fails test_every_scheduler_has_a_case)
+KINDS = {
+    "pointwise", "pointwise tma", "pointwise tma tma store", "pointwise tma warp-specialized",
+    "normalization registers", "normalization tma", "normalization tma warp-specialized", "reduction",
+    "outer reduction", "outer reduction warp-specialized", "matmul simt", "matmul cooperative",
+    "matmul ping-pong", "segmented",
+}  # fmt: skip
+
+
+def _kinds_of(fd, ins):
+    """The kernel kinds and the schedulers (by name) of the fusion's kernels."""
+    ck = fd.compile(fd._flat_inputs(ins), arch="sm_90a")
+    got = fd.last_params()
+    kinds = {"segmented"} | {_kind(p) for p in got} if isinstance(got, list) else {_kind(got)}
+    return kinds, {k.name.removeprefix("circbuf_") for k in ck.kernels}
+
+
+def test_every_scheduler_has_a_case():
+    """The cases above run every scheduler and variant the registry has
+    (pointwise and its TMA ring, normalization in both stagings, the plain
+    and outer reductions, matmul cooperative, ping-pong and SIMT, segmented
+    plans): each case compiles to the kernel its name says."""
+    from circbuf.scheduler.registry import SCHEDULERS
+
+    seen: dict = {}
+    ran = set()
+    for name, make in CASES.items():
+        fd, ins, _ = make()
+        kinds, scheds = _kinds_of(fd, ins)
+        ran |= scheds
+        for k in kinds:
+            seen.setdefault(k, []).append(name)
+    assert KINDS <= set(seen), f"no case runs {sorted(KINDS - set(seen))} ({seen})"
+    names = {s.name for s, _ in SCHEDULERS}
+    assert names <= ran, f"schedulers without a case: {sorted(names - ran)}"
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -137,19 +223,57 @@ def test_matmul_through_the_interpreter_on_one_sm():
     check(fd, ins, schedules=2, target=ONE_SM)
 
 
-def test_segmented_plan_runs_each_segment():
-    with cb.FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
-        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
-        g = fd.define_tensor([-1], dtype=D.BFloat16)
-        b = fd.define_tensor([-1], dtype=D.BFloat16)
-        fd.add_output(fd.ops.cast(fd.ops.layer_norm(fd.ops.linear(x, w), g, b, 1e-5), D.BFloat16))
-    ins = [torch.randn(64, 64, dtype=BF), torch.randn(128, 64, dtype=BF)]
-    ins += [torch.randn(128, dtype=BF), torch.randn(128, dtype=BF)]
-    out = interpret(fd, ins, check=1)[0]
-    y = (ins[0].double() @ ins[1].double().T).to(BF).double()  # the segments hand bf16 over
-    want = torch.nn.functional.layer_norm(y, (128,), ins[2].double(), ins[3].double(), 1e-5)
-    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+def _output_stores(k):
+    found = []
+    kir.walk(
+        k.body,
+        lambda n, _s: (
+            found.append(n)
+            if isinstance(n, kir.Assign) and n.lhs.tv.memory_type == MemoryType.Global
+            else None
+        ),
+    )
+    return found
+
+
+def test_stores_are_counted_per_element():
+    """The interpreter counts the stores to each output element: the kernel
+    as built writes each once; one written twice, a CTA left out of the
+    grid, or a grid-stride loop that ignores its start and step (every CTA
+    runs every row block: the stores are idempotent, the values right) are
+    errors naming the output."""
+    fd, ins, ref = _pw(2, (33, 200))
+    k, tensors, scalars, grid, block = launch_args(fd, ins)
+    launch = run_kernel(k, tensors, scalars, grid, block)
+    out = k.tensor_params[-1].tv.name
+    assert grid[0] > 1 and set(launch.glob.counts[out]) == {1}
+    assert len(launch.glob.counts[out]) == 33 * 200
+    torch.testing.assert_close(tensors[-1].double(), ref(), rtol=2e-2, atol=2e-2)
+
+    def counts(k, tensors, grid):
+        launch = run_kernel(k, tensors, scalars, grid, block)
+        return torch.tensor(launch.glob.counts[k.tensor_params[-1].tv.name])
+
+    store = _output_stores(k)[0]
+    kir.insert_after(k.body, store, [store])
+    with pytest.raises(cb.CircbufError, match=r"output T\d+: 6600 addresses .* exactly once.* stored \[2, 2"):
+        stored_once(k.name, out, tensors[-1], counts(k, tensors, grid))
+    fd, ins, _ = _pw(2, (33, 200))  # a fresh kernel (launch_args hands out the compiled one)
+    k, tensors, scalars, grid, block = launch_args(fd, ins)
+    with pytest.raises(cb.CircbufError, match=r"not stored exactly once .* stored \[0, 0, 0, 0\] times"):
+        stored_once(k.name, out, tensors[-1], counts(k, tensors, (grid[0] - 1, 1, 1)))
+
+    fd, ins, ref = _norm("rms_norm", 9, 256, staging="registers")
+    k, tensors, scalars, grid, block = launch_args(fd, ins, target=TWO_SM)
+    loop = _find(k, lambda n: isinstance(n, kir.ForLoop) and n.strided)
+    assert grid[0] == 2 and str(loop.start) == "blockIdx.x" and str(loop.step) == "2", loop
+    loop.start, loop.step = Const(0), Const(1)
+    c = counts(k, tensors, grid)
+    torch.testing.assert_close(tensors[-1].double(), ref(), rtol=2e-2, atol=2e-2)  # right values
+    with pytest.raises(
+        cb.CircbufError, match=r"2304 addresses of 2304 elements not stored exactly once .* stored \[2, 2"
+    ):
+        stored_once(k.name, "y", tensors[-1], c)
 
 
 def test_circbuf_interpret_runs_execute_on_cpu_tensors(monkeypatch):
