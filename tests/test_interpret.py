@@ -503,3 +503,87 @@ def test_wrong_swizzle_gives_a_wrong_result():
     a_map.swizzle = 0
     run_kernel(k, tensors, scalars, grid, block)
     assert not torch.allclose(tensors[-1].double(), ref(), rtol=2e-2, atol=2e-2)
+
+
+# ------------------------------------------------------------ python -m circbuf.check, CIRCBUF_CHECK on a GPU run
+_SCRIPT = """
+import torch
+from tests.util import manual_ws_exp
+
+fd = manual_ws_exp(128, 3)
+x = torch.randn(5, 296, dtype=torch.bfloat16)
+{mutate}
+(y,) = fd.execute([x])
+print("max error", (y.double() - x.double().exp()).abs().max().item())
+"""
+
+_DROP_RELEASE = """
+from circbuf.lowering import kir
+from tests.test_interpret import drop_release
+
+fd.compile([x], arch="sm_90a")
+drop_release(fd._get_executor().last.kernel)
+"""
+
+
+def _check_cli(tmp_path, mutate="", *args):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "script.py"
+    script.write_text(_SCRIPT.format(mutate=mutate))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("CIRCBUF_INTERPRET", None)
+    return subprocess.run(
+        [sys.executable, "-m", "circbuf.check", *args, str(script)],
+        capture_output=True, text=True, timeout=600, env=env, cwd=root,
+    )  # fmt: skip
+
+
+def test_check_cli_runs_a_script_with_the_checker(tmp_path):
+    """``python -m circbuf.check script.py``: the script's CPU tensors run in
+    the interpreter, each kernel checked first; the report lists them."""
+    r = _check_cli(tmp_path, "", "--schedules", "2")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "max error 0.0" in r.stdout
+    assert "circbuf.check: 1 kernel launch checked (1 kernel" in r.stdout, r.stdout
+    assert "circbuf_manual: grid (1, 1, 1), block (128, 3, 1), 2 schedules of 1 CTAs" in r.stdout
+
+
+def test_check_cli_names_the_protocol_error(tmp_path):
+    r = _check_cli(tmp_path, _DROP_RELEASE, "--schedules", "2")
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "circbuf.check: protocol error: circbuf_manual: deadlock" in r.stderr, r.stderr[-3000:]
+    assert "waits on T4_empty[0] for parity 0" in r.stderr and "protocol checker: schedule seed 0" in r.stderr
+
+
+def test_circbuf_check_before_a_gpu_launch(monkeypatch):
+    """What ``CIRCBUF_CHECK`` runs before the launch of a GPU execute: the
+    checker on CPU copies of the inputs (here CPU inputs stand in)."""
+    from circbuf.interpret import CHECKED, ProtocolError, check_executor
+
+    fd, ins, _ = _manual("ws")
+    ex = fd._get_executor()
+    monkeypatch.setenv("CIRCBUF_CHECK", "2")
+    n = len(CHECKED)
+    check_executor(ex, ins)
+    assert (
+        len(CHECKED) == n + 1 and CHECKED[-1]["kernel"] == "circbuf_manual" and CHECKED[-1]["schedules"] == 2
+    )
+    drop_release(ex.last.kernel)
+    with pytest.raises(ProtocolError, match=r"deadlock.*T4_empty\[0\].*protocol checker: schedule seed 0"):
+        check_executor(ex, ins)
+
+
+@pytest.mark.gpu
+def test_gpu_circbuf_check_runs_the_checker_before_the_launch(monkeypatch):
+    from circbuf.interpret import CHECKED
+
+    fd, ins, ref = _norm("layer_norm", 6, 512, warp_specialized=True, stages=3)
+    monkeypatch.setenv("CIRCBUF_CHECK", "2")
+    n = len(CHECKED)
+    out = fd.execute([x.cuda() for x in ins])[0]
+    assert len(CHECKED) == n + 1 and CHECKED[-1]["kernel"] == "circbuf_normalization"
+    torch.testing.assert_close(out.double().cpu(), ref(), rtol=2e-2, atol=2e-2)
