@@ -39,6 +39,7 @@ TD = {BF: D.BFloat16, H: D.Half, torch.float32: D.Float}
 # tiles and ring wraps at small shapes)
 ONE_SM = dataclasses.replace(H100, sm_count=1)
 TWO_SM = dataclasses.replace(H100, sm_count=2)
+ONE_CTA = dataclasses.replace(H100, sm_count=1, max_threads_per_sm=256)  # one 256-thread CTA at a time
 
 
 def _pw(rank, shape, dtype=BF, **ov):
@@ -406,11 +407,44 @@ def too_many_registers(k):
     _find(k, lambda n: isinstance(n, kir.SetMaxNReg) and n.increase).count = 256
 
 
+def release_before_wgmma_wait(k):
+    """The matmul releases the previous stage one step early: before the
+    wgmma.wait_group that retires the wgmmas reading it."""
+    rel = _find(
+        k,
+        lambda n: (
+            isinstance(n, kir.IfThenElse)
+            and any(
+                isinstance(x, kir.ElectOne) and any(isinstance(y, kir.MBarrierArrive) for y in x.then)
+                for x in n.then
+            )
+        ),
+    )
+    _remove(k, rel)
+    w = _find(k, lambda n: isinstance(n, kir.WgmmaWait) and n.pending == 1)
+    lst = kir.parent_list(k.body, w)
+    lst.insert(lst.index(w), rel)
+
+
+def epi_turn_before_stores(k):
+    """A ping-pong warpgroup hands the epilogue turn over as it takes it,
+    before its stores."""
+    a, w = _arrive(k, "_epi_turn"), _wait(k, "_epi_turn")
+    _remove(k, a)
+    kir.insert_after(k.body, w, [a])
+
+
 WS = lambda: _manual("ws", rows=5)  # noqa: E731  (9 positions on a 3-stage ring)
 PIPELINED = lambda: _manual("pipelined", rows=6)  # noqa: E731
 COOP = lambda: _mm("matmul", 128, 512, 256)  # noqa: E731  (2 tiles x 4 k steps on a 4-stage ring)
 PINGPONG = lambda: _mm("matmul", 128, 256, 256, pingpong=True)  # noqa: E731
 TMA_STORE = lambda: _pw(2, (40, 512), stages=3, tma_store=True)  # noqa: E731
+# each scheduler's warp-specialized ring with more positions per CTA than stages
+# (on ONE_CTA: one SM that holds one CTA of 256 threads)
+PW_WS = lambda: _pw(2, (48, 512), H, stages=2, warp_specialized=True)  # noqa: E731  (6 tiles)
+OUTER_WS = lambda: _outer("sum", (300, 136), (0,), True, stages=2, warp_specialized=True)  # noqa: E731
+NORM_MBAR = lambda: _norm("rms_norm", 48, 256, stages=2, war="mbarrier")  # noqa: E731
+NESTED = lambda: _manual("pipelined", rows=4, cols=1000)  # noqa: E731  (the issue-7 shape)
 
 MUTATIONS = [
     # (kernel, mutation, what the report must say)
@@ -476,13 +510,70 @@ MUTATIONS = [
         r"deadlock.*role consumers group 1: 128 threads .* wait on T5_epi_turn\[1\]",
     ),
     (TMA_STORE, split_named_barrier, r"named barrier 1"),
+    # the issue's list on each scheduler's kernels: drop an arrive, flip a phase,
+    # release a stage one step early, the ping-pong turns handed over early,
+    # the nested-ring hang
+    (PW_WS, drop_release, r"deadlock.*role producer: 1 thread .*waits on T7_T9_empty\[0\] for parity 0"),
+    (OUTER_WS, drop_release, r"deadlock.*role producer: 1 thread .*waits on T9_empty\[0\] for parity 0"),
+    (COOP, drop_release, r"deadlock.*role producer: 1 thread .*waits on T3_T4_empty\[0\] for parity 0"),
+    (PW_WS, flip_empty_parity, r"deadlock.*role producer: 1 thread .*waits on T7_T9_empty\[0\] for parity 0"),
+    (
+        NORM_MBAR,
+        flip_full_parity,
+        r"the block thread .* passed its wait on T15_full\[0\] \(parity 1\) after 0 completed phases.*wrong phase",
+    ),
+    (
+        COOP,
+        flip_full_parity,
+        r"role consumers thread .* passed its wait on T3_T4_full\[0\] \(parity 1\) after 0 completed phases.*wrong phase",
+    ),
+    (
+        PINGPONG,
+        flip_empty_parity,
+        r"deadlock.*role producer: 1 thread .*waits on T3_T4_empty\[0\] for parity 0",
+    ),
+    (
+        PW_WS,
+        release_before_read,
+        r"race: the TMA copy into T7 .*role producer.*overwrites stage 0 of T7 \(ring T7_T9.*read by role consumers",
+    ),
+    (
+        OUTER_WS,
+        release_before_read,
+        r"race: the TMA copy into T9 .*role producer.*overwrites stage 0 of T9 \(ring T9.*read by role consumers",
+    ),
+    (
+        COOP,
+        release_before_wgmma_wait,
+        r"race: the TMA copy into T3 .*overwrites stage 0 of T3 .*read by the wgmmas of warpgroup \d \(role "
+        r"consumers\), with nothing ordering that read before it",
+    ),
+    (
+        PINGPONG,
+        epi_turn_before_stores,
+        r"role consumers group \d thread .* outside its epilogue turn \(T5_epi_turn\[\d\]\)",
+    ),
+    (  # the GPU hung on T4_full[0]; the checker names the wait that passed on a stale phase first
+        NESTED,
+        restart_ring_each_row,
+        r"the block thread .* T4_use position 0 \(stage 0, phase 0\) passed its wait on T4_full\[0\] \(parity 0\) "
+        r"after 3 completed phases; it waits for the fill of position 0, phase 1: the barrier had already run past it",
+    ),
 ]
 
 
-@pytest.mark.parametrize("make, mutate, message", MUTATIONS, ids=[f"{m.__name__}" for _, m, _ in MUTATIONS])
+def _mutation_id(make, mutate):
+    names = {WS: "ws", PIPELINED: "pipelined", COOP: "coop", PINGPONG: "pingpong", TMA_STORE: "tma_store"}
+    names.update({PW_WS: "pointwise_ws", OUTER_WS: "outer_ws", NORM_MBAR: "norm_mbarrier", NESTED: "nested"})
+    return f"{names[make]}-{mutate.__name__}"
+
+
+@pytest.mark.parametrize(
+    "make, mutate, message", MUTATIONS, ids=[_mutation_id(m, f) for m, f, _ in MUTATIONS]
+)
 def test_checker_catches_injected_bug(make, mutate, message):
     fd, ins, _ = make()
-    k, tensors, scalars, grid, block = launch_args(fd, ins, target=ONE_SM)
+    k, tensors, scalars, grid, block = launch_args(fd, ins, target=ONE_CTA if make is PW_WS else ONE_SM)
     check_kernel(
         k, [t.clone() for t in tensors], scalars, grid, block, schedules=1
     )  # the kernel as built passes
