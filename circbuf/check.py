@@ -72,11 +72,13 @@ def main(argv=None) -> int:
     except ProtocolError as e:
         print(f"\ncircbuf.check: protocol error: {e}", file=sys.stderr)
         status = 1
-    except SystemExit as e:  # the script's own exit
+    except SystemExit as e:  # the script's own exit: a failure of its own is status 2
         code = e.code
-        status = code if isinstance(code, int) else (0 if code is None else 2)
         if isinstance(code, str):
             print(code, file=sys.stderr)
+        if code not in (None, 0):
+            print(f"circbuf.check: the script exited with status {code}", file=sys.stderr)
+            status = 2
     except Exception:  # noqa: BLE001 - the script's own error, reported as Python would
         traceback.print_exc()
         status = 2
