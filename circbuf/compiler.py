@@ -544,6 +544,10 @@ class FusionExecutor:
                 self._segment(info.extents)
         if self._segments is not None:
             return self._segmented_plan(info)
+        if knobs.check_schedules():  # CIRCBUF_CHECK: the protocol checker on CPU copies, first
+            from .interpret import check_executor
+
+            check_executor(self, inputs, info.target)
         self.last = ck
         p = self._build_plan(ck, info, device)
         ck.loaded().ensure_smem(p.smem)

@@ -13,8 +13,10 @@
   ``~/.cache/circbuf``); ``CIRCBUF_CACHE_DIR=`` (empty) turns the disk cache off.
 - ``CIRCBUF_INTERPRET=1``: ``execute`` on CPU tensors runs the kernels in the
   kernel interpreter (``circbuf.interpret``) instead of refusing them.
-- ``CIRCBUF_CHECK=<schedules>`` (1: 8 schedules): the interpreter first runs the
-  pipeline protocol checker on each kernel it runs.
+- ``CIRCBUF_CHECK=<schedules>`` (1: 8 schedules): the pipeline protocol checker
+  runs on each kernel first: in the interpreter before it runs the kernel, and
+  before a GPU ``execute``'s first launch of an input signature on CPU copies
+  of the inputs (``python -m circbuf.check script.py`` sets it).
 - ``CIRCBUF_FAST_MATH=0``: keep CUDA's accurate exp, sigmoid, silu, gelu and
   tanh everywhere; by default fp32 values that reach the outputs only through
   a rounding to bf16/fp16 that hides the error use fast approximate variants

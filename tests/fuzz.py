@@ -16,8 +16,9 @@ source (``Case.source()``) to paste into a bug report.
 Modes:
 
 - ``cpu-compile``: build and ``fd.compile(cpu_inputs, arch="sm_90a")`` (NVRTC, no GPU);
-- ``interp``: run the kernels with tests/kir_interp.py on the CPU (``tma=False``;
-  TMA/mbarrier kernels and ops the interpreter lacks are skipped) and compare;
+- ``interp``: run the kernels in the package's interpreter (``circbuf.interpret``)
+  on the CPU, TMA rings, mbarriers and wgmma included, and compare (each output
+  element must be stored exactly once);
 - ``cuda``: ``fd.execute`` on GPU tensors, outputs NaN-poisoned, compared.
 
 Outcomes: ``ok``; ``refused`` (a CircbufError that is a documented refusal, by
@@ -334,7 +335,7 @@ ARITH = {
 }
 COMPARE = {"lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne}
 BITWISE = {"bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or, "bitwise_xor": torch.bitwise_xor}
-# ops tests/kir_interp.py runs
+# ops the interp profile draws (small, quick cases)
 INTERP_OPS = {
     "neg", "abs", "exp", "exp2", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "relu", "gelu", "silu",
     "add", "sub", "mul", "div", "maximum", "minimum", "lt", "le", "gt", "ge", "eq", "ne", "where", "cast", "set",
@@ -821,7 +822,10 @@ class Gen:
                     if not isinstance(x, Val):
                         dt = promote_scalar(dt, x)
             else:  # two scalars: their own promoted type (Python float Double, int Int64; nvFuser)
-                kinds = [D.Double if isinstance(x, float) else D.Bool if isinstance(x, bool) else D.Int64 for x in (a, b)]
+                kinds = [
+                    D.Double if isinstance(x, float) else D.Bool if isinstance(x, bool) else D.Int64
+                    for x in (a, b)
+                ]
                 dt = promote(*kinds)
             xa = a.ref if isinstance(a, Val) else _scalar_tensor(a)
             xb = b.ref if isinstance(b, Val) else _scalar_tensor(b)
@@ -1368,12 +1372,8 @@ def _origin(exc):
     tb = traceback.extract_tb(exc.__traceback__)
     for fr in reversed(tb):
         f = fr.filename.replace(os.sep, "/")
-        if "/circbuf/" in f or f.endswith("kir_interp.py"):
-            return (
-                f[f.rindex("/circbuf/") + 1 :] if "/circbuf/" in f else "tests/kir_interp.py",
-                fr.name,
-                fr.lineno,
-            )
+        if "/circbuf/" in f:
+            return f[f.rindex("/circbuf/") + 1 :], fr.name, fr.lineno
     return (tb[-1].filename if tb else "?"), (tb[-1].name if tb else "?"), (tb[-1].lineno if tb else 0)
 
 
@@ -1389,6 +1389,8 @@ DOCUMENTED = (
     r"reduces no axis",
     r"must be equal: ",  # input sizes the definition requires equal (symbolic extents that differ)
 )
+
+
 def classify(exc, phase, case=None):
     """(outcome, signature) of an exception raised in ``phase``: a CircbufError
     is a refusal when raised while defining the fusion or for a limit README
@@ -1402,16 +1404,23 @@ def classify(exc, phase, case=None):
         log = str(exc.log or exc).strip().splitlines()
         err = next((x for x in log if "error" in x), log[0] if log else "")
         return "bug:nvrtc", _normalize(err.split(": ", 1)[-1])
+    if isinstance(exc, cb.CircbufError) and phase == "run" and f.startswith("circbuf/interpret/"):
+        # the kernel misbehaved in the interpreter: out of bounds, an element
+        # stored twice or never, a deadlock, or a node it has no semantics for
+        msg = str(exc)
+        if "has no semantics" in msg:
+            return "skip:interp-op", _normalize(msg.split(": ", 1)[-1])
+        if "outside its" in msg:
+            return "bug:out-of-bounds", _normalize(msg.split(": ", 1)[-1])
+        if "stored" in msg and "once per element" in msg:
+            return "bug:stores", _normalize(msg.split(": ", 1)[-1])
+        return "bug:interp", f"{f}:{fn}: {_normalize(msg.split(': ', 1)[-1])}"
     if isinstance(exc, cb.CircbufError):
         if phase != "define" and (f.startswith("circbuf/lowering/") or f.startswith("circbuf/ir/")):
             return "bug:lowering-check", f"{f}:{fn}: {_normalize(exc)}"
         if phase == "define" or any(re.search(p, str(exc)) for p in DOCUMENTED):
             return "refused", f"{phase}: {_normalize(exc)}"
         return "bug:refusal", f"{f}:{fn}: {_normalize(exc)}"
-    if isinstance(exc, AssertionError) and f == "tests/kir_interp.py" and "out of bounds" in str(exc):
-        return "bug:out-of-bounds", f"{_normalize(exc)}"
-    if isinstance(exc, (NotImplementedError, KeyError)) and f == "tests/kir_interp.py":
-        return "skip:interp-op", _normalize(f"{type(exc).__name__}: {exc}")
     return "bug:internal", f"{type(exc).__name__} at {f}:{fn}: {_normalize(exc)}"
 
 
@@ -1434,8 +1443,6 @@ def run_case(case: Case, mode: str) -> Result:
 def _run_case(case, mode):
     overrides = case.overrides
     if mode == "interp":
-        if case.has_matmul:
-            return Result(case, "skip:matmul")
         if case.numel > INTERP_MAX:
             return Result(case, "skip:too-big")
     try:
@@ -1447,14 +1454,7 @@ def _run_case(case, mode):
     if why:
         return Result(case, "bug:dtype", _normalize(why).replace("v#", "t#"), why)
     try:
-        if mode == "interp":
-            ov = dict(overrides or {})
-            try:
-                fd.fusion.schedule(**{**ov, "tma": False})
-            except cb.CircbufError:
-                if ov:
-                    fd.fusion.schedule(**ov)
-        elif overrides:
+        if overrides:
             fd.fusion.schedule(**overrides)
     except Exception as e:  # noqa: BLE001
         o, s = classify(e, "schedule", case)
@@ -1466,18 +1466,7 @@ def _run_case(case, mode):
             return Result(case, "ok")
         if mode == "interp":
             inputs = case.input_tensors("cpu")
-            try:
-                ck = fd.compile(inputs, arch="sm_90a")
-            except cb.CircbufError as e:
-                if "tma" not in str(e) or not str(e).startswith("schedule("):
-                    raise
-                # tma=False went to a scheduler that has no TMA variant: ask without it
-                fd, _ = case.build(overrides=overrides or {})
-                ck = fd.compile(inputs, arch="sm_90a")
-            for k in ck.kernels:
-                body = k.cuda[k.cuda.index('extern "C"') :]
-                if "mbarrier" in body or "cp.async.bulk" in body or "wgmma" in body:
-                    return Result(case, "skip:tma-kernel")
+            fd.compile(inputs, arch="sm_90a")
             phase = "run"
             outs = _interp_run(fd, inputs)
         else:
@@ -1526,24 +1515,10 @@ def judge(case: Case, inputs, outs):
 
 
 def _interp_run(fd, inputs):
-    """``fd.execute`` on the CPU: each kernel through tests/kir_interp.py."""
-    from tests.kir_interp import interpret_executor
+    """``fd.execute`` on the CPU: each kernel (of each segment) in circbuf.interpret."""
+    from circbuf.interpret import interpret
 
-    ex = fd._get_executor()
-    ex.compile(inputs, arch="sm_90a")
-    if ex._segments is None:
-        return interpret_executor(ex, inputs)
-    info, _ = ex._bind(inputs, need_cuda=False)
-    plan = ex._segmented_plan(info)
-    subs = ex._segments[1]
-
-    def make(i, args):
-        run = lambda a, finish, sub=subs[i]: interpret_executor(sub, list(a), finish)  # noqa: E731
-        plan.steps[i][0] = run
-        return type("Interpreted", (), {"run": staticmethod(run)})
-
-    plan.make = make
-    return plan.run(inputs)
+    return interpret(fd, inputs)
 
 
 def run(n=100, seed=0, mode="cpu-compile", profile=None, start=0, indices=None, verbose=False, budget=None):

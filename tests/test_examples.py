@@ -25,6 +25,26 @@ def test_example_runs(name):
     assert ("did not run" in r.stdout) or ("ran on" in r.stdout)
 
 
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_runs_in_the_interpreter(name):
+    """``CIRCBUF_INTERPRET=1`` with no GPU: each example runs its kernels on
+    the CPU in the kernel interpreter (smaller sizes) and checks them against
+    torch (its exit status)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the examples run there (test_example_runs)")
+    env = dict(
+        os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), CIRCBUF_INTERPRET="1"
+    )
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", name)],
+        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "ran on the CPU (CIRCBUF_INTERPRET=1: the kernel interpreter)" in r.stdout, r.stdout[-500:]
+
+
 def readme_snippet() -> str:
     """The first ```python block of README.md."""
     with open(os.path.join(ROOT, "README.md")) as f:

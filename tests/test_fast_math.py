@@ -211,7 +211,7 @@ def test_matmul_epilogues(epilogue, want):
 
 
 def test_the_interpreter_runs_a_fast_kernel():
-    from tests.kir_interp import interpret
+    from circbuf.interpret import interpret
 
     fd = unary_fusion("gelu", D.BFloat16)
     x = torch.randn(8, 300, dtype=torch.bfloat16)

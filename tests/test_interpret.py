@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import circbuf as cb
-from circbuf.interpret import check, check_kernel, interpret, launch_args, run_kernel
-from circbuf.ir import Bin, Const, Var
+from circbuf.interpret import check, check_kernel, interpret, launch_args, run_kernel, stored_once
+from circbuf.ir import Bin, Const, MemoryType, Var
 from circbuf.lowering import kir
 from circbuf.target import H100
 from tests.test_gpu_matmul import mm_fusion
@@ -38,6 +38,8 @@ TD = {BF: D.BFloat16, H: D.Half, torch.float32: D.Float}
 # a GPU of one SM: a persistent kernel's one CTA runs every tile (several
 # tiles and ring wraps at small shapes)
 ONE_SM = dataclasses.replace(H100, sm_count=1)
+TWO_SM = dataclasses.replace(H100, sm_count=2)
+ONE_CTA = dataclasses.replace(H100, sm_count=1, max_threads_per_sm=256)  # one 256-thread CTA at a time
 
 
 def _pw(rank, shape, dtype=BF, **ov):
@@ -98,6 +100,24 @@ def _manual(ring, rows=5, cols=296):
     return fd, [x], lambda: x.double().exp()
 
 
+def _segmented():
+    """layer_norm(linear(x, w)): a matmul segment, then a normalization one."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        g = fd.define_tensor([-1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.cast(fd.ops.layer_norm(fd.ops.linear(x, w), g, b, 1e-5), D.BFloat16))
+    ins = [torch.randn(64, 64, dtype=BF), torch.randn(128, 64, dtype=BF)]
+    ins += [torch.randn(128, dtype=BF), torch.randn(128, dtype=BF)]
+
+    def ref():
+        y = (ins[0].double() @ ins[1].double().T).to(BF).double()  # the segments hand bf16 over
+        return torch.nn.functional.layer_norm(y, (128,), ins[2].double(), ins[3].double(), 1e-5)
+
+    return fd, ins, ref
+
+
 CASES = {
     "pointwise": lambda: _pw(2, (33, 200)),
     "pointwise_tma": lambda: _pw(2, (40, 512), stages=3),
@@ -106,16 +126,83 @@ CASES = {
     "manual_pipelined_ring": lambda: _manual("pipelined", rows=6),
     "manual_ws_setmaxnreg": lambda: _manual("ws"),
     "norm_softmax_tma": lambda: _norm("softmax", 6, 512, staging="tma"),
+    "norm_softmax_registers": lambda: _norm("softmax", 6, 512, staging="registers"),
+    "norm_layer_norm_plain": lambda: _norm("layer_norm", 5, 200, tma=False),
     "norm_layer_norm_ws": lambda: _norm("layer_norm", 6, 512, warp_specialized=True, stages=3),
     "norm_rms_tma_mbarrier": lambda: _norm("rms_norm", 9, 256, stages=4, war="mbarrier"),
     "outer_max_pipelined": lambda: _outer("max", (20, 3, 64), (0,), stages=3, warp_specialized=False),
     "outer_sum_weight_ws": lambda: _outer("sum", (99, 136), (0,), True, stages=3, warp_specialized=True),
+    "outer_sum_plain": lambda: _outer("sum", (20, 3, 64), (0,), tma=False),
     "matmul_simt": lambda: _mm("matmul", 17, 20, 30),
     "matmul_cooperative": lambda: _mm("matmul", 128, 256, 128),
     "matmul_pingpong_bias_gelu": lambda: _mm(
         "linear", 100, 136, 72, bias=True, epilogue="gelu", pingpong=True
     ),
+    "segmented_linear_layer_norm": _segmented,
 }
+
+
+def _kind(p) -> str:
+    """The kernel a scheduler's params describe, as :data:`KINDS` names them."""
+    name = type(p).__name__
+    if p is None:
+        return "manual"  # scheduled by hand
+    if name == "MatmulParams":
+        return (
+            "matmul simt"
+            if p.simt is not None
+            else "matmul ping-pong"
+            if p.pingpong
+            else "matmul cooperative"
+        )
+    if name == "NormalizationParams":
+        return f"normalization {p.staging}" + (" warp-specialized" if p.warp_specialized else "")
+    if name in ("PointwiseTmaParams", "OuterReductionParams"):
+        base = "pointwise tma" if name == "PointwiseTmaParams" else "outer reduction"
+        return (
+            base
+            + (" warp-specialized" if p.warp_specialized else "")
+            + (" tma store" if getattr(p, "tma_store", False) else "")
+        )
+    return {"PointwiseParams": "pointwise", "ReductionParams": "reduction"}[name]
+
+
+# every kernel kind the schedulers emit; each must have a case above (a new
+# scheduler or variant without one fails test_every_scheduler_has_a_case)
+KINDS = {
+    "pointwise", "pointwise tma", "pointwise tma tma store", "pointwise tma warp-specialized",
+    "normalization registers", "normalization tma", "normalization tma warp-specialized", "reduction",
+    "outer reduction", "outer reduction warp-specialized", "matmul simt", "matmul cooperative",
+    "matmul ping-pong", "segmented",
+}  # fmt: skip
+
+
+def _kinds_of(fd, ins):
+    """The kernel kinds and the schedulers (by name) of the fusion's kernels."""
+    ck = fd.compile(fd._flat_inputs(ins), arch="sm_90a")
+    got = fd.last_params()
+    kinds = {"segmented"} | {_kind(p) for p in got} if isinstance(got, list) else {_kind(got)}
+    return kinds, {k.name.removeprefix("circbuf_") for k in ck.kernels}
+
+
+def test_every_scheduler_has_a_case():
+    """The cases above run every scheduler and variant the registry has
+    (pointwise and its TMA ring, normalization in both stagings, the plain
+    and outer reductions, matmul cooperative, ping-pong and SIMT, segmented
+    plans): each case compiles to the kernel its name says."""
+    from circbuf.scheduler.registry import SCHEDULERS
+
+    seen: dict = {}
+    ran = set()
+    for name, make in CASES.items():
+        fd, ins, _ = make()
+        kinds, scheds = _kinds_of(fd, ins)
+        ran |= scheds
+        for k in kinds:
+            seen.setdefault(k, []).append(name)
+    assert KINDS <= set(seen), f"no case runs {sorted(KINDS - set(seen))} ({seen})"
+    names = {s.name for s, _ in SCHEDULERS}
+    assert names <= ran, f"schedulers without a case: {sorted(names - ran)}"
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -137,19 +224,57 @@ def test_matmul_through_the_interpreter_on_one_sm():
     check(fd, ins, schedules=2, target=ONE_SM)
 
 
-def test_segmented_plan_runs_each_segment():
-    with cb.FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
-        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
-        g = fd.define_tensor([-1], dtype=D.BFloat16)
-        b = fd.define_tensor([-1], dtype=D.BFloat16)
-        fd.add_output(fd.ops.cast(fd.ops.layer_norm(fd.ops.linear(x, w), g, b, 1e-5), D.BFloat16))
-    ins = [torch.randn(64, 64, dtype=BF), torch.randn(128, 64, dtype=BF)]
-    ins += [torch.randn(128, dtype=BF), torch.randn(128, dtype=BF)]
-    out = interpret(fd, ins, check=1)[0]
-    y = (ins[0].double() @ ins[1].double().T).to(BF).double()  # the segments hand bf16 over
-    want = torch.nn.functional.layer_norm(y, (128,), ins[2].double(), ins[3].double(), 1e-5)
-    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+def _output_stores(k):
+    found = []
+    kir.walk(
+        k.body,
+        lambda n, _s: (
+            found.append(n)
+            if isinstance(n, kir.Assign) and n.lhs.tv.memory_type == MemoryType.Global
+            else None
+        ),
+    )
+    return found
+
+
+def test_stores_are_counted_per_element():
+    """The interpreter counts the stores to each output element: the kernel
+    as built writes each once; one written twice, a CTA left out of the
+    grid, or a grid-stride loop that ignores its start and step (every CTA
+    runs every row block: the stores are idempotent, the values right) are
+    errors naming the output."""
+    fd, ins, ref = _pw(2, (33, 200))
+    k, tensors, scalars, grid, block = launch_args(fd, ins)
+    launch = run_kernel(k, tensors, scalars, grid, block)
+    out = k.tensor_params[-1].tv.name
+    assert grid[0] > 1 and set(launch.glob.counts[out]) == {1}
+    assert len(launch.glob.counts[out]) == 33 * 200
+    torch.testing.assert_close(tensors[-1].double(), ref(), rtol=2e-2, atol=2e-2)
+
+    def counts(k, tensors, grid):
+        launch = run_kernel(k, tensors, scalars, grid, block)
+        return torch.tensor(launch.glob.counts[k.tensor_params[-1].tv.name])
+
+    store = _output_stores(k)[0]
+    kir.insert_after(k.body, store, [store])
+    with pytest.raises(cb.CircbufError, match=r"output T\d+: 6600 addresses .* exactly once.* stored \[2, 2"):
+        stored_once(k.name, out, tensors[-1], counts(k, tensors, grid))
+    fd, ins, _ = _pw(2, (33, 200))  # a fresh kernel (launch_args hands out the compiled one)
+    k, tensors, scalars, grid, block = launch_args(fd, ins)
+    with pytest.raises(cb.CircbufError, match=r"not stored exactly once .* stored \[0, 0, 0, 0\] times"):
+        stored_once(k.name, out, tensors[-1], counts(k, tensors, (grid[0] - 1, 1, 1)))
+
+    fd, ins, ref = _norm("rms_norm", 9, 256, staging="registers")
+    k, tensors, scalars, grid, block = launch_args(fd, ins, target=TWO_SM)
+    loop = _find(k, lambda n: isinstance(n, kir.ForLoop) and n.strided)
+    assert grid[0] == 2 and str(loop.start) == "blockIdx.x" and str(loop.step) == "2", loop
+    loop.start, loop.step = Const(0), Const(1)
+    c = counts(k, tensors, grid)
+    torch.testing.assert_close(tensors[-1].double(), ref(), rtol=2e-2, atol=2e-2)  # right values
+    with pytest.raises(
+        cb.CircbufError, match=r"2304 addresses of 2304 elements not stored exactly once .* stored \[2, 2"
+    ):
+        stored_once(k.name, "y", tensors[-1], c)
 
 
 def test_circbuf_interpret_runs_execute_on_cpu_tensors(monkeypatch):
@@ -282,11 +407,44 @@ def too_many_registers(k):
     _find(k, lambda n: isinstance(n, kir.SetMaxNReg) and n.increase).count = 256
 
 
+def release_before_wgmma_wait(k):
+    """The matmul releases the previous stage one step early: before the
+    wgmma.wait_group that retires the wgmmas reading it."""
+    rel = _find(
+        k,
+        lambda n: (
+            isinstance(n, kir.IfThenElse)
+            and any(
+                isinstance(x, kir.ElectOne) and any(isinstance(y, kir.MBarrierArrive) for y in x.then)
+                for x in n.then
+            )
+        ),
+    )
+    _remove(k, rel)
+    w = _find(k, lambda n: isinstance(n, kir.WgmmaWait) and n.pending == 1)
+    lst = kir.parent_list(k.body, w)
+    lst.insert(lst.index(w), rel)
+
+
+def epi_turn_before_stores(k):
+    """A ping-pong warpgroup hands the epilogue turn over as it takes it,
+    before its stores."""
+    a, w = _arrive(k, "_epi_turn"), _wait(k, "_epi_turn")
+    _remove(k, a)
+    kir.insert_after(k.body, w, [a])
+
+
 WS = lambda: _manual("ws", rows=5)  # noqa: E731  (9 positions on a 3-stage ring)
 PIPELINED = lambda: _manual("pipelined", rows=6)  # noqa: E731
 COOP = lambda: _mm("matmul", 128, 512, 256)  # noqa: E731  (2 tiles x 4 k steps on a 4-stage ring)
 PINGPONG = lambda: _mm("matmul", 128, 256, 256, pingpong=True)  # noqa: E731
 TMA_STORE = lambda: _pw(2, (40, 512), stages=3, tma_store=True)  # noqa: E731
+# each scheduler's warp-specialized ring with more positions per CTA than stages
+# (on ONE_CTA: one SM that holds one CTA of 256 threads)
+PW_WS = lambda: _pw(2, (48, 512), H, stages=2, warp_specialized=True)  # noqa: E731  (6 tiles)
+OUTER_WS = lambda: _outer("sum", (300, 136), (0,), True, stages=2, warp_specialized=True)  # noqa: E731
+NORM_MBAR = lambda: _norm("rms_norm", 48, 256, stages=2, war="mbarrier")  # noqa: E731
+NESTED = lambda: _manual("pipelined", rows=4, cols=1000)  # noqa: E731  (the issue-7 shape)
 
 MUTATIONS = [
     # (kernel, mutation, what the report must say)
@@ -352,13 +510,70 @@ MUTATIONS = [
         r"deadlock.*role consumers group 1: 128 threads .* wait on T5_epi_turn\[1\]",
     ),
     (TMA_STORE, split_named_barrier, r"named barrier 1"),
+    # the issue's list on each scheduler's kernels: drop an arrive, flip a phase,
+    # release a stage one step early, the ping-pong turns handed over early,
+    # the nested-ring hang
+    (PW_WS, drop_release, r"deadlock.*role producer: 1 thread .*waits on T7_T9_empty\[0\] for parity 0"),
+    (OUTER_WS, drop_release, r"deadlock.*role producer: 1 thread .*waits on T9_empty\[0\] for parity 0"),
+    (COOP, drop_release, r"deadlock.*role producer: 1 thread .*waits on T3_T4_empty\[0\] for parity 0"),
+    (PW_WS, flip_empty_parity, r"deadlock.*role producer: 1 thread .*waits on T7_T9_empty\[0\] for parity 0"),
+    (
+        NORM_MBAR,
+        flip_full_parity,
+        r"the block thread .* passed its wait on T15_full\[0\] \(parity 1\) after 0 completed phases.*wrong phase",
+    ),
+    (
+        COOP,
+        flip_full_parity,
+        r"role consumers thread .* passed its wait on T3_T4_full\[0\] \(parity 1\) after 0 completed phases.*wrong phase",
+    ),
+    (
+        PINGPONG,
+        flip_empty_parity,
+        r"deadlock.*role producer: 1 thread .*waits on T3_T4_empty\[0\] for parity 0",
+    ),
+    (
+        PW_WS,
+        release_before_read,
+        r"race: the TMA copy into T7 .*role producer.*overwrites stage 0 of T7 \(ring T7_T9.*read by role consumers",
+    ),
+    (
+        OUTER_WS,
+        release_before_read,
+        r"race: the TMA copy into T9 .*role producer.*overwrites stage 0 of T9 \(ring T9.*read by role consumers",
+    ),
+    (
+        COOP,
+        release_before_wgmma_wait,
+        r"race: the TMA copy into T3 .*overwrites stage 0 of T3 .*read by the wgmmas of warpgroup \d \(role "
+        r"consumers\), with nothing ordering that read before it",
+    ),
+    (
+        PINGPONG,
+        epi_turn_before_stores,
+        r"role consumers group \d thread .* outside its epilogue turn \(T5_epi_turn\[\d\]\)",
+    ),
+    (  # the GPU hung on T4_full[0]; the checker names the wait that passed on a stale phase first
+        NESTED,
+        restart_ring_each_row,
+        r"the block thread .* T4_use position 0 \(stage 0, phase 0\) passed its wait on T4_full\[0\] \(parity 0\) "
+        r"after 3 completed phases; it waits for the fill of position 0, phase 1: the barrier had already run past it",
+    ),
 ]
 
 
-@pytest.mark.parametrize("make, mutate, message", MUTATIONS, ids=[f"{m.__name__}" for _, m, _ in MUTATIONS])
+def _mutation_id(make, mutate):
+    names = {WS: "ws", PIPELINED: "pipelined", COOP: "coop", PINGPONG: "pingpong", TMA_STORE: "tma_store"}
+    names.update({PW_WS: "pointwise_ws", OUTER_WS: "outer_ws", NORM_MBAR: "norm_mbarrier", NESTED: "nested"})
+    return f"{names[make]}-{mutate.__name__}"
+
+
+@pytest.mark.parametrize(
+    "make, mutate, message", MUTATIONS, ids=[_mutation_id(m, f) for m, f, _ in MUTATIONS]
+)
 def test_checker_catches_injected_bug(make, mutate, message):
     fd, ins, _ = make()
-    k, tensors, scalars, grid, block = launch_args(fd, ins, target=ONE_SM)
+    k, tensors, scalars, grid, block = launch_args(fd, ins, target=ONE_CTA if make is PW_WS else ONE_SM)
     check_kernel(
         k, [t.clone() for t in tensors], scalars, grid, block, schedules=1
     )  # the kernel as built passes
@@ -379,3 +594,87 @@ def test_wrong_swizzle_gives_a_wrong_result():
     a_map.swizzle = 0
     run_kernel(k, tensors, scalars, grid, block)
     assert not torch.allclose(tensors[-1].double(), ref(), rtol=2e-2, atol=2e-2)
+
+
+# ------------------------------------------------------------ python -m circbuf.check, CIRCBUF_CHECK on a GPU run
+_SCRIPT = """
+import torch
+from tests.util import manual_ws_exp
+
+fd = manual_ws_exp(128, 3)
+x = torch.randn(5, 296, dtype=torch.bfloat16)
+{mutate}
+(y,) = fd.execute([x])
+print("max error", (y.double() - x.double().exp()).abs().max().item())
+"""
+
+_DROP_RELEASE = """
+from circbuf.lowering import kir
+from tests.test_interpret import drop_release
+
+fd.compile([x], arch="sm_90a")
+drop_release(fd._get_executor().last.kernel)
+"""
+
+
+def _check_cli(tmp_path, mutate="", *args):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "script.py"
+    script.write_text(_SCRIPT.format(mutate=mutate))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("CIRCBUF_INTERPRET", None)
+    return subprocess.run(
+        [sys.executable, "-m", "circbuf.check", *args, str(script)],
+        capture_output=True, text=True, timeout=600, env=env, cwd=root,
+    )  # fmt: skip
+
+
+def test_check_cli_runs_a_script_with_the_checker(tmp_path):
+    """``python -m circbuf.check script.py``: the script's CPU tensors run in
+    the interpreter, each kernel checked first; the report lists them."""
+    r = _check_cli(tmp_path, "", "--schedules", "2")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "max error 0.0" in r.stdout
+    assert "circbuf.check: 1 kernel launch checked (1 kernel" in r.stdout, r.stdout
+    assert "circbuf_manual: grid (1, 1, 1), block (128, 3, 1), 2 schedules of 1 CTAs" in r.stdout
+
+
+def test_check_cli_names_the_protocol_error(tmp_path):
+    r = _check_cli(tmp_path, _DROP_RELEASE, "--schedules", "2")
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "circbuf.check: protocol error: circbuf_manual: deadlock" in r.stderr, r.stderr[-3000:]
+    assert "waits on T4_empty[0] for parity 0" in r.stderr and "protocol checker: schedule seed 0" in r.stderr
+
+
+def test_circbuf_check_before_a_gpu_launch(monkeypatch):
+    """What ``CIRCBUF_CHECK`` runs before the launch of a GPU execute: the
+    checker on CPU copies of the inputs (here CPU inputs stand in)."""
+    from circbuf.interpret import CHECKED, ProtocolError, check_executor
+
+    fd, ins, _ = _manual("ws")
+    ex = fd._get_executor()
+    monkeypatch.setenv("CIRCBUF_CHECK", "2")
+    n = len(CHECKED)
+    check_executor(ex, ins)
+    assert (
+        len(CHECKED) == n + 1 and CHECKED[-1]["kernel"] == "circbuf_manual" and CHECKED[-1]["schedules"] == 2
+    )
+    drop_release(ex.last.kernel)
+    with pytest.raises(ProtocolError, match=r"deadlock.*T4_empty\[0\].*protocol checker: schedule seed 0"):
+        check_executor(ex, ins)
+
+
+@pytest.mark.gpu
+def test_gpu_circbuf_check_runs_the_checker_before_the_launch(monkeypatch):
+    from circbuf.interpret import CHECKED
+
+    fd, ins, ref = _norm("layer_norm", 6, 512, warp_specialized=True, stages=3)
+    monkeypatch.setenv("CIRCBUF_CHECK", "2")
+    n = len(CHECKED)
+    out = fd.execute([x.cuda() for x in ins])[0]
+    assert len(CHECKED) == n + 1 and CHECKED[-1]["kernel"] == "circbuf_normalization"
+    torch.testing.assert_close(out.double().cpu(), ref(), rtol=2e-2, atol=2e-2)

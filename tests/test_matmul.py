@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circbuf as cb
+from circbuf.interpret import interpret
 from circbuf.ir import Const
 from circbuf.lowering.kir import (
     Assign,
@@ -23,7 +24,6 @@ from circbuf.lowering.kir import (
     WgmmaWait,
     walk,
 )
-from tests.kir_interp import interpret
 from tests.test_gpu_matmul import OVERRIDES, check, epilogue_input, expanded_operand, mm_fusion
 from tests.util import D
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import circbuf as cb
-from tests.kir_interp import interpret
+from circbuf.interpret import interpret
 from tests.util import D, norm_fusion, norm_inputs, norm_reference
 
 

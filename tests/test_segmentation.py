@@ -329,9 +329,9 @@ def test_no_scheduler_even_alone_is_named():
 
 def run_here(fd, inputs):
     """``fd.execute`` without a GPU: the segmented plan the executor makes,
-    each segment's kernel run by the kernel-IR interpreter (tests/kir_interp.py;
-    TMA rings off: it cannot run them)."""
-    from tests.kir_interp import interpret_executor
+    each segment's kernel run by the kernel interpreter (circbuf.interpret;
+    TMA rings off: plain kernels interpret quicker)."""
+    from circbuf.interpret import interpret_executor
 
     fd.fusion.schedule(tma=False)
     ex = fd._get_executor()

@@ -1,7 +1,7 @@
 """Issue 16 (frontend, codegen, compile driver): results that were silently
 wrong and internal errors that reached the user.
 
-CPU tests compile for sm_90a and run plain kernels with tests/kir_interp.py;
+CPU tests compile for sm_90a and run kernels in circbuf.interpret;
 GPU tests compare with torch in float64 on fresh random inputs, outputs
 poisoned with NaN.
 """
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import circbuf as cb
-from tests.kir_interp import interpret
+from circbuf.interpret import interpret
 from tests.util import TORCH, D, assert_close
 
 DEV = "cuda"
@@ -370,7 +370,7 @@ def test_reduction_over_an_empty_axis_gives_the_identity(op, shape, dims):
 
 def _interpret_segments(fd, inputs):
     """``interpret`` for a fusion that runs as several kernels: each segment in turn."""
-    from tests.kir_interp import interpret_executor
+    from circbuf.interpret import interpret_executor
 
     ex = fd._get_executor()
     fd.compile(inputs, arch="sm_90a")

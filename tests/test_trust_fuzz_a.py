@@ -33,7 +33,7 @@ import pytest
 import torch
 
 import circbuf as cb
-from tests.kir_interp import interpret
+from circbuf.interpret import interpret
 from tests.test_trust_loops import _plain, assert_stores_bind_the_grid
 from tests.util import D, assert_close, build_case, check_outputs, seeded, to_double
 

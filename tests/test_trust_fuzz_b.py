@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import circbuf as cb
+from circbuf.interpret import interpret
 from circbuf.scheduler.matmul import MatmulScheduler
 from circbuf.scheduler.utils import LogicalMap, hoist_broadcasts
-from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain, assert_stores_bind_the_grid
 from tests.util import D, build_case, check_outputs, seeded, to_double
 

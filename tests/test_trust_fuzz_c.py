@@ -40,13 +40,13 @@ import pytest
 import torch
 
 import circbuf as cb
+from circbuf.interpret import interpret
 from circbuf.ir import CircbufError
 from circbuf.lowering.kir import Assign, ForLoop, TensorRef, walk
 from circbuf.lowering.loop_nest import generate_loop_nest
 from circbuf.scheduler.outer_reduction import OuterReductionScheduler
 from circbuf.scheduler.registry import compute_params
 from circbuf.scheduler.utils import prepare, untangle_inlining
-from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain, assert_stores_bind_the_grid
 from tests.util import D, assert_close, build_case, check_outputs, seeded, to_double
 

@@ -46,10 +46,10 @@ import pytest
 import torch
 
 import circbuf as cb
+from circbuf.interpret import interpret
 from circbuf.scheduler.reduction import ReductionScheduler
 from circbuf.scheduler.segmenter import segment
 from circbuf.scheduler.utils import LogicalMap, prepare, view_self_mapping
-from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain, assert_stores_bind_the_grid
 from tests.util import D, assert_close, build_case, check_outputs, seeded, to_double
 

@@ -43,9 +43,9 @@ import pytest
 import torch
 
 import circbuf as cb
+from circbuf.interpret import interpret
 from circbuf.ir import CircbufError, ReshapeOp, concretize_reshapes
 from circbuf.scheduler.overrides import Declined
-from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain, assert_stores_bind_the_grid
 from tests.util import D, build_case, check_outputs, seeded, to_double
 

@@ -29,8 +29,8 @@ import pytest
 import torch
 
 import circbuf as cb
+from circbuf.interpret import interpret
 from circbuf.scheduler.utils import AxisExtentsDiffer, prepare, unwritten_output
-from tests.kir_interp import interpret
 from tests.test_trust_loops import _plain
 from tests.util import D, build_case, check_outputs, seeded, to_double
 

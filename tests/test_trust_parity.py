@@ -4,7 +4,7 @@ refused.
 Each fusion below is written once against a FusionDefinition-like object:
 circbuf's, or :class:`_Torch`, which runs the same definition eagerly in
 float64 for the reference. CPU tests compile for sm_90a and run the
-kernels on the kernel-IR interpreter (tests/kir_interp.py); GPU tests
+kernels on the kernel interpreter (circbuf.interpret); GPU tests
 compare with the float64 reference on fresh random inputs (outputs
 poisoned with NaN).
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import circbuf as cb
-from tests.kir_interp import interpret
+from circbuf.interpret import interpret
 from tests.test_segmentation import run_here
 from tests.util import D, assert_close
 

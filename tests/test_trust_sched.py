@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import circbuf as cb
-from tests.kir_interp import interpret
+from circbuf.interpret import interpret
 from tests.util import D, assert_close
 
 
@@ -21,7 +21,11 @@ def test_unrelated_outputs_get_a_kernel_each():
         z = fd.define_tensor([-1], dtype=D.Int64)
         fd.add_output(fd.ops.gcd(y, z))
         fd.add_output(fd.ops.atan(fd.ops.gt(x, 3.0)))
-    inputs = [torch.randn(5, dtype=torch.float64), torch.ones(1, dtype=torch.int64), torch.ones(3, dtype=torch.int64)]
+    inputs = [
+        torch.randn(5, dtype=torch.float64),
+        torch.ones(1, dtype=torch.int64),
+        torch.ones(3, dtype=torch.int64),
+    ]
     ck = fd.compile(inputs, arch="sm_90a")
     assert len(ck.kernels) == 2
     assert all(k.params.brief().startswith("Pointwise") for k in ck.kernels)
@@ -41,7 +45,9 @@ def test_matmul_with_k_of_one_k_tile_fixed_when_compiling(k):
     trip on the producer's side and the consumers' (fuzz 106:59, 101:192);
     it used to end in "the readers' loop ... does not match the ring's loop"."""
     fd = _linear_fixed_k(k)
-    ck = fd.compile([torch.randn(130, k, dtype=torch.half), torch.randn(64, k, dtype=torch.half)], arch="sm_90a")
+    ck = fd.compile(
+        [torch.randn(130, k, dtype=torch.half), torch.randn(64, k, dtype=torch.half)], arch="sm_90a"
+    )
     assert "HGMMA" in ck.sass()
 
 
@@ -104,9 +110,15 @@ def test_matmul_epilogue_reading_an_operand_along_k_is_segmented():
     gives that part a kernel of its own (before: ValueError in _tile, or two
     extents bound to blockIdx.x)."""
     fd = _residual_square()
-    ck = fd.compile([torch.randn(16, 64, dtype=torch.half), torch.randn(64, 64, dtype=torch.half)], arch="sm_90a")
+    ck = fd.compile(
+        [torch.randn(16, 64, dtype=torch.half), torch.randn(64, 64, dtype=torch.half)], arch="sm_90a"
+    )
     kinds = sorted(k.params.brief().split(" ")[0] for k in ck.kernels)
-    assert len(ck.kernels) == 2 and kinds[0] == "Pointwise" and "tile" in " ".join(k.params.brief() for k in ck.kernels)
+    assert (
+        len(ck.kernels) == 2
+        and kinds[0] == "Pointwise"
+        and "tile" in " ".join(k.params.brief() for k in ck.kernels)
+    )
 
 
 @pytest.mark.gpu

@@ -1,10 +1,9 @@
 """Views, layouts and aliasing (issue 8, part 3): reshape, permute, squeeze,
 expand, stride orders and outputs written in place.
 
-Every fusion of ``CASES`` is compiled for sm_90a and, where its kernel has
-no TMA (the CPU interpreter in ``tests/kir_interp.py`` runs loops,
-predicates and block reductions, not bulk copies), run on the CPU against
-torch; the GPU tests run them all on the device, in float64 references,
+Every fusion of ``CASES`` is compiled for sm_90a and run in the CPU
+kernel interpreter (``circbuf.interpret``: TMA rings too) against torch;
+the GPU tests run them all on the device, in float64 references,
 with outputs poisoned.
 """
 
@@ -16,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circbuf as cb
+from circbuf.interpret import interpret
 from circbuf.ir import reshape_groups
 from circbuf.lowering.kir import TmaLoad, walk
-from tests.kir_interp import interpret
 from tests.util import TORCH, D, assert_close
 
 DEV = "cuda"
@@ -420,8 +419,7 @@ def test_view_fusions_compile_and_run_on_the_interpreter(name):
         assert ck.kernels == []
     else:
         assert isinstance(ck.cubin, bytes) and len(ck.cubin) > 1000
-    if not fd.fusion.outputs or not _uses_tma(ck):
-        _check(interpret(fd, inputs), ref(*[x.double() for x in inputs]))
+    _check(interpret(fd, inputs), ref(*[x.double() for x in inputs]))
 
 
 @pytest.mark.gpu
@@ -954,9 +952,7 @@ def _numel(shape):
 def test_hypothesis_reshape_then_sum_interpreted(shape, seed, dim):
     fd, new, dim = _reshape_case(shape, seed, dim)
     x = torch.randn(shape)
-    if _uses_tma(fd.compile([x], arch="sm_90a")):  # ([2, 4] summed over rows: the outer TMA ring)
-        fd.fusion.schedule(tma=False)  # the interpreter runs no bulk copies: the plain kernel
-    (out,) = interpret(fd, [x])
+    (out,) = interpret(fd, [x])  # ([2, 4] summed over rows: the outer TMA ring)
     r = x.double().reshape(new)
     assert_close(out, (r * r).sum(dim), rtol=1e-5, atol=1e-5)
 

@@ -28,6 +28,8 @@ True
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .. import knobs
@@ -38,8 +40,18 @@ from .machine import Launch
 
 __all__ = [
     "Launch", "run_kernel", "interpret", "interpret_fusion", "interpret_executor", "check", "check_kernel",
-    "launch_args", "interpreted_plan",
+    "check_executor", "launch_args", "interpreted_plan", "ProtocolError", "CHECKED",
 ]  # fmt: skip
+
+# every kernel the checker passed in this process: {kernel, grid, block,
+# schedules, ctas, steps, seconds} (``python -m circbuf.check`` reports them)
+CHECKED: list = []
+
+
+class ProtocolError(CircbufError):
+    """What the checker found in a kernel: a deadlock, a race on a ring
+    stage, a wait passed on the wrong phase, ... (the message names the
+    role, barrier, stage and phase, and the schedule that showed it)."""
 
 
 def run_kernel(
@@ -61,11 +73,25 @@ def check_kernel(
     tracking, on the first ``ctas`` CTAs and the last (None: all). Raises
     the first protocol error as a ``CircbufError``. The tensors' contents
     are overwritten (outputs partially, with a subset of the CTAs)."""
+    t0 = time.perf_counter()
     launch = Launch(kernel, list(tensors), list(scalars), grid, block, check=True, count=False)
     every = launch.ctas()
     pick = every if ctas is None or len(every) <= ctas + 1 else every[:ctas] + every[-1:]
     for s in range(seed, seed + schedules):
-        launch.run(seed=s, ctas=pick)
+        try:
+            launch.run(seed=s, ctas=pick)
+        except ProtocolError:
+            raise
+        except CircbufError as e:
+            raise ProtocolError(
+                f"{e} [protocol checker: schedule seed {s}, CTAs {', '.join(map(str, pick))} of grid {tuple(grid)}]"
+            ) from None
+    CHECKED.append(
+        dict(
+            kernel=kernel.name, grid=tuple(grid), block=tuple(block), schedules=schedules, ctas=len(pick),
+            steps=launch.steps, seconds=time.perf_counter() - t0,
+        )
+    )  # fmt: skip
 
 
 def _compile(ex, inputs, target):
@@ -176,6 +202,30 @@ def interpret_executor(ex, inputs, finish=True, seed=0, check=False, check_store
             counts = torch.tensor(launch.glob.counts[p.tv.name], dtype=torch.int64)
             stored_once(k.name, p.tv.name, t, counts, expanded)
     return plan.finish(inputs, outs) if plan.finish and finish else outs
+
+
+def check_executor(ex, inputs, target=None, schedules=None):
+    """``CIRCBUF_CHECK`` on a GPU run: the checker on the kernel an
+    unsegmented executor compiled for these inputs (CUDA tensors are copied
+    to the CPU, strides kept), compiled again for sm_90a and ``target``."""
+    n = knobs.check_schedules() if schedules is None else schedules
+    if not n:
+        return
+    cpu = [_cpu_copy(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+    _compile(ex, cpu, target)
+    if ex._segments is not None or not ex.fusion.outputs:
+        return
+    k, plan, _outs, tensors, scal = _executor_launch(ex, cpu, target)
+    if not plan.empty:
+        check_kernel(k, tensors, scal, plan.grid, plan.block, schedules=n)
+
+
+def _cpu_copy(x):
+    """``x`` on the CPU with its sizes and strides (a stride-0 axis stays one)."""
+    if x.device.type == "cpu":
+        return x
+    base = torch.empty(0, dtype=x.dtype)
+    return base.set_(x.untyped_storage().cpu(), x.storage_offset(), x.size(), x.stride())
 
 
 def stored_once(kernel, name, t, counts, expanded=False):

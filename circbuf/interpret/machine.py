@@ -697,20 +697,28 @@ def _let(th, n):
 
 
 def _allocate(th, n):
+    local, name, size, stages, zero = th.prog._memo((id(n), "alloc"), n, lambda: _alloc_facts(th.prog, n))
     env = th.env
-    size = n.size if isinstance(n.size, int) else th.prog.sc(n.size)(env)
-    if n.memory == MemoryType.Local:
-        th.local[n.tv.name] = [_zero(n.tv.dtype)] * (size * n.stages)
+    if size.__class__ is not int:
+        size = size(env)
+    if local:
+        th.local[name] = [zero] * (size * stages)
         return
     cta = th.cta
-    name = n.tv.name
     if name not in cta.shared:
-        total = size * n.stages
-        cta.shared[name] = [_zero(n.tv.dtype)] * total
+        total = size * stages
+        cta.shared[name] = [zero] * total
         off = n.offset if isinstance(n.offset, int) else th.prog.sc(n.offset)(env)
-        cta.alloc[name] = (off, n.tv.dtype.size, size, n.stages, n.tv.dtype)
+        cta.alloc[name] = (off, n.tv.dtype.size, size, stages, n.tv.dtype)
         if cta.checker is not None:
             cta.shadow[name] = cta.checker.shadow(name, total, name in th.prog.ring_of_buf)
+
+
+def _alloc_facts(p, n):
+    """What an Allocate node needs per thread: (local?, name, size or its
+    function of the env, stages, the zero of its type)."""
+    size = n.size if isinstance(n.size, int) else p.sc(n.size)
+    return n.memory == MemoryType.Local, n.tv.name, size, n.stages, _zero(n.tv.dtype)
 
 
 def _assign(th, n):
@@ -739,14 +747,36 @@ def _block_sync(th, n):
 
 def _block_reduce(th, n):
     p = th.prog
-    v = p.reader(n.ref)(th)
+    rd, wr, release, rows, warp_only = p._memo((id(n), "reduce"), n, lambda: _reduce_facts(th, n))
+    if rows == 1:
+        return
+    v = rd(th)
     cta = th.cta
-    bx = th.cta.launch.block[0]
+    if warp_only:  # one warp per row: shuffles only
+        b, threads = cta.collective(("warp", th.warp), f"the reduction of warp {th.warp}", hb=True), 32
+    else:
+        bid, threads = n.barrier
+        if is_block_wide(n.barrier):
+            bid, threads = 0, cta.nthreads
+        else:
+            bid = p.sc(as_scalar(bid))(th.env)
+        b = cta.named(bid, threads, th)
+    w = b.arrive(th, threads, payload=(v,), release=release, where=n)
+    th.tick()
+    yield w
+    wr(th, b.result(w.gen, th))
+
+
+def _reduce_facts(th, n):
+    """What a BlockReduce node needs per thread, computed once: its reader
+    and writer, the function combining the arrivals' values per row (as
+    ``cb::block_reduce_x``/``_y`` do), the rows of a TIDy reduction (1:
+    nothing to do), whether one warp holds each row."""
+    p = th.prog
     combine = reduction(n.expr.op_name, n.expr.out.dtype)
+    rows = None
     if n.ptypes == (ParallelType.TIDy,):
         rows = n.threads
-        if rows == 1:
-            return
 
         def release(arrived):
             by_x: dict = {}
@@ -778,19 +808,8 @@ def _block_reduce(th, n):
                 out[t.lin] = by_row[(t.tid[1], t.tid[2])]
             return out
 
-    if n.ptypes != (ParallelType.TIDy,) and bx == 32:  # one warp per row: shuffles only
-        b, threads = cta.collective(("warp", th.warp), f"the reduction of warp {th.warp}", hb=True), 32
-    else:
-        bid, threads = n.barrier
-        if is_block_wide(n.barrier):
-            bid, threads = 0, cta.nthreads
-        else:
-            bid = p.sc(as_scalar(bid))(th.env)
-        b = cta.named(bid, threads, th)
-    w = b.arrive(th, threads, payload=(v,), release=release, where=n)
-    th.tick()
-    yield w
-    p.writer(n.ref)(th, b.result(w.gen, th))
+    warp_only = n.ptypes != (ParallelType.TIDy,) and th.cta.launch.block[0] == 32
+    return p.reader(n.ref), p.writer(n.ref), release, rows, warp_only
 
 
 # mbarriers

@@ -150,6 +150,10 @@ class PointwiseScheduler:
     @staticmethod
     def schedule(fusion: Fusion, params: PointwiseParams):
         if PointwiseScheduler.reference(fusion).ndim == 0:  # no axes: the kernel's one thread
+            for j in sorted(set(fusion.aliases.values())):  # an input written in place: read once,
+                x = fusion.inputs[j]  # into a register, before the write (fuzz 910:6)
+                if fusion.consumers(x):
+                    x.cache_after()
             inline_intermediates(fusion)
             return
         hoist_broadcasts(fusion)
