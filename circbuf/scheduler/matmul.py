@@ -222,9 +222,8 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
         t = info.tensors[fusion.inputs.index(x)]
         if any(s == 0 for s in t.sizes):
             return f"{x.name} is empty"
-        why = _operand_layout(t)[1]
-        if why:
-            return f"operand {x.name}: {why}"
+    # strides or a pointer a tensor map cannot describe: the operand's ring is filled
+    # by the producer threads with cp.async instead (_operand_fill), never the SIMT path
     return None
 
 
@@ -251,6 +250,43 @@ def _operand_layout(t) -> tuple:
     return major, None
 
 
+# ------------------------------------------------- operand fill (cp.async)
+FILLS = ("tma", "cp.async")
+
+
+def _operand_fill(t, fill=None) -> tuple:
+    """How the producer fills an operand's ring slots: ``(fill, major, vector)``.
+    ``"tma"`` where a tensor map can describe the tensor (:func:`_operand_layout`),
+    else (or when ``fill="cp.async"`` asks) ``"cp.async"``: the producer
+    warpgroup's threads copy the box, ``vector`` elements per copy, the widest
+    of 16, 8 and 4 bytes that the data pointer and every stride but the
+    contiguous axis's allow; ``vector`` 1 (a 16-bit element whose rows are only
+    2-byte aligned: an odd K, a pointer one element off) is a load and a
+    shared store through registers, as cp.async copies 4 bytes at least.
+    ``major`` as :func:`_operand_layout` (a tensor with no unit-stride axis is
+    read element by element in its own order: "inner")."""
+    major, why = _operand_layout(t)
+    if fill == "tma" and why is not None:
+        return None, why, None
+    if why is None and fill != "cp.async":
+        return "tma", major, None
+    if t.sizes[-1] == 1 or t.strides[-1] == 1:
+        major, unit = "inner", len(t.sizes) - 1
+    elif t.sizes[-2] == 1 or t.strides[-2] == 1:
+        major, unit = "outer", len(t.sizes) - 2
+    else:
+        return "cp.async", "inner", 1
+    vector = 1
+    for nbytes in (16, 8, 4):
+        v = nbytes // t.itemsize
+        if v < 1 or t.align % nbytes:
+            continue
+        if all(n == 1 or st % v == 0 for d, (n, st) in enumerate(zip(t.sizes, t.strides)) if d != unit):
+            vector = v
+            break
+    return "cp.async", major, vector
+
+
 def _mma_params(fusion, e, info, ov) -> MatmulParams:
     """Heuristics and the validation of every override (a CircbufError names
     the rule a value breaks)."""
@@ -264,11 +300,22 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         batch *= evaluate(i.loop_extent, env)
     ta = info.tensors[fusion.inputs.index(a)]
     tb = info.tensors[fusion.inputs.index(b)]
-    a_major = "K" if _operand_layout(ta)[0] == "inner" else "M"
+    fill = ov.get("fill")
+    if fill is not None and fill not in FILLS:
+        raise CircbufError(f"schedule(fill={fill!r}): must be one of 'tma', 'cp.async'")
+    fa, la, va = _operand_fill(ta, fill)
+    fb, lb, vb = _operand_fill(tb, fill)
+    for x, f, why in ((a, fa, la), (b, fb, lb)):
+        if f is None:
+            raise CircbufError(
+                f"schedule(fill='tma'): TMA cannot describe operand {x.name} ({why}); "
+                "use fill='cp.async' or leave fill unset"
+            )
+    a_major = "K" if la == "inner" else "M"
     if isinstance(e, LinearOp):
-        b_major = "K" if _operand_layout(tb)[0] == "inner" else "N"
+        b_major = "K" if lb == "inner" else "N"
     else:
-        b_major = "N" if _operand_layout(tb)[0] == "inner" else "K"
+        b_major = "N" if lb == "inner" else "K"
     persistent = ov.get("persistent", True)
     pingpong = ov.get("pingpong", False)
     for name, v in (("persistent", persistent), ("pingpong", pingpong)):
@@ -408,6 +455,8 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         a_major=a_major,
         b_major=b_major,
         vectorize_inputs=_pair_loads(fusion, e, info, n),
+        fill=(fa, fb),
+        copy_vector=(va or 0, vb or 0),
     )
 
 
@@ -580,12 +629,12 @@ def translate(fusion: Fusion, params: MatmulParams):
     batch = cx[:nb]
     k_ext = a.logical[-1].extent
 
-    def staged(x, roles):
+    def staged(x, roles, fill, vector):
         """x staged in shared memory as [batch.., M, N, K]-roled axes in x's
         own order, with broadcast axes for the roles x lacks."""
         flags = [True] * (nb - roles.count("B")) + [r == "-" for r in roles]
         xs = _new(fusion, broadcast_ids(x.domain.no_reductions(), flags), x.dtype, MemoryType.Shared)
-        LoadStoreOp(xs, x, kind="tma", is_broadcast_dim=flags)
+        LoadStoreOp(xs, x, kind=fill, is_broadcast_dim=flags, vector=vector)
         return xs
 
     a_roles = ["B"] * (a.ndim - 2) + ["M", "-", "K"]  # [.., M, bN, K]
@@ -593,7 +642,8 @@ def translate(fusion: Fusion, params: MatmulParams):
         b_roles = ["-", "N", "K"]  # [.., bM, N, K]
     else:
         b_roles = ["B"] * (b.ndim - 2) + ["-", "K", "N"]  # [.., bM, K, N]
-    As, Bs = staged(a, a_roles), staged(b, b_roles)
+    (fa, fb), (va, vb) = params.fill, params.copy_vector
+    As, Bs = staged(a, a_roles, fa, va), staged(b, b_roles, fb, vb)
     ra = ["B"] * nb + ["M", "N", "K"]
     rb = ["B"] * nb + (["M", "N", "K"] if linear else ["M", "K", "N"])
     acc = _new(

@@ -172,6 +172,12 @@ class MatmulParams(Params):
     # per fusion input: the epilogue reads it an accumulator pair (two elements adjacent
     # along N) at a time, one vector load (contiguous along N, N even, aligned)
     vectorize_inputs: tuple = field(default=(), metadata={"hide_default": True})
+    # how the producer fills each operand's (A's, B's) ring slots: "tma" (a tensor map) or
+    # "cp.async" (the producer warpgroup's threads, for strides or pointers TMA cannot take)
+    fill: tuple = field(default=("tma", "tma"), metadata={"hide_default": True})
+    # cp.async: elements per copy of each operand (8/4/2 for 16/8/4 bytes of bf16; 1: through
+    # registers, rows only 2-byte aligned); 0 for a TMA fill
+    copy_vector: tuple = field(default=(0, 0), metadata={"hide_default": True})
 
     def brief(self) -> str:
         if self.simt is not None:
