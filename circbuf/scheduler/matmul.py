@@ -413,7 +413,10 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         raise CircbufError(
             f"schedule(cluster={tuple(cluster)}): thread-block clusters (TMA multicast) are not built yet; use (1, 1)"
         )
-    registers = ov.get("registers", (40, 232))
+    # a producer whose threads compute the addresses of cp.async copies needs more than
+    # the 40 registers of one issuing TMA: 40 spilled a 16-byte cp.async fill's loop
+    # (SASS, NVRTC for sm_90a), 48 (the most beside 2 x 232) did not
+    registers = ov.get("registers", (48, 232) if "cp.async" in (fa, fb) else (40, 232))
     try:  # the operand rings are warp specialized with these: WarpSpecialized's rule
         WarpSpecialized(on=ParallelType.TIDy, registers=registers)
     except CircbufError:
@@ -451,6 +454,10 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         epilogue_tile=tuple(epi),
         store=store,
         store_buffers=buffers,
+        # stored from registers (rows not 16-byte aligned, or no TMA box): an accumulator
+        # pair (two adjacent columns of a thread's fragment) per store where N is even, as
+        # the plan allocates the outputs contiguous: their rows are then pair-aligned
+        store_vector=2 if store == "direct" and n % 2 == 0 else 1,
         grid=max(grid, 1),
         a_major=a_major,
         b_major=b_major,
@@ -832,6 +839,12 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             cs = o.cache_before(op="tma")
             cr = cs.cache_before()  # the epilogue's last value, in registers
             staged[id(cs)] = (o, cs, cr)
+    # outputs stored from registers a pair at a time: o = set(vec2 cr)
+    paired = {}
+    if params.store == "direct" and params.store_vector > 1:
+        for o in list(fusion.outputs):
+            cr = o.cache_before()
+            paired[id(o)] = cr
     lmap = LogicalMap(fusion)
     concretize_broadcasts(fusion, lmap)
     classes = {}
@@ -860,12 +873,14 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             tv.swizzle(128)
             tv.inline_at(axes["inline"])
             tv.axis(-1).parallelize(ParallelType.Vectorize)  # e: a bf16 pair per store
+        elif id(tv) in paired:
+            tv.axis(-1).parallelize(ParallelType.Vectorize)  # e: an accumulator pair per store
         elif not tv.is_output:
             tv.memory_type = MemoryType.Local
     acc.inline_at(3 if params.persistent else 2)  # the tile loop, the grid, the warpgroup
     if params.pingpong:
         acc.take_turns(ParallelType.TIDy)
-    last = {id(cr) for _, _, cr in staged.values()}
+    last = {id(cr) for _, _, cr in staged.values()} | {id(cr) for cr in paired.values()}
     for tv in fusion.used_tvs():
         if not (tv.is_input or tv.is_output or tv in (As, Bs, acc)) and id(tv) not in staged:
             # the epilogue's last value holds a pair for one vector store

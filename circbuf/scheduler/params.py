@@ -166,6 +166,8 @@ class MatmulParams(Params):
     grid: int = DEFAULT.sm_count
     store: str = "tma"  # outputs: "tma" (staged in shared memory, TMA stores) or "direct" (from registers)
     store_buffers: int = 2  # staging buffers per warpgroup that sub-tiles alternate between
+    # store "direct": elements per store from registers (2: an accumulator pair, N even)
+    store_vector: int = field(default=1, metadata={"hide_default": True})
     a_major: str = "K"  # which axis of A is contiguous in memory: "K" or "M"
     b_major: str = "K"  # of B: "K" (linear's [N, K] weight) or "N" (matmul's [K, N])
     simt: object = None  # ReductionParams: the sum-of-products path
