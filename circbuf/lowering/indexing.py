@@ -182,6 +182,15 @@ class _Indexer:
             axes = tuple(to_g[i.id] for i in leaves)
             covered.update(axes)
             dims.append((axes, box_extent(ax), ids[top.id]))
+        if cp_async:
+            # threads copy through the strides: the box's dims are the buffer's bulk
+            # axes, innermost first, whatever the memory order
+            dims.reverse()
+            gl = g.domain.no_reductions()
+            for d, lid in enumerate(g_axes):
+                if d not in covered:
+                    dims.append(((d,), 1, Const(0) if gl[d].is_broadcast else ids.get(lid, Const(0))))
+            return dims
         # the tensor map's dims follow the memory order the kernel is specialized for
         order = self.k.memory_orders.get(g.name, list(range(len(g.domain.no_reductions()))))
         mem = {d: k for k, d in enumerate(order)}
@@ -273,6 +282,9 @@ class _Indexer:
             stride = Const(0) if gl[d].is_broadcast else self.k.strides[(g.name, d)]
             box.append((d, n, first, ext, stride))
         vec = getattr(e, "vector", 1) or 1
+        # the scheduler picked the width for a unit-stride innermost box dim (a stride
+        # the kernel reads at run time is 1 there too: the params, which key the
+        # compiled kernel, carry the width)
         if box[0][1] % vec:
             raise CircbufError(
                 f"{out.name}: {vec}-element copies do not divide the box's inner extent {box[0][1]}"
