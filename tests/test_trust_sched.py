@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import circbuf as cb
+from circbuf.interpret import interpret as machine_interpret
 from tests.kir_interp import interpret
 from tests.util import D, assert_close
 
@@ -175,7 +176,7 @@ def test_matmul_of_an_expanded_operand_takes_no_tensor_map(which):
     p = ck.kernels[0].params
     assert p.simt is None and p.fill == (("cp.async", "tma") if which == "a" else ("tma", "cp.async"))
     assert p.copy_vector == ((8, 0) if which == "a" else (0, 8))
-    (out,) = interpret(fd, [A, B])
+    (out,) = machine_interpret(fd, [A, B])
     assert_close(out, (A.double() @ B.double().T).half())
 
 
@@ -206,7 +207,7 @@ def test_matmul_of_a_one_column_operand_in_k_major_layout():
     ck = fd.compile([A, B], arch="sm_90a")
     p = ck.kernels[0].params
     assert p.simt is None and p.fill == ("tma", "cp.async") and p.copy_vector == (0, 1)
-    (out,) = interpret(fd, [A[:8].contiguous(), B])
+    (out,) = machine_interpret(fd, [A[:8].contiguous(), B])
     assert_close(out, (A[:8].double() @ B.double()).to(torch.bfloat16))
 
 
