@@ -1272,8 +1272,8 @@ def _cp_async_wait(th, n):
     if not w.ready(th):
         yield w
     if th.cta.checker is not None:
-        for op in w.retired():
-            th.acquire({op.cid: op.clk, **op.vc})
+        for op in w.retired():  # the copies' writes happen before what the thread does next
+            th.acquire({**op.vc, op.cid: max(op.clk, op.vc.get(op.cid, 0))})
 
 
 # wgmma
