@@ -1197,7 +1197,7 @@ def _box_fns(p, n):
         from ..lowering.indexing import swizzle_index
 
         dst, gidx, cond, inner = n.parts(kir.Var("cb_c"))
-        return tuple(p.sc(x) for x in (swizzle_index(n.dst.tv, dst), gidx, cond, inner))
+        return tuple(p.sc(x) for x in (swizzle_index(n.dst.tv, dst), gidx, cond, inner, n.dims[0][4]))
 
     return p._memo((id(n), "box"), n, make)
 
@@ -1210,7 +1210,8 @@ def _cp_async_box(th, n):
     tid = th.env["threadIdx.x"]
     if tid >= n.threads:
         raise CircbufError(f"{cta.kernel_name}: {th.who()} runs a cp.async box of {n.threads} threads")
-    fdst, fg, fin, finner = _box_fns(p, n)
+    fdst, fg, fin, finner, fstep = _box_fns(p, n)
+    step = fstep(th.env) if not n.is_async else 1  # cp.async: contiguous elements
     gname = n.src.name
     vals, off, span = cta.glob.data(gname)
     buf = cta.shared[name]
@@ -1229,7 +1230,8 @@ def _cp_async_box(th, n):
                 f"{cta.kernel_name}: {th.who()}'s copy of {v} elements to {name}[{i}] is outside its "
                 f"{len(buf)} elements or not aligned to them"
             )
-        if valid and (g < 0 or g + valid > span):
+        last = g + (valid - 1) * step
+        if valid and (min(g, last) < 0 or max(g, last) >= span):
             raise CircbufError(
                 f"{cta.kernel_name}: {th.who()} copies {gname}[{g}:{g + valid}], outside its {span} elements"
             )
@@ -1250,7 +1252,7 @@ def _cp_async_box(th, n):
             if cta.checker is not None:
                 cta.checker.write(th, cta.shadow[name], i, v)
             for j in range(v):
-                buf[i + j] = vals[off + g + j] if j < valid else zero
+                buf[i + j] = vals[off + g + j * step] if j < valid else zero
             th.tick()
     yield None
 

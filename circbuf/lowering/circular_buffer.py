@@ -170,7 +170,7 @@ def _clone_loads(nodes, mapping, stage_off=None, bar=None):
             b = bar if bar is not None else n.bar
             if isinstance(n, CpAsyncBox):
                 dims = [(d, box, substitute(first, mapping), ext, st) for d, box, first, ext, st in n.dims]
-                out.append(CpAsyncBox(dst, n.src, dims, n.vector, n.threads, b))
+                out.append(CpAsyncBox(dst, n.src, dims, n.vector, n.threads, b, n.through_registers))
                 continue
             coords = [substitute(x, mapping) for x in n.coords]
             out.append(TmaLoad(dst, n.map_index, coords, n.box_bytes, b))

@@ -385,12 +385,14 @@ class CudaCodegen:
         how = (
             f"cp.async of {v * g.dtype.size} bytes"
             if n.is_async
-            else "loads and shared stores of one element"
+            else f"{v} loads of one element, one {v * g.dtype.size}-byte shared store"
         )
         self.emit(f"{{  // {tv.name} <- {g.name}: a box of {nch * v} elements, {how}, over {thr} threads")
         self.ind += 1
         full = nch % thr == 0
-        self.emit("#pragma unroll 4")
+        # chunks in flight per thread within the producer's 48 registers: 4 cp.asyncs,
+        # 2 x 16 bytes loaded through registers (4 spilled, SASS for sm_90a)
+        self.emit(f"#pragma unroll {4 if n.is_async else 2}")
         self.emit(f"for (index_t cb_i = 0; cb_i < {-(-nch // thr)}; ++cb_i) {{")
         self.ind += 1
         self.emit(f"const index_t cb_c = ((index_t)threadIdx.x) + cb_i * {thr};")
@@ -406,7 +408,15 @@ class CudaCodegen:
                 f"cb::cp_async<{v * es}>(&{tv.name}[{dst}], {g.name}.data + cb_g, (unsigned)(cb_n * {es}));"
             )
         else:
-            self.emit(f"{tv.name}[{dst}] = cb_in ? {g.name}.data[cb_g] : {literal(Const(0), tv.dtype)};")
+            left, step = self.scalar(simplify(inner)), self.scalar(simplify(n.dims[0][4]))
+            arr = f"cb::Array<{tv.dtype.value}, {v}>"
+            zero = literal(Const(0), tv.dtype)
+            self.emit(f"const index_t cb_n = cb_in ? ({left} < {v} ? {left} : {v}) : 0;")
+            self.emit(f"{arr} cb_v;")
+            self.emit("#pragma unroll")
+            self.emit(f"for (int cb_j = 0; cb_j < {v}; ++cb_j)")
+            self.emit(f"  cb_v.v[cb_j] = cb_j < cb_n ? {g.name}.data[cb_g + cb_j * {step}] : {zero};")
+            self.emit(f"*reinterpret_cast<{arr}*>(&{tv.name}[{dst}]) = cb_v;")
         self.ind -= 1
         self.emit("}")
         self.ind -= 1

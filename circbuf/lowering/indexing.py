@@ -291,7 +291,14 @@ class _Indexer:
             )
         threads = self.k.launch.get(ParallelType.TIDx, Const(1))
         assert isinstance(threads, Const), threads
-        return CpAsyncBox(dst, g, box, vec, threads.value)
+        regs = vec * g.dtype.size < 4  # cp.async copies 4 bytes at least
+        if regs:  # 16 bytes of single-element loads per chunk, one shared store
+            vec = 16 // g.dtype.size
+            if box[0][1] % vec:
+                raise CircbufError(
+                    f"{out.name}: the box's inner extent {box[0][1]} is no multiple of 16 bytes"
+                )
+        return CpAsyncBox(dst, g, box, vec, threads.value, through_registers=regs)
 
     def tma_store(self, node) -> TmaStore:
         """A bulk copy of the box of global ``out`` whose first element the loop

@@ -251,8 +251,10 @@ class CpAsyncBox(Node):
     first, ``(axis of src, box extent, first coordinate, extent, stride)``.
     Thread ``t`` copies chunks ``t, t + threads, ...`` of ``vector`` elements:
     a ``cp.async`` of 16, 8 or 4 bytes whose src-size zero-fills what lies
-    past the tensor's extents; below 4 bytes (``is_async`` False) a load and a
-    shared store through a register (zero past the extents). Completion:
+    past the tensor's extents; or, ``through_registers`` (rows only 2-byte
+    aligned: cp.async copies 4 bytes at least), 16 bytes of elements loaded
+    one by one (along the inner dim's stride, zero past the extents) into
+    registers and stored to shared memory at once. Completion:
     the ring's ``cp.async.mbarrier.arrive.noinc`` (:class:`CpAsyncArrive`), or
     for copies through registers a proxy fence and an arrive."""
 
@@ -263,10 +265,11 @@ class CpAsyncBox(Node):
     vector: int
     threads: int
     bar: object = None  # MBarrierRef of the stage's full barrier, set by the circular-buffer pass
+    through_registers: bool = False
 
     @property
     def is_async(self) -> bool:
-        return self.vector * self.src.dtype.size >= 4
+        return not self.through_registers
 
     @property
     def chunks(self) -> int:
@@ -299,7 +302,8 @@ class CpAsyncBox(Node):
     def lines(self, ind):
         box = "x".join(str(d[1]) for d in reversed(self.dims))
         coords = ", ".join(str(d[2]) for d in self.dims)
-        how = f"cp.async {self.vector * self.src.dtype.size}B" if self.is_async else "ld/st 2B"
+        nbytes = self.vector * self.src.dtype.size
+        how = f"cp.async {nbytes}B" if self.is_async else f"{self.vector} loads, st.shared {nbytes}B"
         return [
             "  " * ind + f"CP_ASYNC_BOX {self.dst} <- {self.src.name}{{{coords}}} box [{box}] ({how}, "
             f"{self.threads} threads) on {self.bar}"
