@@ -611,10 +611,13 @@ class Ring:
     running up to ``prefetch`` positions ahead. ``producer`` and
     ``consumers`` name roles (None / []: a Pipelined ring, where thread 0
     fills and every thread reads). ``fill`` says how a slot is filled:
-    ``"tma"`` (expect_tx on the full barrier; the copies complete it), later
-    ``"threads"`` (the producer's threads write, then arrive) and
-    ``"cp.async"``. ``full``/``empty`` are the mbarrier arrays (``empty``
-    None: a block sync releases the slots), completing a phase on
+    ``"tma"`` (expect_tx on the full barrier; the copies complete it),
+    ``"cp.async"`` (every producer thread copies its chunks of each box and
+    arrives: ``cp.async.mbarrier.arrive.noinc``, or a proxy fence and an
+    arrive after stores through registers; a TMA buffer of the same ring is
+    still announced and issued by the elected lane), later ``"threads"``.
+    ``full``/``empty`` are the mbarrier arrays (``empty`` None: a block
+    sync releases the slots), completing a phase on
     ``full_arrivals``/``empty_arrivals`` arrivals; ``load``/``use`` carry
     each side's stage index and phase bit.
 
