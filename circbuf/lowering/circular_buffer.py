@@ -97,6 +97,8 @@ from .kir import (
     Comment,
     CpAsyncArrive,
     CpAsyncBox,
+    CpAsyncCommit,
+    CpAsyncWait,
     ElectOne,
     Fence,
     ForLoop,
@@ -467,10 +469,13 @@ def _warp_specialize(kernel, allocs, names):
     if threads_fill:
         # producer: every thread of the role runs the copy nest (fill cp.async)
         ring_loop.body = _issue_threads(ring, bufs, gap_wait=True)
+        # a thread leaves once its last copies have landed (cp.async.wait_all)
+        drain = [CpAsyncCommit(), CpAsyncWait(0)] if any(x.is_async for x in _boxes(bufs)) else []
         switch.bodies[k_prod] += [
             Comment(f"the producer's {producer_role.threads} threads fill the stages (cp.async)"),
             RingInit(ring.load),
             *producer_nest,
+            *drain,
             Return(),
         ]
     else:
