@@ -65,6 +65,24 @@ separate from the readers' tile loop, k loop and epilogue)::
         ... epilogue ...
         ADVANCE X_use by K                        // the other warpgroup's tile
 
+Fill ``cp.async`` (a buffer whose copies are ``CpAsyncBox`` es: operands a
+tensor map cannot describe): every thread of the producer role runs the
+copy nest; each waits for the slot, copies its chunks of each box, and
+arrives on the full barrier (``cp.async.mbarrier.arrive.noinc``; after
+copies through registers, ``fence.proxy.async`` and an arrive), whose
+count is the producer's threads per kind of copy (+1 where a TMA buffer
+shares the ring: the elected lane still announces and issues it); the
+consumers fence the proxies after each full wait (wgmma reads what the
+generic proxy wrote)::
+
+    ROLE producer: threadIdx.y == Y
+      RING X_load
+      FOR t ..: FOR k ..
+        WAIT X_empty[load_stage] parity=load_phase ^ 1      // every thread
+        CP_ASYNC_BOX A -> stage (this thread's chunks); CP_ASYNC_BOX B -> stage
+        CP_ASYNC_ARRIVE.NOINC X_full[load_stage]; ADVANCE X_load
+      CP_ASYNC_COMMIT_GROUP; CP_ASYNC_WAIT_GROUP 0; RETURN
+
 A reader's position is found by mapping its loops onto the producer's: the
 i-th serial loop around the reads corresponds to the i-th loop of the
 producer's nest, with the same trip count; a reader loop that starts

@@ -29,10 +29,13 @@ sub-tile (a bias along N once per fragment column, along M once per tile),
 and an input contiguous along an even N is read an accumulator pair at a
 time: one 4-byte load of two bf16 (``_hoist_epilogue_inputs``).
 
-Fusions the tensor cores cannot take (fp32 or mixed operands, 1-D
-operands, strides a tensor map cannot describe, K = 0, prologue math on
-the operands) are translated to a sum of products and run by the plain
-reduction scheduler: correct, not fast.
+An operand whose strides or data pointer a tensor map cannot describe is
+staged by the producer warpgroup's threads instead (the ring's fill kind
+``cp.async``, :func:`_operand_fill`): same tiles, same swizzled stages, same
+wgmma consumers. Fusions the tensor cores cannot take (fp32 or mixed
+operands, 1-D operands, K = 0, prologue math on the operands) are
+translated to a sum of products and run by the plain reduction scheduler:
+correct, not fast.
 """
 
 from __future__ import annotations
@@ -165,8 +168,9 @@ def _simt_refuses(fusion: Fusion) -> str | None:
     """Why the SIMT path (the matmul decomposed into a sum of products, run
     by the reduction scheduler) cannot take ``fusion``, else None. The
     tensor-core path falls back to it on grounds of the fusion's structure
-    (:func:`_mma_structure`) and of the inputs' dtypes, strides, alignment and
-    sizes, known only at compile; so a fusion the SIMT path cannot take is
+    (:func:`_mma_structure`) and of the inputs' sizes (K = 0, an empty
+    operand), known only at compile (strides and alignment no longer: a
+    cp.async fill takes what a tensor map cannot describe); so a fusion the SIMT path cannot take is
     refused here, where the segmenter can still split it (an output of the
     bias's shape beside the matmul's, say, gets a kernel of its own)."""
     from .reduction import ReductionScheduler
@@ -177,7 +181,7 @@ def _simt_refuses(fusion: Fusion) -> str | None:
     if why is None:
         return None
     e = contractions(fusion)[0]
-    when = _mma_structure(fusion, e) or "inputs the tensor cores cannot read (strides, alignment, sizes)"
+    when = _mma_structure(fusion, e) or "inputs the tensor cores cannot take (K = 0, an empty operand)"
     return f"matmul {e.out.name} runs on the SIMT path for {when}, which cannot take this fusion: {why}"
 
 
