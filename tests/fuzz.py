@@ -1249,6 +1249,7 @@ OVERRIDE_VALUES = {
     "group": (1, 4, 8),
     "registers": ((40, 232),),
     "epilogue_tile": ((64, 64), (64, 32)),
+    "epilogue": ("inline", "role"),
 }
 
 

@@ -210,7 +210,9 @@ def test_epilogue_inputs(what, m, n, k):
 
 
 @pytest.mark.parametrize("what", ["bias_n", "bias_m", "residual"])
-@pytest.mark.parametrize("ov", [dict(pingpong=True), dict(tile=(256, 128, 64)), dict(persistent=False)])
+@pytest.mark.parametrize(
+    "ov", [dict(pingpong=True), dict(tile=(256, 128, 64)), dict(persistent=False), dict(epilogue="role")]
+)
 @pytest.mark.parametrize("m, n", [(1000, 8191), (520, 1022)])
 def test_epilogue_inputs_overrides(what, ov, m, n):
     fd, inputs, ref = epilogue_input(what, m, n, 136, DEV)
@@ -283,6 +285,10 @@ OVERRIDES = [
     dict(tile=(128, 128, 64), stages=5, prefetch=2),
     dict(raster="N", group=2),
     dict(raster="M", group=1),
+    dict(epilogue="role"),
+    dict(epilogue="role", tile=(128, 192, 64)),
+    dict(epilogue="role", persistent=False),
+    dict(epilogue="inline"),
 ]
 
 

@@ -90,8 +90,10 @@ def check_sass(ck, n_min=128):
     sass = ck.sass()
     shapes = {int(x) for x in re.findall(r"HGMMA\.64x(\d+)x16\.F32\.BF16", sass)}
     assert shapes and min(shapes) >= n_min, shapes
-    for op in ("UTMALDG", "SYNCS", "USETMAXREG", "UTMASTG"):
+    for op in ("UTMALDG", "SYNCS", "UTMASTG"):
         assert op in sass, op
+    # the epilogue role's 512 threads compile at 128 registers each: no role rebalances
+    assert ("USETMAXREG" in sass) == (ck.params.registers is not None)
     assert not re.search(r"\b(LDL|STL)\b", sass), "local memory (spills) in a matmul kernel"
     use = ck.resource_usage()
     assert use["LOCAL"] == 0 and use["STACK"] == 0

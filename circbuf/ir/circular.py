@@ -36,15 +36,40 @@ REGISTERS_RULE = "two multiples of 8 in [24, 256] (setmaxnreg)"
 @dataclass(frozen=True)
 class WarpSpecialized:
     """A producer row of threads (``on``) only issues copies; the rest compute.
-    ``registers=(producer, consumer)`` rebalances registers with setmaxnreg."""
+    ``registers=(producer, consumer)`` rebalances registers with setmaxnreg.
+
+    ``fill="threads"``: the buffer is written by the threads that compute
+    (a matmul's accumulator handed over a sub-tile at a time) and read by a
+    role of its own, ``readers`` (one more row of threads: an epilogue
+    warpgroup), each stage passed over by a full/empty mbarrier pair; its
+    ``registers`` (one count, or None) is the readers' setmaxnreg.
+
+    >>> WarpSpecialized(fill="threads", readers="epilogue")
+    WarpSpecialized(on=TIDy, registers=None, fill='threads', readers='epilogue')
+    """
 
     on: ParallelType = ParallelType.TIDy
     registers: tuple | None = None
+    fill: str = "tma"
+    readers: str | None = None
 
     def __post_init__(self):
         if self.on not in (ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz):
             raise CircbufError(f"WarpSpecialized(on={self.on}): must be a thread parallel type")
-        if self.registers is not None:
+        if self.fill not in ("tma", "threads"):
+            raise CircbufError(f"WarpSpecialized(fill={self.fill!r}): fill must be 'tma' or 'threads'")
+        if (self.fill == "threads") != (self.readers is not None):
+            raise CircbufError(
+                "WarpSpecialized: fill='threads' names its readers' role (readers=...), tma does not"
+            )
+        if self.fill == "threads":
+            r = self.registers
+            if r is not None and not (isinstance(r, int) and 24 <= r <= 256 and r % 8 == 0):
+                raise CircbufError(
+                    f"WarpSpecialized(registers={r!r}): a threads-filled ring's readers take one count, "
+                    "a multiple of 8 in [24, 256] (setmaxnreg)"
+                )
+        elif self.registers is not None:
             r = self.registers
             ok = (
                 isinstance(r, (tuple, list))
@@ -55,4 +80,5 @@ class WarpSpecialized:
                 raise CircbufError(f"WarpSpecialized(registers={r!r}): {REGISTERS_RULE}")
 
     def __repr__(self):
-        return f"WarpSpecialized(on={self.on.name}, registers={self.registers})"
+        more = f", fill={self.fill!r}, readers={self.readers!r}" if self.fill != "tma" else ""
+        return f"WarpSpecialized(on={self.on.name}, registers={self.registers}{more})"

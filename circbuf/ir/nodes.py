@@ -425,10 +425,15 @@ class TensorView:
                 f"circular_buffer({self.name}): the tensor must be in shared memory (it is {self.memory_type.name})"
             )
         d = self.definition
-        is_tma = isinstance(d, LoadStoreOp) and d.kind in ("tma", "cp.async")
-        if isinstance(type, WarpSpecialized) and not is_tma:
+        is_tma = isinstance(d, LoadStoreOp) and d.kind in ("tma", "cp.async")  # copies into the ring
+        if isinstance(type, WarpSpecialized) and not is_tma and type.fill != "threads":
             raise CircbufError(
-                f"circular_buffer({self.name}): a warp-specialized buffer must be filled by TMA or cp.async"
+                f"circular_buffer({self.name}): a warp-specialized buffer must be filled by TMA or cp.async "
+                "(or by its writers' threads: WarpSpecialized(fill='threads', readers=...))"
+            )
+        if isinstance(type, WarpSpecialized) and type.fill == "threads" and is_tma:
+            raise CircbufError(
+                f"circular_buffer({self.name}): a TMA- or cp.async-filled buffer cannot have fill='threads'"
             )
         if axis is not None:
             a = _norm_axis(axis, len(self.loop), self, "circular_buffer")

@@ -370,7 +370,11 @@ def circular_buffer(kernel: Kernel) -> Kernel:
     if ws:
         if len(ws) != len(kernel.circular_loops):
             raise CircbufError("a kernel's circular buffers must all be warp-specialized, or none")
-        return _warp_specialize(kernel, allocs, ws)
+        handed = [n for n in ws if allocs[n].tv.circular[2].fill == "threads"]
+        _warp_specialize(kernel, allocs, [n for n in ws if n not in handed])
+        for name in handed:
+            _hand_over(kernel, allocs, name)
+        return kernel
     setup = []
     for name, key in kernel.circular_loops.items():
         _pipeline(kernel, allocs[name], key, setup)
@@ -682,3 +686,75 @@ def _place_consumer_ring(body, bufs, levels, ring, consumers, label, rows):
     if split:
         arrivals //= rows  # the consumer rows (no producer row) split the positions
     return arrivals, split
+
+
+# ------------------------------------------------- filled by threads
+def _offset_writes(nodes, tv, off):
+    """Every write of ``tv`` moves to the stage at element offset ``off``."""
+
+    def f(n, _s):
+        if isinstance(n, Assign) and n.lhs.tv is tv:
+            n.lhs = TensorRef(tv, n.lhs.index + off, n.lhs.vector)
+
+    walk(nodes, f)
+
+
+def _hand_over(kernel, allocs, name):
+    """A ring the consumers' threads fill for a role of readers of their own
+    (the epilogue role: the accumulator handed over a sub-tile at a time).
+    The writers wait for a free slot, write it and arrive on its ``full``
+    barrier (every writing thread: the arrive releases its stores); the
+    readers' loops are mapped onto the writers' as a TMA ring's readers are
+    onto its producer's::
+
+        ROLE consumers                         ROLE epilogue
+          RING H_load                            RING H_use
+          FOR t: ... k loop ...                  FOR t
+            FOR s (the ring loop)                  FOR s
+              WAIT H_empty[load_stage] ^ 1           WAIT H_full[use_stage]
+              H[load_stage] = acc ...                ... = H[use_stage] ...
+              ARRIVE H_full[load_stage]              ARRIVE H_empty[use_stage]
+              ADVANCE H_load                         ADVANCE H_use
+    """
+    alloc = allocs[name]
+    tv = alloc.tv
+    S, P, kind = tv.circular
+    switch = next((n for n in kernel.body if isinstance(n, RoleSwitch)), None)
+    if switch is None:
+        raise CircbufError(f"{name}: a threads-filled ring needs the roles pass first")
+    writers, readers = kernel.role("consumers"), kernel.role(kind.readers)
+    kw, kr = switch.roles.index(writers), switch.roles.index(readers)
+    wbody = switch.bodies[kw]
+    loop = _find_loop(wbody, kernel.circular_loops[name])
+    if loop is None:
+        raise CircbufError(f"{name}: its writers' ring loop was not generated")
+    levels = [lp for lp in _loops_around(wbody, loop) if lp.ptype == ParallelType.Serial] + [loop]
+    if writers.groups > 1:
+        raise CircbufError(
+            f"{name}: a threads-filled ring is written by every consumer thread (not ping-pong)"
+        )
+    ring = Ring(
+        name, S, P, [name], writers.name, [readers.name], fill="threads", full_arrivals=writers.threads
+    )
+    kernel.rings.append(ring)
+    # the writers: a free slot, the stores, then every writer arrives
+    load = ring.load
+    _offset_writes(loop.body, tv, simplify(load.stage * alloc.size))
+    loop.body = [
+        Comment(f"a free slot of {name}, then this thread's part of the sub-tile"),
+        MBarrierWait(MBarrierRef(ring.empty, load.stage), Bin("^", load.phase, Const(1))),
+        *loop.body,
+        MBarrierArrive(MBarrierRef(ring.full, load.stage)),
+        RingAdvance(load, Const(1)),
+    ]
+    insert_before(wbody, levels[0], [RingInit(load)])
+    # the readers
+    rbody = switch.bodies[kr]
+    head = [n for n in rbody[:1] if isinstance(n, SetMaxNReg)]
+    body = rbody[len(head) :]
+    ring.empty_arrivals, split = _place_consumer_ring(
+        body, [_Buffer(alloc, [])], [(lp, None) for lp in levels], ring, readers.threads, name, 1
+    )
+    if split:
+        raise CircbufError(f"{name}: the {readers.name} role's rows must read every position")
+    switch.bodies[kr] = head + body

@@ -33,13 +33,14 @@ After::
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Const, ParallelType, WarpSpecialized
-from ..ir.scalar import free_vars
+from ..ir import CircbufError, Const, ParallelType, Var, WarpSpecialized
+from ..ir.scalar import free_vars, substitute
 from .kir import (
     Allocate,
     Assign,
     Comment,
     ForLoop,
+    IfThenElse,
     Kernel,
     Role,
     RoleSwitch,
@@ -84,13 +85,57 @@ def _rows_split_the_work(nodes, tvs) -> bool:
     return bool(found and found[0])
 
 
+def _relative_to_role(nodes, axis, lo):
+    """A role's own loop nests see thread indices relative to its first row:
+    ``threadIdx.y`` becomes ``threadIdx.y - lo`` in every index, condition and
+    loop bound (the predicate pass made "row 0 of the block writes" out of
+    an output no row splits; in the role it is the role's first row)."""
+    v = axis.value
+    sub = {v: Var(v) - lo}
+
+    def ref(r):
+        if isinstance(r, TensorRef) and v in free_vars(r.index):
+            r.index = substitute(r.index, sub)
+
+    def fix(n, _s):
+        if isinstance(n, Assign):
+            ref(n.lhs)
+            for o in n.operands:
+                ref(o)
+        elif isinstance(n, IfThenElse):
+            n.cond = substitute(n.cond, sub)
+        elif isinstance(n, ForLoop):
+            n.extent, n.start, n.step = (substitute(x, sub) for x in (n.extent, n.start, n.step))
+
+    walk(nodes, fix)
+
+
+def _reads_any(node, tvs) -> bool:
+    hit = []
+
+    def visit(n, _s):
+        if isinstance(n, Assign) and any(isinstance(o, TensorRef) and o.tv in tvs for o in n.operands):
+            hit.append(n)
+
+    walk([node], visit)
+    return bool(hit)
+
+
 def assign_roles(kernel: Kernel) -> Kernel:
     """Entry: the producer and consumer roles of a warp-specialized kernel (see module doc)."""
-    allocs = _ws_allocations(kernel)
-    if not allocs:
+    every = _ws_allocations(kernel)
+    if not every:
         return kernel
+    # buffers the computing threads fill for a role of readers of their own
+    handed = [a for a in every if a.tv.circular[2].fill == "threads"]
+    allocs = [a for a in every if a.tv.circular[2].fill != "threads"]
+    if not allocs:
+        raise CircbufError(
+            f"{handed[0].tv.name}: a threads-filled ring hands over the work of a warp-specialized "
+            "kernel's consumers; this kernel has no TMA-filled warp-specialized ring"
+        )
     names = [a.tv.name for a in allocs]
-    if len(allocs) != len(kernel.circular_loops):
+    if len(every) != len(kernel.circular_loops):
         raise CircbufError("a kernel's circular buffers must all be warp-specialized, or none")
     kinds = {a.tv.circular for a in allocs}
     if len(kinds) != 1:
@@ -114,8 +159,10 @@ def assign_roles(kernel: Kernel) -> Kernel:
             f"{label}: WarpSpecialized(registers=...) uses setmaxnreg, which acts on whole warpgroups: "
             f"each threadIdx.y row must be a multiple of 128 threads, not {tx.value}"
         )
-    kernel.launch[ParallelType.TIDy] = Const(y.value + 1)  # the producer row
-    kernel.max_threads = consumers + tx.value
+    readers = sorted({a.tv.circular[2].readers for a in handed})
+    extra = len(readers)  # one row of threads per role of readers
+    kernel.launch[ParallelType.TIDy] = Const(y.value + 1 + extra)  # the producer row (and readers')
+    kernel.max_threads = consumers + tx.value * (1 + extra)
     limit = kernel.target.max_threads_per_block
     if kernel.max_threads > limit:
         raise CircbufError(f"{label}: {kernel.max_threads} threads with the producer row exceed {limit}")
@@ -128,16 +175,39 @@ def assign_roles(kernel: Kernel) -> Kernel:
     kernel.roles += [producer, compute]
     if kind.registers:
         kernel.min_blocks = 1  # setmaxnreg needs a register cap at entry
-    # shared buffers are seen by both roles: declared before the split
+    # shared buffers are seen by every role: declared before the split
     smem = [n for n in kernel.body if isinstance(n, Allocate) and n.memory.name == "Shared"]
     rest = [n for n in kernel.body if not any(n is m for m in smem)]
     bodies = [[], rest]
     if kind.registers:
         bodies[0].insert(0, SetMaxNReg(regs[0], increase=False))
         bodies[1].insert(0, SetMaxNReg(regs[1], increase=True))
+    roles = [producer, compute]
+    for k, name in enumerate(readers):
+        # the loop nests that read the role's buffers (and write none of them) are its own
+        mine = [a.tv for a in handed if a.tv.circular[2].readers == name]
+        nests = [n for n in rest if isinstance(n, ForLoop) and _reads_any(n, mine)]
+        if not nests:
+            raise CircbufError(f"{mine[0].name}: no loop nest of its own reads it (the {name} role's work)")
+        for n in nests:
+            rest.remove(n)
+        row = y.value + 1 + k
+        _relative_to_role(nests, ParallelType.TIDy, row)
+        r = {a.tv.circular[2].registers for a in handed if a.tv.circular[2].readers == name}
+        if len(r) != 1:
+            raise CircbufError(f"the buffers the {name} role reads ask for different register counts")
+        r = r.pop()
+        entry = kernel.target.registers_per_sm // kernel.max_threads // 8 * 8  # what each thread starts with
+        role = Role(name, row, row + 1, tx.value, r, increase=r is not None and r > entry)
+        kernel.roles.append(role)
+        roles.append(role)
+        bodies.append(([SetMaxNReg(r, increase=role.increase)] if r else []) + nests)
+    what = f"threadIdx.y == {y.value} loads {', '.join(names)}, " + "".join(
+        f"threadIdx.y == {y.value + 1 + k} runs the {n} role, " for k, n in enumerate(readers)
+    )
     kernel.body = [
         *smem,
-        Comment(f"warp roles: threadIdx.y == {y.value} loads {', '.join(names)}, the other rows compute"),
-        RoleSwitch([producer, compute], bodies),
+        Comment(f"warp roles: {what}the other rows compute"),
+        RoleSwitch(roles, bodies),
     ]
     return kernel

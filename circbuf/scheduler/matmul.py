@@ -82,13 +82,18 @@ from .utils import (
 OVERRIDES = names(MATMUL)
 _EPILOGUE = (*ELEMENTWISE, BroadcastOp)
 SMEM_RESERVED = 1024  # of the opt-in shared memory per block: barriers and alignment
-CTA_THREADS = 384  # a producer warpgroup and two consumer warpgroups
+WARPGROUP = 128
 
 
-def _entry_registers(target) -> int:
-    """Registers each of the CTA_THREADS threads starts with under
-    __launch_bounds__(384, 1): the SM's registers / 384, a multiple of 8 (168 on Hopper)."""
-    return target.registers_per_sm // CTA_THREADS // 8 * 8
+def cta_threads(epilogue_role: bool) -> int:
+    """A producer warpgroup, two consumer warpgroups (and an epilogue warpgroup)."""
+    return WARPGROUP * (4 if epilogue_role else 3)
+
+
+def _entry_registers(target, threads: int) -> int:
+    """Registers each thread starts with under __launch_bounds__(threads, 1): the
+    SM's registers / threads, a multiple of 8 (168 on Hopper for 384, 128 for 512)."""
+    return target.registers_per_sm // threads // 8 * 8
 
 
 class MatmulScheduler:
@@ -325,7 +330,15 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     for name, v in (("persistent", persistent), ("pingpong", pingpong)):
         if not isinstance(v, bool):
             raise CircbufError(f"schedule({name}={v!r}): must be True or False")
-    bm_d, bn_d = (128, 128) if pingpong else (128, 256)
+    epilogue = ov.get("epilogue", "inline")
+    role = epilogue == "role"
+    if role and pingpong:
+        raise CircbufError(
+            "schedule(epilogue='role', pingpong=True): an epilogue role is built for the cooperative "
+            "kernel only (ping-pong warpgroups run their own epilogues)"
+        )
+    # an epilogue role holds a whole [128 x 128] fp32 tile in flight: two [128 x 64] stages
+    bm_d, bn_d = (128, 128) if pingpong or role else (128, 256)
     if n <= 128 and not pingpong:
         bn_d = 128
     tile = ov.get("tile", (bm_d, bn_d, 64))
@@ -378,17 +391,30 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     staging = (
         buffers * 2 * 64 * epi[1] * 2 * len(fusion.outputs) if tma_ok else 0
     )  # [B][2 warpgroups][64][en]
+    # the epilogue role's ring: fp32 [bm x en] sub-tiles, a tile's worth when it fits in two
+    handoff = 2 if role else 0  # a [128 x 128] tile's two sub-tiles; half a 128x256 tile
+    handoff_bytes = handoff * bm * epi[1] * 4
     stage_bytes = (bm + bn) * bk * a.dtype.size
-    budget = info.target.smem_per_block - SMEM_RESERVED - staging
+    budget = info.target.smem_per_block - SMEM_RESERVED - staging - handoff_bytes
     fit = budget // stage_bytes
+    if "stages" not in ov and fit < 2:
+        raise CircbufError(
+            f"schedule(tile={tuple(tile)}{', epilogue=' + repr(epilogue) if role else ''}): two operand "
+            f"stages of {stage_bytes} bytes do not fit in the {budget} bytes of shared memory left beside "
+            f"the {staging}-byte output staging"
+            + (f" and the {handoff_bytes}-byte hand-off ring" if role else "")
+        )
     stages = ov.get("stages", min(fit, 7))
     if not isinstance(stages, int) or stages < 2:
         raise CircbufError(f"schedule(stages={stages!r}): must be an int >= 2")
     if stages * stage_bytes > budget:
+        beside = f"the {staging}-byte output staging" + (
+            f" and the epilogue role's {handoff_bytes}-byte hand-off ring" if role else ""
+        )
         raise CircbufError(
-            f"schedule(stages={stages}, tile={tuple(tile)}): {stages} stages of {stage_bytes} bytes exceed "
-            f"the {budget} bytes of shared memory left beside the {staging}-byte output staging "
-            f"(at most {fit} stages of this tile)"
+            f"schedule(stages={stages}, tile={tuple(tile)}{', epilogue=' + repr(epilogue) if role else ''}): "
+            f"{stages} stages of {stage_bytes} bytes exceed the {budget} bytes of shared memory left beside "
+            f"{beside} (at most {fit} stages of this tile)"
         )
     prefetch = ov.get("prefetch", stages - 1)
     if not isinstance(prefetch, int) or not 0 < prefetch < stages:
@@ -417,31 +443,46 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         raise CircbufError(
             f"schedule(cluster={tuple(cluster)}): thread-block clusters (TMA multicast) are not built yet; use (1, 1)"
         )
-    # a producer whose threads compute the addresses of cp.async copies needs more than
-    # the 40 registers of one issuing TMA: 40 spilled a 16-byte cp.async fill's loop
-    # (SASS, NVRTC for sm_90a), 48 (the most beside 2 x 232) did not
-    registers = ov.get("registers", (48, 232) if "cp.async" in (fa, fb) else (40, 232))
-    try:  # the operand rings are warp specialized with these: WarpSpecialized's rule
-        WarpSpecialized(on=ParallelType.TIDy, registers=registers)
-    except CircbufError:
-        raise CircbufError(f"schedule(registers={registers!r}): {REGISTERS_RULE}") from None
-    entry, per_sm = _entry_registers(info.target), info.target.registers_per_sm
-    if not registers[0] <= entry <= registers[1]:
-        raise CircbufError(
-            f"schedule(registers={tuple(registers)}): the producer gives registers back and the "
-            f"consumers take them: producer <= {entry} <= consumers ({CTA_THREADS} threads start with "
-            f"{entry} each)"
-        )
-    if (registers[0] + 2 * registers[1]) * 128 > per_sm:
-        raise CircbufError(
-            f"schedule(registers={tuple(registers)}): producer + 2 x consumer registers x 128 threads "
-            f"exceed the {per_sm} registers of an SM"
-        )
+    threads = cta_threads(role)
+    entry, per_sm = _entry_registers(info.target, threads), info.target.registers_per_sm
+    if role:
+        # ptxas compiles every role under __launch_bounds__(512): 128 registers a thread,
+        # which setmaxnreg cannot raise for it; so no role asks for more (or less)
+        if "registers" in ov:
+            raise CircbufError(
+                f"schedule(registers={ov['registers']!r}, epilogue='role'): the epilogue role's "
+                f"{threads} threads compile at {entry} registers each (ptxas holds every role to "
+                "__launch_bounds__), which setmaxnreg cannot raise; leave registers out"
+            )
+        registers = None
+        budget_regs = entry
+    else:
+        # a producer whose threads compute the addresses of cp.async copies needs more than
+        # the 40 registers of one issuing TMA: 40 spilled a 16-byte cp.async fill's loop
+        # (SASS, NVRTC for sm_90a), 48 (the most beside 2 x 232) did not
+        registers = ov.get("registers", (48, 232) if "cp.async" in (fa, fb) else (40, 232))
+        try:  # the operand rings are warp specialized with these: WarpSpecialized's rule
+            WarpSpecialized(on=ParallelType.TIDy, registers=registers)
+        except CircbufError:
+            raise CircbufError(f"schedule(registers={registers!r}): {REGISTERS_RULE}") from None
+        if not registers[0] <= entry <= registers[1]:
+            raise CircbufError(
+                f"schedule(registers={tuple(registers)}): the producer gives registers back and the "
+                f"consumers take them: producer <= {entry} <= consumers ({threads} threads start with "
+                f"{entry} each)"
+            )
+        if (registers[0] + 2 * registers[1]) * 128 > per_sm:
+            raise CircbufError(
+                f"schedule(registers={tuple(registers)}): producer + 2 x consumer registers x 128 threads "
+                f"exceed the {per_sm} registers of an SM"
+            )
+        budget_regs = registers[1]
     acc_regs = (bm // warpgroups) * bn // 128
-    if acc_regs + 24 > registers[1]:
+    if acc_regs + 24 > budget_regs:
+        why = f"registers={tuple(registers)}" if registers else "epilogue='role'"
         raise CircbufError(
-            f"schedule(tile={tuple(tile)}, registers={tuple(registers)}): a warpgroup's {acc_regs} "
-            f"accumulator registers per thread do not fit in {registers[1]}"
+            f"schedule(tile={tuple(tile)}, {why}): a warpgroup's {acc_regs} "
+            f"accumulator registers per thread do not fit in {budget_regs}"
         )
     tiles = batch * tiles_m * tiles_n
     grid = min(tiles, info.target.sm_count) if persistent else tiles
@@ -454,7 +495,9 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         cluster=tuple(cluster),
         raster=raster,
         group=group,
-        registers=tuple(registers),
+        registers=tuple(registers) if registers else None,
+        epilogue=epilogue,
+        handoff_stages=handoff,
         epilogue_tile=tuple(epi),
         store=store,
         store_buffers=buffers,
@@ -728,7 +771,7 @@ def _tile(tv, roles, params, pingpong_split: bool):
     return 1
 
 
-def _fragment(tv, pos, params, kind):
+def _fragment(tv, pos, params, kind, serial_w=False):
     """[.., Mi, Ni, K?] from ``pos`` -> the warpgroup split, the epilogue
     sub-tiles and the wgmma accumulator layout. ``kind``:
 
@@ -736,15 +779,19 @@ def _fragment(tv, pos, params, kind):
     - ``"epilogue"``: [(W), Mb, Nc, TIDx{128}, j, h, e]: one [64 x en] sub-tile per (Mb, Nc)
     - ``"store"``: [(W), Mb, Nc, B{64}, B{en}]: the TMA store's box
 
+    ``serial_w`` (the epilogue role's side, one warpgroup for both halves):
+    W is a serial loop just outside the sub-tile's rows, [Mb, Nc, W, TIDx, ..].
+
     Returns {"tidy": the warpgroup axis or None, "m64", "n": the sub-tile's
-    row and column axes, "inline": the loop position after Nc}."""
+    row and column axes, "inline": the loop position after Nc (and W)}."""
     bm, bn, bk = params.tile
     en = params.epilogue_tile[1]
     p = pos
     out = {"tidy": None}
     if not params.pingpong:
         tv.split(p, bm // 2)  # [W, Mw]
-        tv.axis(p).parallelize(ParallelType.TIDy)
+        if not serial_w:
+            tv.axis(p).parallelize(ParallelType.TIDy)
         out["tidy"] = tv.axis(p)
         p += 1
     tv.split(p, 64)  # [Mb, M64, Ni, K?]
@@ -759,6 +806,9 @@ def _fragment(tv, pos, params, kind):
             out["buffer"] = tv.axis(p + 2)
             lead = 3
     m64, n = p + lead, p + lead + 1
+    if serial_w:  # [W, Mb, Nc.., M64] -> [Mb, Nc.., W, M64]
+        w = p - 1
+        tv.reorder(list(range(w)) + list(range(w + 1, m64)) + [w] + list(range(m64, len(tv.loop))))
     out["m64"], out["n"], out["inline"] = tv.axis(m64), tv.axis(n), m64
     if kind == "store":
         tv.axis(m64).parallelize(ParallelType.Bulk)
@@ -836,6 +886,11 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         if fusion.consumers(o):
             cache_output(fusion, o)
     e = acc.definition
+    # the epilogue role reads the accumulator from a ring of shared-memory sub-tiles
+    handoff = None
+    if params.epilogue == "role":
+        handoff = acc.cache_after()
+        handoff.memory_type = MemoryType.Shared
     # outputs staged in shared memory and stored by TMA a [64 x en] box at a time
     staged = {}
     if params.store == "tma":
@@ -869,8 +924,11 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             raise CircbufError(f"{tv.name}: an axis that is not an axis of the matmul's output")
         pos = _tile(tv, roles, params, pingpong_split=params.pingpong)
         kind = "acc" if tv is acc else "store" if id(tv) in stores else "epilogue"
-        axes = _fragment(tv, pos, params, kind)
-        if id(tv) in staged:  # [W][64][en], swizzled like the store's box
+        side = handoff is not None and tv not in (acc, handoff)  # the epilogue role's
+        axes = _fragment(tv, pos, params, kind, serial_w=side)
+        if tv is handoff:
+            _handoff_ring(tv, axes, params)
+        elif id(tv) in staged:  # [W][64][en], swizzled like the store's box
             tidy = axes["tidy"] or next(a for a in tv.loop if a.parallel_type == ParallelType.TIDy)
             buf = [axes["buffer"]] if "buffer" in axes else []
             tv.set_allocation(buf + [tidy, axes["m64"], axes["n"]])
@@ -886,10 +944,26 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         acc.take_turns(ParallelType.TIDy)
     last = {id(cr) for _, _, cr in staged.values()} | {id(cr) for cr in paired.values()}
     for tv in fusion.used_tvs():
-        if not (tv.is_input or tv.is_output or tv in (As, Bs, acc)) and id(tv) not in staged:
+        if not (tv.is_input or tv.is_output or tv in (As, Bs, acc, handoff)) and id(tv) not in staged:
             # the epilogue's last value holds a pair for one vector store
             tv.inline_at(len(tv.loop) - (1 if id(tv) in last else 0))
-    _hoist_epilogue_inputs(fusion, params, {id(t) for t in (As, Bs, acc)} | set(staged) | last)
+    done = {id(t) for t in (As, Bs, acc, handoff) if t is not None}
+    _hoist_epilogue_inputs(fusion, params, done | set(staged) | last)
+
+
+def _handoff_ring(h, axes, params):
+    """The epilogue role's ring: the consumers write each finished [bm x en]
+    fp32 sub-tile of the accumulator (both warpgroups' halves) into a stage,
+    thread-major ([W][j][h][TIDx][e]: a warp's 8-byte pairs side by side, no
+    bank conflicts on either side, since the epilogue warpgroup reads with the
+    same fragment layout), and the epilogue warpgroup reads it back."""
+    x = next(k for k, a in enumerate(h.loop) if a.parallel_type == ParallelType.TIDx)
+    j, hh, e = h.loop[x + 1 : x + 4]
+    h.set_allocation([axes["tidy"], j, hh, h.loop[x], e])
+    e.parallelize(ParallelType.Vectorize)  # an accumulator pair per 8-byte store
+    kind = WarpSpecialized(on=ParallelType.TIDy, fill="threads", readers="epilogue")
+    S = params.handoff_stages
+    h.circular_buffer(S, S - 1, kind, axis=x - 1)
 
 
 # Elements of one epilogue input a thread may hold in registers for the loops it is

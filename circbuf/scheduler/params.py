@@ -162,6 +162,11 @@ class MatmulParams(Params):
     raster: str = "M"  # the tile index that runs fastest inside a band
     group: int = 8  # tiles per band (L2 reuse of the operand panels)
     registers: tuple = (40, 232)  # setmaxnreg: producer, consumers
+    # "inline": the consumers run the epilogue; "role": an epilogue warpgroup of its own,
+    # fed the fp32 accumulator a [bm x en] sub-tile at a time through a ring of
+    # ``handoff_stages`` shared-memory slots while the consumers go on to the next tile
+    epilogue: str = field(default="inline", metadata={"hide_default": True})
+    handoff_stages: int = field(default=0, metadata={"hide_default": True})
     epilogue_tile: tuple = (64, 64)
     grid: int = DEFAULT.sm_count
     store: str = "tma"  # outputs: "tma" (staged in shared memory, TMA stores) or "direct" (from registers)
@@ -186,6 +191,8 @@ class MatmulParams(Params):
             return f"SIMT sum of products ({self.simt.threads} threads)"
         bm, bn, bk = self.tile
         kind = "ping-pong" if self.pingpong else "cooperative"
+        if self.epilogue == "role":
+            kind += f", epilogue role ({self.handoff_stages} hand-off stages)"
         grid = "persistent" if self.persistent else "one CTA per tile"
         return (
             f"tile {bm}x{bn}x{bk}, {self.stages} stages (prefetch {self.prefetch}), {grid}, {kind}, "
