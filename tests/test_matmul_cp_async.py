@@ -160,8 +160,8 @@ def test_ring_structure(shape, a_off, ov, arrivals, fence):
 
 
 # ------------------------------------------------------ the interpreter
-def case(m, n, k, kind="matmul", a_off=0, b_off=0, dtype=BF, bias=False, epilogue=None, arank=2, **ov):
-    fd = mm_fusion(kind, TD[dtype], arank=arank, bias=bias, epilogue=epilogue)
+def case(m, n, k, kind="matmul", a_off=0, b_off=0, dtype=BF, bias=False, act=None, arank=2, **ov):
+    fd = mm_fusion(kind, TD[dtype], arank=arank, bias=bias, epilogue=act)
     if ov:
         fd.fusion.schedule(**ov)
     if arank == 3:
@@ -176,7 +176,7 @@ def case(m, n, k, kind="matmul", a_off=0, b_off=0, dtype=BF, bias=False, epilogu
         y = a.double() @ (b.double().T if kind == "linear" else b.double())
         if bias:
             y = y + ins[2].double()
-        if epilogue == "gelu":
+        if act == "gelu":
             y = torch.nn.functional.gelu(y)
         return y
 
@@ -202,9 +202,10 @@ CASES = {
     "linear_b_offset_fp16": lambda: case(100, 136, 130, "linear", b_off=1, dtype=H),
     "cp_async_16_bytes_forced": lambda: case(64, 128, 128, fill="cp.async"),
     "pingpong_odd_n": lambda: case(70, 131, 127, a_off=1, pingpong=True),
-    "linear_bias_gelu_direct_pairs": lambda: case(100, 130, 127, "linear", bias=True, epilogue="gelu"),
+    "linear_bias_gelu_direct_pairs": lambda: case(100, 130, 127, "linear", bias=True, act="gelu"),
     "batched_a": lambda: case(40, 72, 127, arank=3, a_off=3),
     "n_major_b_odd_rows": lambda: case(64, 129, 64, b_off=0),
+    "epilogue_role": lambda: case(130, 136, 127, "linear", a_off=1, act="gelu", epilogue="role"),
 }
 
 
@@ -352,6 +353,7 @@ def test_a_misaligned_cp_async_is_an_error():
         ((4096, 4098, 4098), "linear", 0, {}, True),
         ((4096, 4096, 4096), "matmul", 0, {"fill": "cp.async"}, True),
         ((4096, 4096, 4096), "matmul", 0, {"fill": "cp.async", "pingpong": True}, True),
+        ((4096, 4096, 4100), "linear", 0, {"epilogue": "role"}, True),
     ],
 )
 def test_sass(shape, kind, a_off, ov, ldgsts):
