@@ -189,7 +189,8 @@ def _body(cuda: str) -> str:
 
 def _sass_counts(sass: str) -> str:
     ops = collections.Counter(
-        m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+        m.group(1).split(".")[0]
+        for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     )
     return "\n".join(f"{op} {n}" for op, n in sorted(ops.items())) + f"\nTOTAL {sum(ops.values())}\n"
 
