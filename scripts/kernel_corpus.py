@@ -165,7 +165,10 @@ CORPUS = {
     "mm_coop_t128_s6": _mm("matmul", 1000, 1032, 520, tile=(128, 128, 64), stages=6),
     "mm_coop_s5_p2": _mm("matmul", 1000, 1032, 520, tile=(128, 128, 64), stages=5, prefetch=2),
     "mm_coop_t256": _mm("linear", 777, 1000, 296, tile=(256, 128, 64)),
-    "mm_simt_ragged": _mm("matmul", 77, 100, 300),
+    "mm_simt_ragged": _mm("matmul", 77, 100, 300),  # B's rows of 200 bytes: a cp.async fill since issue 18
+    "mm_simt_fp32": _mm("matmul", 77, 100, 300, torch.float32),
+    "mm_cp_async_odd_k": _mm("matmul", 2047, 2047, 2047),  # rows 2-byte aligned: through registers
+    "mm_cp_async_8b_pp": _mm("matmul", 1000, 1032, 516, pingpong=True),  # A's rows 8-byte aligned
     "mm_pp": _mm("matmul", 1000, 1032, 520, persistent=True, pingpong=True),
     "mm_pp_regs": _mm("matmul", 1000, 1032, 520, pingpong=True, tile=(64, 256, 64), registers=(24, 240)),
     "mm_pp_bias_gelu": _mm("linear", 1000, 1032, 520, bias=True, epilogue="gelu", pingpong=True),
@@ -186,7 +189,8 @@ def _body(cuda: str) -> str:
 
 def _sass_counts(sass: str) -> str:
     ops = collections.Counter(
-        m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+        m.group(1).split(".")[0]
+        for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
     )
     return "\n".join(f"{op} {n}" for op, n in sorted(ops.items())) + f"\nTOTAL {sum(ops.values())}\n"
 

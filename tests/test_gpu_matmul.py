@@ -99,9 +99,12 @@ def test_matmul_shapes(m, n, k, kind):
     assert out.dtype == torch.bfloat16
     ref = a.double() @ (b.double().T if kind == "linear" else b.double())
     check(out, ref)
-    # a tensor map needs 16-byte row strides: B [K, N] needs N % 8 == 0, both need K % 8 == 0
-    tma = k % 8 == 0 and (kind == "linear" or n % 8 == 0)
-    assert type(fd.last_params()).__name__ == "MatmulParams" and (fd.last_params().simt is None) == tma
+    # a tensor map needs 16-byte row strides: A needs K % 8 == 0, B [K, N] N % 8 == 0, [N, K] K % 8 == 0;
+    # else the producer's threads fill that operand's ring (cp.async); never the SIMT path
+    p = fd.last_params()
+    b_tma = k % 8 == 0 if kind == "linear" else n % 8 == 0
+    fill = ("tma" if k % 8 == 0 else "cp.async", "tma" if b_tma else "cp.async")
+    assert type(p).__name__ == "MatmulParams" and p.simt is None and p.fill == fill
 
 
 @pytest.mark.parametrize("epilogue", ["gelu", "silu", "relu", "tanh_gelu", "scale", "residual"])

@@ -135,6 +135,7 @@ CASES = {
     "outer_sum_plain": lambda: _outer("sum", (20, 3, 64), (0,), tma=False),
     "matmul_simt": lambda: _mm("matmul", 17, 20, 30),
     "matmul_cooperative": lambda: _mm("matmul", 128, 256, 128),
+    "matmul_cp_async_odd_k": lambda: _mm("matmul", 100, 130, 127),  # both operands' rows 2-byte aligned
     "matmul_pingpong_bias_gelu": lambda: _mm(
         "linear", 100, 136, 72, bias=True, epilogue="gelu", pingpong=True
     ),

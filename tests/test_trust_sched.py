@@ -162,8 +162,9 @@ def test_expanded_input_reduction_matches_torch(monkeypatch):
 @pytest.mark.parametrize("which", ["a", "b"])
 def test_matmul_of_an_expanded_operand_takes_no_tensor_map(which):
     """An operand expanded along M or N (stride 0) is no tensor map's (before:
-    "bulk axes must follow the memory order" in indexing); the SIMT path runs it
-    until a cp.async fill exists (issue 18)."""
+    "bulk axes must follow the memory order" in indexing): its ring is filled by
+    the producer's threads with cp.async (issue 18), 16 bytes a copy along the
+    unit-stride axis, and it runs right in the interpreter."""
     with cb.FusionDefinition() as fd:
         a = fd.define_tensor([-1, -1], dtype=D.Half)
         b = fd.define_tensor([-1, -1], dtype=D.Half)
@@ -171,7 +172,11 @@ def test_matmul_of_an_expanded_operand_takes_no_tensor_map(which):
     A, B = torch.randn(64, 64, dtype=torch.half), torch.randn(16, 64, dtype=torch.half)
     A, B = (A[:1].expand(64, 64), B) if which == "a" else (A, B[:1].expand(16, 64))
     ck = fd.compile([A, B], arch="sm_90a")
-    assert ck.kernels[0].params.simt is not None
+    p = ck.kernels[0].params
+    assert p.simt is None and p.fill == (("cp.async", "tma") if which == "a" else ("tma", "cp.async"))
+    assert p.copy_vector == ((8, 0) if which == "a" else (0, 8))
+    (out,) = interpret(fd, [A, B])
+    assert_close(out, (A.double() @ B.double().T).half())
 
 
 @pytest.mark.gpu
@@ -190,15 +195,17 @@ def test_matmul_of_an_expanded_operand_matches_torch(monkeypatch):
 def test_matmul_of_a_one_column_operand_in_k_major_layout():
     """B = [K, 1] with K contiguous (a permuted [1, K]; fuzz 500:115): its
     memory order puts the size-1 axis innermost, so a K-major tensor map
-    would not follow it; it runs on the SIMT path (a matrix-vector product)
-    instead of ending in "bulk axes must follow the memory order"."""
+    would not follow it; the producer's threads fill B's ring instead
+    (cp.async fill, one element a copy: no axis of B is unit-stride along the
+    box's rows), where it ended in "bulk axes must follow the memory order"."""
     with cb.FusionDefinition() as fd:
         a = fd.define_tensor([-1, 64], dtype=D.BFloat16)
         b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
         fd.add_output(fd.ops.matmul(a, b))
     A, B = torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(1, 64, dtype=torch.bfloat16).permute(1, 0)
     ck = fd.compile([A, B], arch="sm_90a")
-    assert ck.kernels[0].params.simt is not None
+    p = ck.kernels[0].params
+    assert p.simt is None and p.fill == ("tma", "cp.async") and p.copy_vector == (0, 1)
     (out,) = interpret(fd, [A[:8].contiguous(), B])
     assert_close(out, (A[:8].double() @ B.double()).to(torch.bfloat16))
 

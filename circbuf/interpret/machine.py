@@ -55,7 +55,16 @@ from ..lowering.kir import barrier_name, is_block_wide
 from .memory import GlobalMemory
 from .race import Accum, Agent, Checker
 from .sched import Deadlock, Scheduler
-from .sync import Barrier, BulkGroup, BulkState, BulkWait, MBarrier, MBarrierWait
+from .sync import (
+    Barrier,
+    BulkGroup,
+    BulkState,
+    BulkWait,
+    CpAsyncState,
+    CpAsyncWaitGroup,
+    MBarrier,
+    MBarrierWait,
+)
 from .tma import MapGeometry, fragment_index, operand_index
 from .values import ScalarCache, binary, converter, reduction, unary
 
@@ -64,6 +73,10 @@ _ZERO = {DataType.Bool: False, DataType.Int32: 0, DataType.Int64: 0}
 
 def _zero(dt: DataType):
     return _ZERO.get(dt, 0.0)
+
+
+def _poison(dt: DataType):
+    return float("nan") if dt.is_float else _zero(dt)
 
 
 class _Return(Exception):
@@ -550,6 +563,7 @@ class Thread(Agent):
         self.cid, self.clk, self.vc = lin, 1, {}
         self.fences: list = []
         self.bulk = BulkState()
+        self.cp = CpAsyncState()
         self.ring_pos: dict = {}
         self.ring_log: list = []
         self.wg_open: list = []
@@ -707,7 +721,9 @@ def _allocate(th, n):
     cta = th.cta
     if name not in cta.shared:
         total = size * stages
-        cta.shared[name] = [zero] * total
+        # shared memory starts as garbage on the device: NaN here, so a copy that
+        # leaves an element unwritten (a ragged edge not zero-filled) shows
+        cta.shared[name] = [_poison(n.tv.dtype)] * total
         off = n.offset if isinstance(n.offset, int) else th.prog.sc(n.offset)(env)
         cta.alloc[name] = (off, n.tv.dtype.size, size, stages, n.tv.dtype)
         if cta.checker is not None:
@@ -1142,6 +1158,145 @@ def _bulk_wait(th, n):
         th.acquire(ep)
 
 
+# cp.async: copies by the producer threads (a ring's fill kind cp.async)
+class CpAsyncOp(_Op):
+    """One thread's ``cp.async`` of ``len(sidx)`` elements in flight: it
+    lands at a random later step, zeros past its ``valid`` elements (the
+    src-size operand), and then counts down the arrivals waiting on it."""
+
+    kind = "cp_async"
+
+    def __init__(self, cta, th, gname, gidx, buf, sidx, valid):
+        super().__init__(cta, th)
+        self.gname, self.gidx, self.buf, self.sidx, self.valid = gname, gidx, buf, sidx, valid
+        self.cid, self.clk = ("cp.async", th.lin), 0
+        self.watchers: list = []
+
+    def who(self, clk=None):
+        return f"the cp.async into {self.buf} issued by {self.th.who(self.issued_clk)}"
+
+    def complete(self):
+        cta = self.cta
+        vals, off, _ = cta.glob.data(self.gname)
+        zero = _zero(cta.alloc[self.buf][4])
+        buf = cta.shared[self.buf]
+        for j, s in enumerate(self.sidx):
+            buf[s] = vals[off + self.gidx + j] if j < self.valid else zero
+        if cta.checker is not None:
+            cta.tma_clock[self.cid] = self.clk = cta.tma_clock.get(self.cid, 0) + 1
+            cta.checker.async_write_done(self, cta.shadow[self.buf], self.sidx)
+        self.done = True
+        self.th.cp.op_done(self)
+        for w in self.watchers:
+            w.one_done(self)
+
+
+class CpAsyncArrival:
+    """``cp.async.mbarrier.arrive.noinc``: one arrival on ``bar`` once the
+    thread's cp.asyncs issued before it have landed, carrying their clocks."""
+
+    def __init__(self, bar, ops):
+        self.bar, self.left, self.ops = bar, len(ops), ops
+        for op in ops:
+            op.watchers.append(self)
+        if not ops:
+            bar.arrive_async([])
+
+    def one_done(self, op):
+        self.left -= 1
+        if self.left == 0:
+            self.bar.arrive_async(self.ops)
+
+
+def _box_fns(p, n):
+    """The compiled scalars of a cp.async box: chunk -> (shared index, swizzled;
+    global index; in range; elements left in the row)."""
+
+    def make():
+        from ..lowering.indexing import swizzle_index
+
+        dst, gidx, cond, inner = n.parts(kir.Var("cb_c"))
+        return tuple(p.sc(x) for x in (swizzle_index(n.dst.tv, dst), gidx, cond, inner, n.dims[0][4]))
+
+    return p._memo((id(n), "box"), n, make)
+
+
+def _cp_async_box(th, n):
+    cta, p = th.cta, th.prog
+    name = n.dst.tv.name
+    if name not in cta.alloc:
+        raise CircbufError(f"{cta.kernel_name}: {th.who()} copies to {name}, which is not allocated")
+    tid = th.env["threadIdx.x"]
+    if tid >= n.threads:
+        raise CircbufError(f"{cta.kernel_name}: {th.who()} runs a cp.async box of {n.threads} threads")
+    fdst, fg, fin, finner, fstep = _box_fns(p, n)
+    step = fstep(th.env) if not n.is_async else 1  # cp.async: contiguous elements
+    gname = n.src.name
+    vals, off, span = cta.glob.data(gname)
+    buf = cta.shared[name]
+    v, esize = n.vector, n.src.dtype.size
+    nbytes = v * esize
+    zero = _zero(n.dst.tv.dtype)
+    env = dict(th.env)
+    for c in range(tid, n.chunks, n.threads):
+        env["cb_c"] = c
+        i = fdst(env)
+        ok = bool(fin(env))
+        g = fg(env) if ok else 0
+        valid = min(max(finner(env), 0), v) if ok else 0
+        if i < 0 or i + v > len(buf) or (v > 1 and i % v):
+            raise CircbufError(
+                f"{cta.kernel_name}: {th.who()}'s copy of {v} elements to {name}[{i}] is outside its "
+                f"{len(buf)} elements or not aligned to them"
+            )
+        last = g + (valid - 1) * step
+        if valid and (min(g, last) < 0 or max(g, last) >= span):
+            raise CircbufError(
+                f"{cta.kernel_name}: {th.who()} copies {gname}[{g}:{g + valid}], outside its {span} elements"
+            )
+        sidx = list(range(i, i + v))
+        if n.is_async:
+            if valid and ((off + g) * esize) % nbytes:
+                raise CircbufError(
+                    f"{cta.kernel_name}: {th.who()}'s {nbytes}-byte cp.async reads {gname} at byte "
+                    f"{(off + g) * esize} of its storage, not a multiple of {nbytes} (a misaligned cp.async)"
+                )
+            op = CpAsyncOp(cta, th, gname, g, name, sidx, valid)
+            th.cp.issue(op)
+            if cta.checker is not None:
+                cta.checker.async_write_issue(op, cta.shadow[name], sidx)
+            th.tick()
+            cta.sched.start(op)
+        else:
+            if cta.checker is not None:
+                cta.checker.write(th, cta.shadow[name], i, v)
+            for j in range(v):
+                buf[i + j] = vals[off + g + j * step] if j < valid else zero
+            th.tick()
+    yield None
+
+
+def _cp_async_arrive(th, n):
+    bar = th.cta.mbarrier(th, n.bar)
+    bar._usable(th, "arrives on (cp.async.mbarrier.arrive)")
+    CpAsyncArrival(bar, th.cp.in_flight())
+    th.tick()
+    yield None
+
+
+def _cp_async_commit(th, n):
+    th.cp.commit()
+
+
+def _cp_async_wait(th, n):
+    w = CpAsyncWaitGroup(th.cp, n.pending)
+    if not w.ready(th):
+        yield w
+    if th.cta.checker is not None:
+        for op in w.retired():  # the copies' writes happen before what the thread does next
+            th.acquire({**op.vc, op.cid: max(op.clk, op.vc.get(op.cid, 0))})
+
+
 # wgmma
 class WgmmaOp(_Op):
     kind = "wgmma"
@@ -1311,6 +1466,10 @@ _HANDLERS = {
     kir.RingInit: (None, _ring_init),
     kir.RingAdvance: (None, _ring_advance),
     kir.TmaLoad: (_tma_load, None),
+    kir.CpAsyncBox: (_cp_async_box, None),
+    kir.CpAsyncArrive: (_cp_async_arrive, None),
+    kir.CpAsyncCommit: (None, _cp_async_commit),
+    kir.CpAsyncWait: (_cp_async_wait, None),
     kir.TmaStore: (_tma_store, None),
     kir.BulkCommitGroup: (None, _bulk_commit),
     kir.BulkWaitGroup: (_bulk_wait, None),

@@ -77,6 +77,25 @@ class MBarrier(Waitable):
             )
         self._maybe_complete()
 
+    def arrive_async(self, ops):
+        """One arrival made by the cp.async unit for a thread
+        (``cp.async.mbarrier.arrive.noinc``) once ``ops`` have landed: it
+        carries their clocks, not the thread's."""
+        if self.count is None or self.invalid:
+            raise CircbufError(
+                f"{self.cta.kernel_name}: a cp.async arrival on {self.label}, which is not initialized"
+            )
+        if self.acc is not None:
+            for op in ops:
+                self.acc.add(op.vc, op.cid, op.clk)
+        self.pending -= 1
+        if self.pending < 0:
+            raise CircbufError(
+                f"{self.cta.kernel_name}: a cp.async arrival on {self.label} in phase {self.phase}, "
+                f"which has had its {self.count} arrivals already"
+            )
+        self._maybe_complete()
+
     def complete_tx(self, op, nbytes: int):
         if self.count is None or self.invalid:
             raise CircbufError(
@@ -231,3 +250,47 @@ class BulkState(Waitable):
             g.left -= 1
             if g.left == 0:
                 self.changed()
+
+
+class CpAsyncState(Waitable):
+    """A thread's cp.asyncs: those in flight, in commit groups (the open one
+    last); ``cp.async.mbarrier.arrive`` tracks every one in flight."""
+
+    def __init__(self):
+        super().__init__()
+        self.open: list = []
+        self.groups: list = []  # committed: lists of ops
+
+    def issue(self, op):
+        self.open.append(op)
+
+    def in_flight(self) -> list:
+        return [op for g in self.groups for op in g if not op.done] + [op for op in self.open if not op.done]
+
+    def commit(self):
+        self.groups.append(self.open)
+        self.open = []
+
+    def op_done(self, op):
+        self.changed()
+
+
+class CpAsyncWaitGroup(Wait):
+    """``cp.async.wait_group N``: all but the newest ``N`` committed groups landed."""
+
+    __slots__ = ("obj", "upto")
+
+    def __init__(self, state: CpAsyncState, pending: int):
+        self.obj, self.upto = state, max(len(state.groups) - pending, 0)
+
+    def ready(self, task) -> bool:
+        return all(op.done for g in self.obj.groups[: self.upto] for op in g)
+
+    def retired(self) -> list:
+        ops = [op for g in self.obj.groups[: self.upto] for op in g]
+        self.obj.groups = self.obj.groups[self.upto :]
+        return ops
+
+    def describe(self) -> str:
+        left = sum(1 for g in self.obj.groups[: self.upto] if any(not op.done for op in g))
+        return f"waits for {left} cp.async group(s) (cp.async.wait_group)"

@@ -425,15 +425,15 @@ class TensorView:
                 f"circular_buffer({self.name}): the tensor must be in shared memory (it is {self.memory_type.name})"
             )
         d = self.definition
-        is_tma = isinstance(d, LoadStoreOp) and d.kind == "tma"
+        is_tma = isinstance(d, LoadStoreOp) and d.kind in ("tma", "cp.async")  # copies into the ring
         if isinstance(type, WarpSpecialized) and not is_tma and type.fill != "threads":
             raise CircbufError(
-                f"circular_buffer({self.name}): a warp-specialized buffer must be filled by TMA "
+                f"circular_buffer({self.name}): a warp-specialized buffer must be filled by TMA or cp.async "
                 "(or by its writers' threads: WarpSpecialized(fill='threads', readers=...))"
             )
         if isinstance(type, WarpSpecialized) and type.fill == "threads" and is_tma:
             raise CircbufError(
-                f"circular_buffer({self.name}): a TMA-filled buffer cannot have fill='threads'"
+                f"circular_buffer({self.name}): a TMA- or cp.async-filled buffer cannot have fill='threads'"
             )
         if axis is not None:
             a = _norm_axis(axis, len(self.loop), self, "circular_buffer")
@@ -671,9 +671,10 @@ class LoadStoreOp(Expr):
 
     op_name = "set"
 
-    def __init__(self, out, in_, kind: str = "set", is_broadcast_dim=None):
+    def __init__(self, out, in_, kind: str = "set", is_broadcast_dim=None, vector: int = 1):
         self.kind = kind
         self.is_broadcast_dim = list(is_broadcast_dim) if is_broadcast_dim else None
+        self.vector = vector  # kind "cp.async": elements per copy
         super().__init__([out], [in_])
 
     def logical_map(self, producer):

@@ -65,6 +65,24 @@ separate from the readers' tile loop, k loop and epilogue)::
         ... epilogue ...
         ADVANCE X_use by K                        // the other warpgroup's tile
 
+Fill ``cp.async`` (a buffer whose copies are ``CpAsyncBox`` es: operands a
+tensor map cannot describe): every thread of the producer role runs the
+copy nest; each waits for the slot, copies its chunks of each box, and
+arrives on the full barrier (``cp.async.mbarrier.arrive.noinc``; after
+copies through registers, ``fence.proxy.async`` and an arrive), whose
+count is the producer's threads per kind of copy (+1 where a TMA buffer
+shares the ring: the elected lane still announces and issues it); the
+consumers fence the proxies after each full wait (wgmma reads what the
+generic proxy wrote)::
+
+    ROLE producer: threadIdx.y == Y
+      RING X_load
+      FOR t ..: FOR k ..
+        WAIT X_empty[load_stage] parity=load_phase ^ 1      // every thread
+        CP_ASYNC_BOX A -> stage (this thread's chunks); CP_ASYNC_BOX B -> stage
+        CP_ASYNC_ARRIVE.NOINC X_full[load_stage]; ADVANCE X_load
+      CP_ASYNC_COMMIT_GROUP; CP_ASYNC_WAIT_GROUP 0; RETURN
+
 A reader's position is found by mapping its loops onto the producer's: the
 i-th serial loop around the reads corresponds to the i-th loop of the
 producer's nest, with the same trip count; a reader loop that starts
@@ -95,7 +113,12 @@ from .kir import (
     BlockReduce,
     BlockSync,
     Comment,
+    CpAsyncArrive,
+    CpAsyncBox,
+    CpAsyncCommit,
+    CpAsyncWait,
     ElectOne,
+    Fence,
     ForLoop,
     IfThenElse,
     Kernel,
@@ -113,6 +136,7 @@ from .kir import (
     TmaLoad,
     Wgmma,
     enclosing,
+    insert_after,
     insert_before,
     thread0_cond,
     walk,
@@ -127,7 +151,7 @@ def _find_loop(nodes, key):
 
 
 def _only_loads(node, tvs) -> bool:
-    if isinstance(node, TmaLoad):
+    if isinstance(node, (TmaLoad, CpAsyncBox)):
         return node.dst.tv in tvs
     if isinstance(node, ForLoop):
         return bool(node.body) and all(_only_loads(n, tvs) for n in node.body)
@@ -163,8 +187,13 @@ def _clone_loads(nodes, mapping, stage_off=None, bar=None):
         else:
             idx = substitute(n.dst.index, mapping)
             dst = TensorRef(n.dst.tv, idx + stage_off if stage_off is not None else idx)
+            b = bar if bar is not None else n.bar
+            if isinstance(n, CpAsyncBox):
+                dims = [(d, box, substitute(first, mapping), ext, st) for d, box, first, ext, st in n.dims]
+                out.append(CpAsyncBox(dst, n.src, dims, n.vector, n.threads, b, n.through_registers))
+                continue
             coords = [substitute(x, mapping) for x in n.coords]
-            out.append(TmaLoad(dst, n.map_index, coords, n.box_bytes, bar if bar is not None else n.bar))
+            out.append(TmaLoad(dst, n.map_index, coords, n.box_bytes, b))
     return out
 
 
@@ -243,6 +272,86 @@ def _issue(ring: Ring, bufs, loop_index, it, gap_wait=False) -> list:
     return body
 
 
+# ------------------------------------------------------- fill: cp.async
+def _boxes(bufs) -> list:
+    out = []
+    walk(
+        [n for b in bufs for n in b.loads], lambda n, _s: out.append(n) if isinstance(n, CpAsyncBox) else None
+    )
+    return out
+
+
+def _by_threads(b) -> bool:
+    """Whether buffer ``b``'s copies are cp.async boxes (else TMA boxes)."""
+    return bool(_boxes([b]))
+
+
+def _fills_by_threads(bufs) -> bool:
+    """Whether the producer's threads fill the ring (some buffer's copies are
+    cp.async boxes): the ring's fill kind ``cp.async``."""
+    return bool(_boxes(bufs))
+
+
+def _cp_async_arrivals(bufs, threads: int) -> int:
+    """Arrivals that complete a stage's full barrier when the producer's
+    threads fill it: one ``cp.async.mbarrier.arrive.noinc`` per thread when
+    some copies are cp.asyncs, one arrive per thread (after its proxy fence)
+    when some go through registers, one ``arrive.expect_tx`` of the elected
+    lane when some buffers are TMA boxes."""
+    boxes = _boxes(bufs)
+    tma = any(not _by_threads(b) for b in bufs)
+    asyn = any(x.is_async for x in boxes)
+    sync = any(not x.is_async for x in boxes)
+    return threads * (int(asyn) + int(sync)) + int(tma)
+
+
+def _issue_threads(ring: Ring, bufs, gap_wait: bool) -> list:
+    """The copies of the producer side's ring position when the producer
+    role's threads fill it (fill ``cp.async``): every thread waits for the
+    slot; the elected lane of warp 0 announces and issues the TMA boxes, if
+    any; every thread issues its chunks of each cp.async box; then its
+    arrivals: ``fence.proxy.async`` + arrive after stores through registers
+    (the wgmmas read the stage through the async proxy), and
+    ``cp.async.mbarrier.arrive.noinc`` for its cp.asyncs."""
+    side, full, empty, S, P = ring.load, ring.full, ring.empty, ring.stages, ring.prefetch
+    st = side.stage
+    body = []
+    if empty:
+        body.append(MBarrierWait(MBarrierRef(empty, st), Bin("^", side.phase, Const(1))))
+        if gap_wait and P < S - 1:
+            body.append(
+                MBarrierWait(
+                    MBarrierRef(empty, simplify((st + (S - P - 1)) % S)),
+                    Bin("^", side.phase, st.lt(P + 1)),
+                )
+            )
+    bar = MBarrierRef(full, st)
+    tma = [b for b in bufs if not _by_threads(b)]
+    if tma:
+        nbytes = Const(0)
+        for b in tma:
+            nbytes = simplify(nbytes + b.stage_bytes)
+        issue = [MBarrierArriveExpectTx(bar, nbytes)]
+        for b in tma:
+            issue += _clone_loads(b.loads, {}, simplify(st * b.stage_elems), bar)
+        body.append(ElectOne(Var("threadIdx.x").lt(32), [Comment("TMA boxes: the elected lane"), *issue]))
+    boxes = []
+    for b in bufs:
+        if b not in tma:
+            copies = _clone_loads(b.loads, {}, simplify(st * b.stage_elems), bar)
+            body += copies
+            walk(copies, lambda n, _s: boxes.append(n) if isinstance(n, CpAsyncBox) else None)
+    if any(not x.is_async for x in boxes):
+        body += [
+            Fence("proxy_async"),  # the stores through registers, before the wgmmas read them
+            MBarrierArrive(bar),
+        ]
+    if any(x.is_async for x in boxes):
+        body.append(CpAsyncArrive(bar))
+    body.append(RingAdvance(side, Const(1)))
+    return body
+
+
 def _release_after_last_read(body, tvs, release) -> list:
     """The slot is free once its last reader is done: a row copied to registers
     releases its stage before the reductions run."""
@@ -289,6 +398,10 @@ def _pipeline(kernel, alloc, key, setup):
     loads = [n for n in loop.body if _only_loads(n, [tv])]
     if not loads:
         raise CircbufError(f"{name}: circular buffering needs the TMA copies directly in its loop")
+    if _fills_by_threads([_Buffer(alloc, loads)]):
+        raise CircbufError(
+            f"{name}: a cp.async fill needs a warp-specialized ring (its producer threads fill it)"
+        )
     rest = [n for n in loop.body if not any(n is m for m in loads)]
     first_read = next((k for k, n in enumerate(loop.body) if _reads(n, tv)), len(loop.body))
     if any(loop.body.index(m) > first_read for m in loads):
@@ -386,7 +499,7 @@ def _warp_specialize(kernel, allocs, names):
     cbody = switch.bodies[k_cons]
     head = [n for n in cbody[:1] if isinstance(n, SetMaxNReg)]
     body = cbody[len(head) :]
-    made = []  # (ring, bufs, levels)
+    made = []  # (ring, bufs, levels, label)
     producer_nest = None
     for members in groups:
         S, P, _ = allocs[members[0]].tv.circular
@@ -406,21 +519,51 @@ def _warp_specialize(kernel, allocs, names):
         else:
             _fuse_under(producer_nest[0], nest[0], bufs, levels, label, body)
             levels = [(producer_nest[0], None)] + levels[1:]
-        # the producer's expect_tx arrival fills a stage; the empty arrivals are known below
-        ring = Ring(label, S, P, list(members), producer_role.name, [consumer_role.name], full_arrivals=1)
+        # the producer's expect_tx arrival fills a TMA stage; cp.async copies arrive per thread
+        threads_fill = _fills_by_threads(bufs)
+        ring = Ring(
+            label,
+            S,
+            P,
+            list(members),
+            producer_role.name,
+            [consumer_role.name],
+            fill="cp.async" if threads_fill else "tma",
+            full_arrivals=_cp_async_arrivals(bufs, producer_role.threads) if threads_fill else 1,
+        )
         kernel.rings.append(ring)
         made.append((ring, bufs, levels, label))
-    # producer: one elected lane runs the copy nest
-    for ring, bufs, levels, _ in made:
-        levels[-1][0].body = _issue(ring, bufs, None, None, gap_wait=True)
-    warp0 = Var("threadIdx.x").lt(32)
-    switch.bodies[k_prod] += [
-        ElectOne(
-            warp0,
-            [Comment("the elected producer lane"), *[RingInit(r.load) for r, *_ in made], *producer_nest],
-        ),
-        Return(),
-    ]
+    by_threads = [r for r, *_ in made if r.fill == "cp.async"]
+    if by_threads and len(made) > 1:
+        raise CircbufError(
+            f"{by_threads[0].name}: a ring filled by the producer's threads (cp.async) is the producer's only "
+            "ring (its threads cannot share the nest with an elected lane's copies)"
+        )
+    if by_threads:
+        ring, bufs, levels, _ = made[0]
+        # producer: every thread of the role runs the copy nest (fill cp.async)
+        levels[-1][0].body = _issue_threads(ring, bufs, gap_wait=True)
+        # a thread leaves once its last copies have landed (cp.async.wait_all)
+        drain = [CpAsyncCommit(), CpAsyncWait(0)] if any(x.is_async for x in _boxes(bufs)) else []
+        switch.bodies[k_prod] += [
+            Comment(f"the producer's {producer_role.threads} threads fill the stages (cp.async)"),
+            RingInit(ring.load),
+            *producer_nest,
+            *drain,
+            Return(),
+        ]
+    else:
+        # producer: one elected lane runs the copy nest
+        for ring, bufs, levels, _ in made:
+            levels[-1][0].body = _issue(ring, bufs, None, None, gap_wait=True)
+        warp0 = Var("threadIdx.x").lt(32)
+        switch.bodies[k_prod] += [
+            ElectOne(
+                warp0,
+                [Comment("the elected producer lane"), *[RingInit(r.load) for r, *_ in made], *producer_nest],
+            ),
+            Return(),
+        ]
 
     # consumers: wait for each position, release it after its last read
     body = [n for n in body if not any(n is m for m in producer_nest)]
@@ -434,6 +577,8 @@ def _warp_specialize(kernel, allocs, names):
             raise CircbufError(
                 f"{label}: the roles pass and the ring disagree on whether the consumer rows split the positions"
             )
+        if ring.fill == "cp.async" and any(x.is_async for x in _boxes(bufs)):
+            _fence_after_full_waits(body, ring)
     switch.bodies[k_cons] = head + body
     return kernel
 
@@ -454,6 +599,19 @@ def _fuse_under(top, other, bufs, levels, label, body):
             setattr(lp, attr, substitute(getattr(lp, attr), mapping))
     top.body += other.body
     body.remove(other)
+
+
+def _fence_after_full_waits(body, ring):
+    """cp.async writes a stage through the generic proxy and the wgmmas read it
+    through the async proxy: each consumer thread fences the proxies after its
+    wait on the full barrier has made the copies visible to it."""
+    waits = []
+    walk(
+        body,
+        lambda n, _s: waits.append(n) if isinstance(n, MBarrierWait) and n.bar.name == ring.full else None,
+    )
+    for w in waits:
+        insert_after(body, w, [Fence("proxy_async")])
 
 
 def _inlined_nest(kernel, body, allocs, names):

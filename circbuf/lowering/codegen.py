@@ -39,6 +39,10 @@ from .kir import (
     BulkCommitGroup,
     BulkWaitGroup,
     Comment,
+    CpAsyncArrive,
+    CpAsyncBox,
+    CpAsyncCommit,
+    CpAsyncWait,
     ElectOne,
     Fence,
     ForLoop,
@@ -367,6 +371,65 @@ class CudaCodegen:
     def visit_TmaLoad(self, n: TmaLoad):
         coords = ", ".join(f"(int)({self.scalar(c)})" for c in n.coords)
         self.emit(f"cb::tma_load(&{self.ref(n.dst)}, &tmap{n.map_index}, {self.bar(n.bar)}, {coords});")
+
+    def visit_CpAsyncBox(self, n: CpAsyncBox):
+        """The producer threads' chunks of one box: thread t copies chunks
+        t, t + threads, ... at the buffer's swizzled addresses."""
+        from .indexing import swizzle_index
+
+        tv, g, v = n.dst.tv, n.src, n.vector
+        nch, thr = n.chunks, n.threads
+        c = Var("cb_c")
+        dst, gidx, cond, inner = n.parts(c)
+        dst = self.scalar(simplify(swizzle_index(tv, simplify(dst))))
+        how = (
+            f"cp.async of {v * g.dtype.size} bytes"
+            if n.is_async
+            else f"{v} loads of one element, one {v * g.dtype.size}-byte shared store"
+        )
+        self.emit(f"{{  // {tv.name} <- {g.name}: a box of {nch * v} elements, {how}, over {thr} threads")
+        self.ind += 1
+        full = nch % thr == 0
+        # chunks in flight per thread within the producer's 48 registers: 4 cp.asyncs,
+        # 2 x 16 bytes loaded through registers (4 spilled, SASS for sm_90a)
+        self.emit(f"#pragma unroll {4 if n.is_async else 2}")
+        self.emit(f"for (index_t cb_i = 0; cb_i < {-(-nch // thr)}; ++cb_i) {{")
+        self.ind += 1
+        self.emit(f"const index_t cb_c = ((index_t)threadIdx.x) + cb_i * {thr};")
+        if not full:
+            self.emit(f"if (cb_c >= {nch}) break;")
+        self.emit(f"const bool cb_in = {self.scalar(simplify(cond))};")
+        self.emit(f"const index_t cb_g = cb_in ? {self.scalar(simplify(gidx))} : 0;")
+        if n.is_async:
+            es = g.dtype.size
+            left = self.scalar(simplify(inner))
+            self.emit(f"const index_t cb_n = cb_in ? ({left} < {v} ? {left} : {v}) : 0;")
+            self.emit(
+                f"cb::cp_async<{v * es}>(&{tv.name}[{dst}], {g.name}.data + cb_g, (unsigned)(cb_n * {es}));"
+            )
+        else:
+            left, step = self.scalar(simplify(inner)), self.scalar(simplify(n.dims[0][4]))
+            arr = f"cb::Array<{tv.dtype.value}, {v}>"
+            zero = literal(Const(0), tv.dtype)
+            self.emit(f"const index_t cb_n = cb_in ? ({left} < {v} ? {left} : {v}) : 0;")
+            self.emit(f"{arr} cb_v;")
+            self.emit("#pragma unroll")
+            self.emit(f"for (int cb_j = 0; cb_j < {v}; ++cb_j)")
+            self.emit(f"  cb_v.v[cb_j] = cb_j < cb_n ? {g.name}.data[cb_g + cb_j * {step}] : {zero};")
+            self.emit(f"*reinterpret_cast<{arr}*>(&{tv.name}[{dst}]) = cb_v;")
+        self.ind -= 1
+        self.emit("}")
+        self.ind -= 1
+        self.emit("}")
+
+    def visit_CpAsyncArrive(self, n: CpAsyncArrive):
+        self.emit(f"cb::cp_async_mbar_arrive_noinc({self.bar(n.bar)});")
+
+    def visit_CpAsyncCommit(self, n: CpAsyncCommit):
+        self.emit("cb::cp_async_commit();")
+
+    def visit_CpAsyncWait(self, n: CpAsyncWait):
+        self.emit(f"cb::cp_async_wait<{n.pending}>();")
 
     def visit_BlockSync(self, n: BlockSync):
         if not is_block_wide(n.barrier):

@@ -41,6 +41,7 @@ from .allocation import allocation_strides
 from .kir import (
     Assign,
     BlockReduce,
+    CpAsyncBox,
     ExprStmt,
     Kernel,
     ReductionInit,
@@ -151,7 +152,7 @@ class _Indexer:
         idx = self.buffer_index(p, logical_to_ids(p, plog))
         return TensorRef(p, swizzle_index(p, idx) if swizzled else idx)
 
-    def _box(self, box_tv, g, g_axes, ids):
+    def _box(self, box_tv, g, g_axes, ids, cp_async=False):
         """The tensor-map dims of one bulk copy of global ``g``: the Bulk loop
         axes of ``box_tv`` (each the inner part of a split of merged logical
         axes), innermost logical axis first, as (g axes, box, coordinate).
@@ -181,6 +182,15 @@ class _Indexer:
             axes = tuple(to_g[i.id] for i in leaves)
             covered.update(axes)
             dims.append((axes, box_extent(ax), ids[top.id]))
+        if cp_async:
+            # threads copy through the strides: the box's dims are the buffer's bulk
+            # axes, innermost first, whatever the memory order
+            dims.reverse()
+            gl = g.domain.no_reductions()
+            for d, lid in enumerate(g_axes):
+                if d not in covered:
+                    dims.append(((d,), 1, Const(0) if gl[d].is_broadcast else ids.get(lid, Const(0))))
+            return dims
         # the tensor map's dims follow the memory order the kernel is specialized for
         order = self.k.memory_orders.get(g.name, list(range(len(g.domain.no_reductions()))))
         mem = {d: k for k, d in enumerate(order)}
@@ -197,7 +207,7 @@ class _Indexer:
         dims.sort(key=lambda x: -mem[x[0][-1]])  # innermost in memory first
         if len(dims) > 5:
             raise CircbufError(f"{box_tv.name}: a tensor map has at most 5 dims, this copy needs {len(dims)}")
-        if (dims[0][1] * g.dtype.size) % 16:
+        if not cp_async and (dims[0][1] * g.dtype.size) % 16:
             raise CircbufError(
                 f"{box_tv.name}: the innermost box extent ({dims[0][1]} x {g.dtype.size} B) must be a multiple of 16 bytes"
             )
@@ -239,6 +249,57 @@ class _Indexer:
         m, coords, nbytes = self._map(g, dims, out)
         return TmaLoad(dst, m, coords, nbytes)
 
+    def cp_async_box(self, node) -> CpAsyncBox:
+        """The box a TMA load of the same buffer would copy, copied by the
+        producer threads instead (the fill kind ``cp.async``, for strides and
+        pointers a tensor map cannot describe): the box's dims with their
+        extents and the global tensor's strides, no tensor map."""
+        e = node.expr
+        out, g = e.out, e.inputs[0]
+        ids = loop_to_ids(out, node.index)
+        dst = TensorRef(out, self.buffer_index(out, node.index))
+        dims = self._box(out, g, [c.id for _, c in e.logical_map(g)], ids, cp_async=True)
+        strides = dict((a.id, s) for a, s in allocation_strides(out))
+        expect = 1
+        for ax in reversed([a for a in out.loop if a.parallel_type == ParallelType.Bulk]):
+            if simplify(strides.get(ax.id, Const(-1))) != Const(expect):
+                raise CircbufError(
+                    f"{out.name}: bulk axes must be the innermost axes of the buffer, in order"
+                )
+            expect *= box_extent(ax)
+        if out.swizzle_bytes and dims[0][1] * g.dtype.size != out.swizzle_bytes:
+            raise CircbufError(
+                f"{out.name}: a {out.swizzle_bytes}-byte swizzled box needs an inner extent of "
+                f"{out.swizzle_bytes} bytes, not {dims[0][1]} x {g.dtype.size}"
+            )
+        gl = g.domain.no_reductions()
+        box = []
+        for axes, n, first in dims:
+            if len(axes) != 1:
+                raise CircbufError(f"{out.name}: a cp.async box dim must be one axis of {g.name}, not {axes}")
+            d = axes[0]
+            ext = Const(1) if gl[d].is_broadcast else gl[d].extent
+            stride = Const(0) if gl[d].is_broadcast else self.k.strides[(g.name, d)]
+            box.append((d, n, first, ext, stride))
+        vec = getattr(e, "vector", 1) or 1
+        # the scheduler picked the width for a unit-stride innermost box dim (a stride
+        # the kernel reads at run time is 1 there too: the params, which key the
+        # compiled kernel, carry the width)
+        if box[0][1] % vec:
+            raise CircbufError(
+                f"{out.name}: {vec}-element copies do not divide the box's inner extent {box[0][1]}"
+            )
+        threads = self.k.launch.get(ParallelType.TIDx, Const(1))
+        assert isinstance(threads, Const), threads
+        regs = vec * g.dtype.size < 4  # cp.async copies 4 bytes at least
+        if regs:  # 16 bytes of single-element loads per chunk, one shared store
+            vec = 16 // g.dtype.size
+            if box[0][1] % vec:
+                raise CircbufError(
+                    f"{out.name}: the box's inner extent {box[0][1]} is no multiple of 16 bytes"
+                )
+        return CpAsyncBox(dst, g, box, vec, threads.value, through_registers=regs)
+
     def tma_store(self, node) -> TmaStore:
         """A bulk copy of the box of global ``out`` whose first element the loop
         indices name, from the shared buffer its producer wrote. The buffer
@@ -270,6 +331,8 @@ class _Indexer:
     def lower(self, node):
         if isinstance(node, ExprStmt) and isinstance(node.expr, MmaOp):
             return wgmma_ops.lower_mma(self, node)
+        if isinstance(node, ExprStmt) and isinstance(node.expr, LoadStoreOp) and node.expr.kind == "cp.async":
+            return self.cp_async_box(node)
         if isinstance(node, ExprStmt) and isinstance(node.expr, LoadStoreOp) and node.expr.kind == "tma":
             if node.expr.out.memory_type == MemoryType.Global:
                 return self.tma_store(node)

@@ -242,6 +242,110 @@ class TmaLoad(Node):
 
 
 @dataclass(eq=False)
+class CpAsyncBox(Node):
+    """The fill kind ``cp.async`` of a ring: the ``threads`` threads of the
+    producer role (``threadIdx.x`` of its row) copy one box of global ``src``
+    into shared ``dst``, which the box fills densely, innermost dim first, at
+    the buffer's swizzled addresses (what a TMA copy of the same box writes,
+    so the wgmma descriptors do not change). ``dims``: per box dim, innermost
+    first, ``(axis of src, box extent, first coordinate, extent, stride)``.
+    Thread ``t`` copies chunks ``t, t + threads, ...`` of ``vector`` elements:
+    a ``cp.async`` of 16, 8 or 4 bytes whose src-size zero-fills what lies
+    past the tensor's extents; or, ``through_registers`` (rows only 2-byte
+    aligned: cp.async copies 4 bytes at least), 16 bytes of elements loaded
+    one by one (along the inner dim's stride, zero past the extents) into
+    registers and stored to shared memory at once. Completion:
+    the ring's ``cp.async.mbarrier.arrive.noinc`` (:class:`CpAsyncArrive`), or
+    for copies through registers a proxy fence and an arrive."""
+
+    needs = TargetNeed("cp.async", 80)
+    dst: TensorRef
+    src: TensorView
+    dims: list
+    vector: int
+    threads: int
+    bar: object = None  # MBarrierRef of the stage's full barrier, set by the circular-buffer pass
+    through_registers: bool = False
+
+    @property
+    def is_async(self) -> bool:
+        return not self.through_registers
+
+    @property
+    def chunks(self) -> int:
+        n = 1
+        for d in self.dims:
+            n *= d[1]
+        assert n % self.vector == 0 and self.dims[0][1] % self.vector == 0
+        return n // self.vector
+
+    def parts(self, chunk: Scalar):
+        """For chunk index ``chunk``: (the shared element index of its first
+        element, unswizzled; the global element index; the condition that its
+        first element is in range; the number of its elements in range)."""
+        e = chunk * self.vector
+        gidx, conds, inner = Const(0), [], None
+        div = 1
+        for k, (_axis, box, first, extent, stride) in enumerate(self.dims):
+            local = (e // div) % box if k + 1 < len(self.dims) else e // div
+            div *= box
+            x = first + local
+            gidx = gidx + x * stride
+            if k == 0:
+                inner = extent - x
+            conds.append(x.lt(extent))
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = Bin("&&", cond, c)
+        return self.dst.index + e, gidx, cond, inner
+
+    def lines(self, ind):
+        box = "x".join(str(d[1]) for d in reversed(self.dims))
+        coords = ", ".join(str(d[2]) for d in self.dims)
+        nbytes = self.vector * self.src.dtype.size
+        how = f"cp.async {nbytes}B" if self.is_async else f"{self.vector} loads, st.shared {nbytes}B"
+        return [
+            "  " * ind + f"CP_ASYNC_BOX {self.dst} <- {self.src.name}{{{coords}}} box [{box}] ({how}, "
+            f"{self.threads} threads) on {self.bar}"
+        ]
+
+
+@dataclass(eq=False)
+class CpAsyncArrive(Node):
+    """``cp.async.mbarrier.arrive.noinc``: one arrival on ``bar`` once every
+    cp.async this thread issued before has landed (no pending count added:
+    the barrier expects it among its arrivals)."""
+
+    needs = TargetNeed("cp.async.mbarrier.arrive", 80)
+    bar: object
+
+    def lines(self, ind):
+        return ["  " * ind + f"CP_ASYNC_ARRIVE.NOINC {self.bar}"]
+
+
+@dataclass(eq=False)
+class CpAsyncCommit(Node):
+    """cp.async.commit_group: close this thread's open group of cp.asyncs."""
+
+    needs = TargetNeed("cp.async", 80)
+
+    def lines(self, ind):
+        return ["  " * ind + "CP_ASYNC_COMMIT_GROUP"]
+
+
+@dataclass(eq=False)
+class CpAsyncWait(Node):
+    """cp.async.wait_group: wait until at most ``pending`` of this thread's
+    committed cp.async groups are in flight."""
+
+    needs = TargetNeed("cp.async", 80)
+    pending: int
+
+    def lines(self, ind):
+        return ["  " * ind + f"CP_ASYNC_WAIT_GROUP {self.pending}"]
+
+
+@dataclass(eq=False)
 class TmaStore(Node):
     """One bulk tensor copy shared -> global, in the issuing thread's bulk group."""
 
@@ -507,10 +611,13 @@ class Ring:
     running up to ``prefetch`` positions ahead. ``producer`` and
     ``consumers`` name roles (None / []: a Pipelined ring, where thread 0
     fills and every thread reads). ``fill`` says how a slot is filled:
-    ``"tma"`` (expect_tx on the full barrier; the copies complete it), later
-    ``"threads"`` (the producer's threads write, then arrive) and
-    ``"cp.async"``. ``full``/``empty`` are the mbarrier arrays (``empty``
-    None: a block sync releases the slots), completing a phase on
+    ``"tma"`` (expect_tx on the full barrier; the copies complete it),
+    ``"cp.async"`` (every producer thread copies its chunks of each box and
+    arrives: ``cp.async.mbarrier.arrive.noinc``, or a proxy fence and an
+    arrive after stores through registers; a TMA buffer of the same ring is
+    still announced and issued by the elected lane), later ``"threads"``.
+    ``full``/``empty`` are the mbarrier arrays (``empty`` None: a block
+    sync releases the slots), completing a phase on
     ``full_arrivals``/``empty_arrivals`` arrivals; ``load``/``use`` carry
     each side's stage index and phase bit.
 

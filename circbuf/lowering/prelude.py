@@ -434,6 +434,28 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, unsi
 
 // ---- TMA stores and bulk groups (sm_90) ----
 // the threads' shared-memory writes, visible to bulk copies issued after the next barrier
+// ---- cp.async (sm_80+): a ring filled by the producer's threads ----
+// B bytes from global src to shared dst; src_bytes < B zero-fills the rest (0: all zeros,
+// src not read). 16-byte copies bypass L1 (.cg), smaller ones may not (.ca only).
+template <int B> __device__ __forceinline__ void cp_async(void* dst, const void* src, unsigned src_bytes) {
+  static_assert(B == 4 || B == 8 || B == 16, "cp.async copies 4, 8 or 16 bytes");
+  if constexpr (B == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_u32(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"(smem_u32(dst)), "l"(src), "n"(B),
+                 "r"(src_bytes) : "memory");
+  }
+}
+// one arrival on bar once this thread's earlier cp.asyncs have landed (.noinc: counted
+// among the barrier's expected arrivals)
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }

@@ -29,10 +29,13 @@ sub-tile (a bias along N once per fragment column, along M once per tile),
 and an input contiguous along an even N is read an accumulator pair at a
 time: one 4-byte load of two bf16 (``_hoist_epilogue_inputs``).
 
-Fusions the tensor cores cannot take (fp32 or mixed operands, 1-D
-operands, strides a tensor map cannot describe, K = 0, prologue math on
-the operands) are translated to a sum of products and run by the plain
-reduction scheduler: correct, not fast.
+An operand whose strides or data pointer a tensor map cannot describe is
+staged by the producer warpgroup's threads instead (the ring's fill kind
+``cp.async``, :func:`_operand_fill`): same tiles, same swizzled stages, same
+wgmma consumers. Fusions the tensor cores cannot take (fp32 or mixed
+operands, 1-D operands, K = 0, prologue math on the operands) are
+translated to a sum of products and run by the plain reduction scheduler:
+correct, not fast.
 """
 
 from __future__ import annotations
@@ -171,8 +174,9 @@ def _simt_refuses(fusion: Fusion) -> str | None:
     """Why the SIMT path (the matmul decomposed into a sum of products, run
     by the reduction scheduler) cannot take ``fusion``, else None. The
     tensor-core path falls back to it on grounds of the fusion's structure
-    (:func:`_mma_structure`) and of the inputs' dtypes, strides, alignment and
-    sizes, known only at compile; so a fusion the SIMT path cannot take is
+    (:func:`_mma_structure`) and of the inputs' sizes (K = 0, an empty
+    operand), known only at compile (strides and alignment no longer: a
+    cp.async fill takes what a tensor map cannot describe); so a fusion the SIMT path cannot take is
     refused here, where the segmenter can still split it (an output of the
     bias's shape beside the matmul's, say, gets a kernel of its own)."""
     from .reduction import ReductionScheduler
@@ -183,7 +187,7 @@ def _simt_refuses(fusion: Fusion) -> str | None:
     if why is None:
         return None
     e = contractions(fusion)[0]
-    when = _mma_structure(fusion, e) or "inputs the tensor cores cannot read (strides, alignment, sizes)"
+    when = _mma_structure(fusion, e) or "inputs the tensor cores cannot take (K = 0, an empty operand)"
     return f"matmul {e.out.name} runs on the SIMT path for {when}, which cannot take this fusion: {why}"
 
 
@@ -228,9 +232,8 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
         t = info.tensors[fusion.inputs.index(x)]
         if any(s == 0 for s in t.sizes):
             return f"{x.name} is empty"
-        why = _operand_layout(t)[1]
-        if why:
-            return f"operand {x.name}: {why}"
+    # strides or a pointer a tensor map cannot describe: the operand's ring is filled
+    # by the producer threads with cp.async instead (_operand_fill), never the SIMT path
     return None
 
 
@@ -257,6 +260,43 @@ def _operand_layout(t) -> tuple:
     return major, None
 
 
+# ------------------------------------------------- operand fill (cp.async)
+FILLS = ("tma", "cp.async")
+
+
+def _operand_fill(t, fill=None) -> tuple:
+    """How the producer fills an operand's ring slots: ``(fill, major, vector)``.
+    ``"tma"`` where a tensor map can describe the tensor (:func:`_operand_layout`),
+    else (or when ``fill="cp.async"`` asks) ``"cp.async"``: the producer
+    warpgroup's threads copy the box, ``vector`` elements per copy, the widest
+    of 16, 8 and 4 bytes that the data pointer and every stride but the
+    contiguous axis's allow; ``vector`` 1 (a 16-bit element whose rows are only
+    2-byte aligned: an odd K, a pointer one element off) is a load and a
+    shared store through registers, as cp.async copies 4 bytes at least.
+    ``major`` as :func:`_operand_layout` (a tensor with no unit-stride axis is
+    read element by element in its own order: "inner")."""
+    major, why = _operand_layout(t)
+    if fill == "tma" and why is not None:
+        return None, why, None
+    if why is None and fill != "cp.async":
+        return "tma", major, None
+    if t.sizes[-1] == 1 or t.strides[-1] == 1:
+        major, unit = "inner", len(t.sizes) - 1
+    elif t.sizes[-2] == 1 or t.strides[-2] == 1:
+        major, unit = "outer", len(t.sizes) - 2
+    else:
+        return "cp.async", "inner", 1
+    vector = 1
+    for nbytes in (16, 8, 4):
+        v = nbytes // t.itemsize
+        if v < 1 or t.align % nbytes:
+            continue
+        if all(n == 1 or st % v == 0 for d, (n, st) in enumerate(zip(t.sizes, t.strides)) if d != unit):
+            vector = v
+            break
+    return "cp.async", major, vector
+
+
 def _mma_params(fusion, e, info, ov) -> MatmulParams:
     """Heuristics and the validation of every override (a CircbufError names
     the rule a value breaks)."""
@@ -270,11 +310,22 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         batch *= evaluate(i.loop_extent, env)
     ta = info.tensors[fusion.inputs.index(a)]
     tb = info.tensors[fusion.inputs.index(b)]
-    a_major = "K" if _operand_layout(ta)[0] == "inner" else "M"
+    fill = ov.get("fill")
+    if fill is not None and fill not in FILLS:
+        raise CircbufError(f"schedule(fill={fill!r}): must be one of 'tma', 'cp.async'")
+    fa, la, va = _operand_fill(ta, fill)
+    fb, lb, vb = _operand_fill(tb, fill)
+    for x, f, why in ((a, fa, la), (b, fb, lb)):
+        if f is None:
+            raise CircbufError(
+                f"schedule(fill='tma'): TMA cannot describe operand {x.name} ({why}); "
+                "use fill='cp.async' or leave fill unset"
+            )
+    a_major = "K" if la == "inner" else "M"
     if isinstance(e, LinearOp):
-        b_major = "K" if _operand_layout(tb)[0] == "inner" else "N"
+        b_major = "K" if lb == "inner" else "N"
     else:
-        b_major = "N" if _operand_layout(tb)[0] == "inner" else "K"
+        b_major = "N" if lb == "inner" else "K"
     persistent = ov.get("persistent", True)
     pingpong = ov.get("pingpong", False)
     for name, v in (("persistent", persistent), ("pingpong", pingpong)):
@@ -339,7 +390,9 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     # sub-tiles: a sub-tile is written while the last one's TMA store still reads
     # epilogue inputs the producer loads by TMA (cooperative, TMA-stored outputs): a
     # stage per sub-tile of a tile, so the producer never waits on the epilogue for them
-    loaded = () if pingpong or role or not tma_ok else _tma_inputs(fusion, e, info, epi[1])
+    # (a cp.async operand fill is the producer's only ring: its threads run the copy nest)
+    simple = not (pingpong or role or "cp.async" in (fa, fb)) and tma_ok
+    loaded = _tma_inputs(fusion, e, info, epi[1]) if simple else ()
     input_bytes = sum(loaded) * input_stages(bn, epi[1]) * bm * epi[1] * 2
     # (their rings take the shared memory of the second staging buffer)
     buffers = 2 if tma_ok and (bn // epi[1]) % 2 == 0 and not loaded else 1
@@ -412,7 +465,10 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         registers = None
         budget_regs = entry
     else:
-        registers = ov.get("registers", (40, 232))
+        # a producer whose threads compute the addresses of cp.async copies needs more than
+        # the 40 registers of one issuing TMA: 40 spilled a 16-byte cp.async fill's loop
+        # (SASS, NVRTC for sm_90a), 48 (the most beside 2 x 232) did not
+        registers = ov.get("registers", (48, 232) if "cp.async" in (fa, fb) else (40, 232))
         try:  # the operand rings are warp specialized with these: WarpSpecialized's rule
             WarpSpecialized(on=ParallelType.TIDy, registers=registers)
         except CircbufError:
@@ -457,11 +513,17 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         epilogue_tile=tuple(epi),
         store=store,
         store_buffers=buffers,
+        # stored from registers (rows not 16-byte aligned, or no TMA box): an accumulator
+        # pair (two adjacent columns of a thread's fragment) per store where N is even, as
+        # the plan allocates the outputs contiguous: their rows are then pair-aligned
+        store_vector=2 if store == "direct" and n % 2 == 0 else 1,
         grid=max(grid, 1),
         a_major=a_major,
         b_major=b_major,
         vectorize_inputs=vec,
         tma_inputs=loaded,
+        fill=(fa, fb),
+        copy_vector=(va or 0, vb or 0),
     )
 
 
@@ -671,12 +733,12 @@ def translate(fusion: Fusion, params: MatmulParams):
     batch = cx[:nb]
     k_ext = a.logical[-1].extent
 
-    def staged(x, roles):
+    def staged(x, roles, fill, vector):
         """x staged in shared memory as [batch.., M, N, K]-roled axes in x's
         own order, with broadcast axes for the roles x lacks."""
         flags = [True] * (nb - roles.count("B")) + [r == "-" for r in roles]
         xs = _new(fusion, broadcast_ids(x.domain.no_reductions(), flags), x.dtype, MemoryType.Shared)
-        LoadStoreOp(xs, x, kind="tma", is_broadcast_dim=flags)
+        LoadStoreOp(xs, x, kind=fill, is_broadcast_dim=flags, vector=vector)
         return xs
 
     a_roles = ["B"] * (a.ndim - 2) + ["M", "-", "K"]  # [.., M, bN, K]
@@ -684,7 +746,8 @@ def translate(fusion: Fusion, params: MatmulParams):
         b_roles = ["-", "N", "K"]  # [.., bM, N, K]
     else:
         b_roles = ["B"] * (b.ndim - 2) + ["-", "K", "N"]  # [.., bM, K, N]
-    As, Bs = staged(a, a_roles), staged(b, b_roles)
+    (fa, fb), (va, vb) = params.fill, params.copy_vector
+    As, Bs = staged(a, a_roles, fa, va), staged(b, b_roles, fb, vb)
     ra = ["B"] * nb + ["M", "N", "K"]
     rb = ["B"] * nb + (["M", "N", "K"] if linear else ["M", "K", "N"])
     acc = _new(
@@ -894,6 +957,12 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             cs = o.cache_before(op="tma")
             cr = cs.cache_before()  # the epilogue's last value, in registers
             staged[id(cs)] = (o, cs, cr)
+    # outputs stored from registers a pair at a time: o = set(vec2 cr)
+    paired = {}
+    if params.store == "direct" and params.store_vector > 1:
+        for o in list(fusion.outputs):
+            cr = o.cache_before()
+            paired[id(o)] = cr
     lmap = LogicalMap(fusion)
     concretize_broadcasts(fusion, lmap)
     classes = {}
@@ -928,12 +997,14 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             tv.swizzle(128)
             tv.inline_at(axes["inline"])
             tv.axis(-1).parallelize(ParallelType.Vectorize)  # e: a bf16 pair per store
+        elif id(tv) in paired:
+            tv.axis(-1).parallelize(ParallelType.Vectorize)  # e: an accumulator pair per store
         elif not tv.is_output:
             tv.memory_type = MemoryType.Local
     acc.inline_at(3 if params.persistent else 2)  # the tile loop, the grid, the warpgroup
     if params.pingpong:
         acc.take_turns(ParallelType.TIDy)
-    last = {id(cr) for _, _, cr in staged.values()}
+    last = {id(cr) for _, _, cr in staged.values()} | {id(cr) for cr in paired.values()}
     for tv in fusion.used_tvs():
         if (
             not (tv.is_input or tv.is_output or tv in (As, Bs, acc, handoff, *loaded))

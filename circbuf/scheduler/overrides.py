@@ -203,6 +203,8 @@ MATMUL = _table(
              ok=lambda v: _ints(2, ("producer", "consumers"), lo=24)["ok"](v) and all(x <= 256 and x % 8 == 0 for x in v)),
     Override("epilogue_tile", used_by=(MM,), doc="output sub-tile: 64 rows by a multiple of 8 dividing bn",
              **_ints(2, ("rows", "cols"))),
+    Override("fill", used_by=(MM,), doc="operand ring fill: 'tma' (tensor maps) or 'cp.async' (producer threads); "
+             "default: tma where a tensor map can describe the operand", **_choice("tma", "cp.async")),
 )  # fmt: skip
 
 TABLES = {

@@ -171,6 +171,8 @@ class MatmulParams(Params):
     grid: int = DEFAULT.sm_count
     store: str = "tma"  # outputs: "tma" (staged in shared memory, TMA stores) or "direct" (from registers)
     store_buffers: int = 2  # staging buffers per warpgroup that sub-tiles alternate between
+    # store "direct": elements per store from registers (2: an accumulator pair, N even)
+    store_vector: int = field(default=1, metadata={"hide_default": True})
     a_major: str = "K"  # which axis of A is contiguous in memory: "K" or "M"
     b_major: str = "K"  # of B: "K" (linear's [N, K] weight) or "N" (matmul's [K, N])
     simt: object = None  # ReductionParams: the sum-of-products path
@@ -181,6 +183,12 @@ class MatmulParams(Params):
     # shared memory by TMA, a [bm x en] sub-tile per stage of a ring of its own, while the
     # tile's MMAs run; the epilogue reads it there
     tma_inputs: tuple = field(default=(), metadata={"hide_default": True})
+    # how the producer fills each operand's (A's, B's) ring slots: "tma" (a tensor map) or
+    # "cp.async" (the producer warpgroup's threads, for strides or pointers TMA cannot take)
+    fill: tuple = field(default=("tma", "tma"), metadata={"hide_default": True})
+    # cp.async: elements per copy of each operand (8/4/2 for 16/8/4 bytes of bf16; 1: through
+    # registers, rows only 2-byte aligned); 0 for a TMA fill
+    copy_vector: tuple = field(default=(0, 0), metadata={"hide_default": True})
 
     def brief(self) -> str:
         if self.simt is not None:
