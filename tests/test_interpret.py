@@ -118,6 +118,22 @@ def _segmented():
     return fd, ins, ref
 
 
+def _mm_role():
+    """linear + bias + gelu through the epilogue role (its hand-off ring); ``_mm``'s
+    ``epilogue`` names the activation, so the override goes to schedule() here."""
+    fd, ins, ref = _mm("linear", 130, 264, 72, bias=True, epilogue="gelu")
+    fd.fusion.schedule(epilogue="role")
+    return fd, ins, ref
+
+
+def _mm_residual():
+    """linear + a residual the producer loads by TMA (a second ring)."""
+    from tests.test_gpu_matmul import epilogue_input
+
+    fd, ins, ref = epilogue_input("residual", 130, 136, 72)
+    return fd, ins, lambda: ref
+
+
 CASES = {
     "pointwise": lambda: _pw(2, (33, 200)),
     "pointwise_tma": lambda: _pw(2, (40, 512), stages=3),
@@ -133,12 +149,14 @@ CASES = {
     "outer_max_pipelined": lambda: _outer("max", (20, 3, 64), (0,), stages=3, warp_specialized=False),
     "outer_sum_weight_ws": lambda: _outer("sum", (99, 136), (0,), True, stages=3, warp_specialized=True),
     "outer_sum_plain": lambda: _outer("sum", (20, 3, 64), (0,), tma=False),
-    "matmul_simt": lambda: _mm("matmul", 17, 20, 30),
+    "matmul_simt": lambda: _mm("matmul", 17, 20, 30, torch.float32),  # fp32 operands: the SIMT path
     "matmul_cooperative": lambda: _mm("matmul", 128, 256, 128),
     "matmul_cp_async_odd_k": lambda: _mm("matmul", 100, 130, 127),  # both operands' rows 2-byte aligned
     "matmul_pingpong_bias_gelu": lambda: _mm(
         "linear", 100, 136, 72, bias=True, epilogue="gelu", pingpong=True
     ),
+    "matmul_epilogue_role": _mm_role,
+    "matmul_residual_by_tma": _mm_residual,
     "segmented_linear_layer_norm": _segmented,
 }
 
@@ -149,13 +167,16 @@ def _kind(p) -> str:
     if p is None:
         return "manual"  # scheduled by hand
     if name == "MatmulParams":
-        return (
-            "matmul simt"
-            if p.simt is not None
-            else "matmul ping-pong"
-            if p.pingpong
-            else "matmul cooperative"
-        )
+        if p.simt is not None:
+            return "matmul simt"
+        kind = "matmul ping-pong" if p.pingpong else "matmul cooperative"
+        if p.epilogue == "role":
+            kind += " epilogue role"
+        if any(p.tma_inputs):
+            kind += " inputs by tma"
+        if "cp.async" in p.fill:
+            kind += " cp.async"
+        return kind
     if name == "NormalizationParams":
         return f"normalization {p.staging}" + (" warp-specialized" if p.warp_specialized else "")
     if name in ("PointwiseTmaParams", "OuterReductionParams"):
@@ -174,7 +195,8 @@ KINDS = {
     "pointwise", "pointwise tma", "pointwise tma tma store", "pointwise tma warp-specialized",
     "normalization registers", "normalization tma", "normalization tma warp-specialized", "reduction",
     "outer reduction", "outer reduction warp-specialized", "matmul simt", "matmul cooperative",
-    "matmul ping-pong", "segmented",
+    "matmul ping-pong", "matmul cooperative epilogue role", "matmul cooperative inputs by tma",
+    "matmul cooperative cp.async", "segmented",
 }  # fmt: skip
 
 
