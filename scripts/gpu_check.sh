@@ -4,7 +4,12 @@
 set -u
 what=${1:-all}
 OUT=${OUT:-/tmp/circbuf_out}; mkdir -p "$OUT"; export OUT
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# the checkout is on PYTHONPATH, not pip-installed: a dist-info beside it registers
+# pyproject's torch_dynamo_backends entry point as `pip install -e .` would
+META=/tmp/circbuf_meta/circbuf-0.0.dev0.dist-info; mkdir -p "$META"
+printf 'Metadata-Version: 2.1\nName: circbuf\nVersion: 0.0.dev0\n' > "$META/METADATA"
+printf '[torch_dynamo_backends]\ncircbuf = circbuf.dynamo:backend\n' > "$META/entry_points.txt"
+export PYTHONPATH=$PWD:/tmp/circbuf_meta${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export CIRCBUF_CACHE_DIR=/tmp/circbuf_cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, cuda.bindings, hypothesis; from cuda.bindings import nvrtc; print('torch', torch.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:])" | tee -a "$OUT/gpu.txt"
