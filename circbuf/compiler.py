@@ -25,6 +25,7 @@ their last reader. Cubins are also cached on disk by NVRTC source hash
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import math
 import operator
 import struct
@@ -42,8 +43,10 @@ from .ir import (
     Var,
     evaluate,
 )
+from .ir.fingerprint import Unfingerprintable, fingerprint
 from .lowering import codegen, lower
 from .lowering.kir import target_needs
+from .runtime import kernel_cache
 from .runtime.executor import (
     CompiledFusion,
     CompiledKernel,
@@ -81,6 +84,13 @@ class FusionExecutor:
         self._shape_scalars = _shape_scalar_positions(fusion)
         self._plans: dict = {}
         self._compiled: dict = {}
+        self._by_sig: dict = {}  # warm key (_warm_key) -> CompiledKernel
+        self._fingerprint = None  # the fusion's, once a warm key needed it
+        # scalar inputs no size is built from: their values are not compiled in
+        shape_names = {fusion.inputs[k].name for k in self._shape_scalars}
+        self._value_scalars = {
+            x.name for x in fusion.inputs if isinstance(x, Var) and x.name not in shape_names
+        }
         self.last: CompiledKernel | CompiledFusion | None = None
 
     # ------------------------------------------------------------- bind
@@ -269,11 +279,81 @@ class FusionExecutor:
         return finish
 
     def _compile(self, info: InputInfo, arch: str) -> CompiledKernel:
+        """The kernel for ``info`` on ``arch``: from this executor's memory, from
+        the disk cache (a warm start: no scheduling, lowering or codegen), or
+        compiled afresh (and put in both)."""
+        overrides = dict(self.fusion.schedule_overrides)
+        key = self._warm_key(info, arch, overrides)
+        if key is not None:
+            ck = self._by_sig.get(key)
+            if ck is None:
+                ck = kernel_cache.load(
+                    key, arch, lambda: self._compile_fresh(info, arch, overrides), self.fusion.print_math
+                )
+            if ck is not None:
+                self._remember(key, ck)
+                return ck
+        ck = self._compile_fresh(info, arch, overrides)
+        if key is not None:
+            self._remember(key, ck)
+            kernel_cache.store(key, ck)
+        return ck
+
+    def _remember(self, key, ck):
+        if len(self._by_sig) >= self.MAX_PLANS:
+            self._by_sig.clear()
+        self._by_sig[key] = ck
+
+    def _warm_key(self, info: InputInfo, arch: str, overrides: dict) -> str | None:
+        """The disk cache's key for this fusion compiled for ``info`` on ``arch``:
+        everything the kernel depends on (the fusion's structure, the inputs'
+        dtypes, sizes, strides and pointer alignment, the sizes and the scalars
+        sizes are built from, the overrides, the target, arch, the knobs that
+        change the code, the schedulers in play, circbuf's source and NVRTC's
+        release). None: not cached (a manual schedule, CIRCBUF_DUMP asking for
+        the stages, a fusion the fingerprint cannot write)."""
+        if not knobs.cache_dir() or knobs.dump_stages() or self.fusion.manual_schedule:
+            return None
+        if self._fingerprint is None:
+            try:
+                self._fingerprint = fingerprint(self.fusion)
+            except Unfingerprintable:
+                self._fingerprint = ""
+        if not self._fingerprint:
+            return None
+        from .scheduler import registry
+
+        if set(overrides) & registry.deprecated_names():  # renamed at compile, with a warning each time
+            return None
+        try:
+            ov = fingerprint(dict(sorted(overrides.items())))
+        except Unfingerprintable:
+            return None
+        from .runtime.nvrtc import nvrtc_identity
+
+        values = self._value_scalars
+        env = sorted((k, v) for k, v in info.extents.items() if k not in values)
+        parts = (
+            "circbuf-kernel-1",
+            kernel_cache.source_hash(),
+            nvrtc_identity(),
+            self._fingerprint,
+            ov,
+            repr(self.is_segment),
+            repr(info.tensors),
+            repr(env),
+            repr(info.target),
+            arch,
+            repr((knobs.debug_hang(), knobs.fast_math())),
+            repr([s[0].name for s in registry.SCHEDULERS]),
+        )
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    def _compile_fresh(self, info: InputInfo, arch: str, overrides: dict) -> CompiledKernel:
         out_shapes = self._out_shapes(info.extents)
         layouts, index_type = self._layout(info, out_shapes)
         manual = self.fusion.manual_schedule
         fusion = self.fusion if manual else self.fusion.clone()
-        overrides = dict(self.fusion.schedule_overrides)
         if manual:
             if overrides:
                 raise CircbufError("schedule() overrides do not apply to a manually scheduled fusion")
@@ -554,7 +634,7 @@ class FusionExecutor:
     def _build_plan(self, ck: CompiledKernel, info: InputInfo, device) -> Plan:
         """Launch geometry, output specs and the packed argument buffer for
         one input signature (no CUDA calls: testable on the CPU)."""
-        k = ck.kernel
+        k = ck.launch
         env = dict(info.extents)
         p = Plan()
         p.ck, p.device, p.poison = ck, device, knobs.poison_outputs()
@@ -632,7 +712,7 @@ class FusionExecutor:
 
     def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, out_strides, blobs, off, empty):
         """Tensor maps and the hang record follow the scalars in the parameters."""
-        k = ck.kernel
+        k = ck.launch
         maps = []
         tpos = self._tpos
         for spec in k.tensor_maps:

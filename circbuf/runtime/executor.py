@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .. import knobs
 from ..ir import CircbufError, DataType
@@ -33,19 +33,67 @@ def torch_dtype(dt: DataType):
 
 
 @dataclass
+class LaunchInfo:
+    """What a launch plan needs of a lowered kernel, kept in the disk cache
+    beside its cubin: launch extents (ParallelType -> Scalar of the fusion's
+    extents, or None), dynamic shared memory (int or Scalar), the index type,
+    the tensor maps to encode, whether it takes a hang record and the names of
+    its mbarrier arrays (hang diagnostics)."""
+
+    launch: dict
+    smem_bytes: object
+    index_type: DataType
+    tensor_maps: list
+    hang_record: bool
+    barrier_names: list
+
+    @classmethod
+    def of(cls, kernel) -> LaunchInfo:
+        return cls(
+            dict(kernel.launch),
+            kernel.smem_bytes,
+            kernel.index_type,
+            list(kernel.tensor_maps),
+            kernel.hang_record,
+            list(kernel.barrier_names),
+        )
+
+
 class CompiledKernel:
     """Every stage of one compile: ``fusion_ir``, ``transforms``, ``params``,
-    ``kernel_ir``, ``cuda`` (source) and ``cubin`` (bytes) for ``arch``."""
+    ``kernel_ir``, ``cuda`` (source) and ``cubin`` (bytes) for ``arch``;
+    ``launch`` (:class:`LaunchInfo`) is what launching it needs.
 
-    name: str
-    arch: str
-    params: object
-    fusion_ir: str
-    transforms: str
-    kernel: object
-    cuda: str
-    cubin: bytes
-    _loaded: object = field(default=None, repr=False)
+    A kernel loaded from the disk cache (a warm start) carries no kernel IR
+    or transforms: ``kernel`` and ``transforms`` schedule and lower the
+    fusion again (``rebuild``) the first time they are read."""
+
+    def __init__(
+        self, name, arch, params, fusion_ir, transforms, kernel, cuda, cubin, launch=None, rebuild=None
+    ):
+        self.name, self.arch, self.params, self.fusion_ir = name, arch, params, fusion_ir
+        self._transforms, self._kernel = transforms, kernel
+        self.cuda, self.cubin = cuda, cubin
+        self.launch = launch if launch is not None else LaunchInfo.of(kernel)
+        self._rebuild = rebuild
+        self._loaded = None
+
+    def _rebuilt(self):
+        if self._kernel is None:
+            ck = self._rebuild()
+            self._kernel, self._transforms = ck.kernel, ck.transforms
+        return self
+
+    @property
+    def kernel(self):
+        return self._rebuilt()._kernel
+
+    @property
+    def transforms(self) -> str:
+        return self._rebuilt()._transforms
+
+    def __repr__(self):
+        return f"CompiledKernel({self.name!r}, {self.arch!r}, {self.params!r})"
 
     @property
     def kernel_ir(self) -> str:
@@ -238,7 +286,7 @@ def check_hang(plan, record):
     except RuntimeError as e:
         rec = record.tolist()  # host-mapped: readable after the context failed
         if rec[0]:
-            names = plan.ck.kernel.barrier_names
+            names = plan.ck.launch.barrier_names
             bar = names[rec[1]] if 0 <= rec[1] < len(names) else f"#{rec[1]}"
             raise CircbufError(
                 f"{plan.name}: mbarrier wait on {bar}[{rec[2]}] (parity {rec[3]}) gave up after "
@@ -249,6 +297,6 @@ def check_hang(plan, record):
 
 
 __all__ = [
-    "CompiledFusion", "CompiledKernel", "MapSlot", "Plan", "SegmentedPlan", "check_hang",
+    "CompiledFusion", "CompiledKernel", "LaunchInfo", "MapSlot", "Plan", "SegmentedPlan", "check_hang",
     "torch_dtype",
 ]  # fmt: skip

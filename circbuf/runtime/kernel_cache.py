@@ -1,0 +1,115 @@
+"""The disk cache of finished kernels: a warm start skips scheduling,
+lowering, codegen and NVRTC.
+
+The compile driver keys an entry by everything a kernel depends on
+(``FusionExecutor._warm_key``: the fusion's structural fingerprint, the
+inputs' signature, overrides, target, arch, knobs, circbuf's source and
+NVRTC's release). An entry, ``<cache>/kernels/<key>.pkl``, holds the
+kernel's name, scheduler params, CUDA source, :class:`LaunchInfo` and the
+name of its cubin in the cubin cache (``<cache>/<hash>.cubin``, by source:
+:mod:`circbuf.runtime.nvrtc`), so a cubin is stored once however many
+entries share it. An entry whose cubin is gone, or that cannot be read,
+is a miss. Entries are written atomically (a temporary file renamed).
+
+The cache directory is trusted as the cubin cache is: entries are pickles.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+import tempfile
+
+from .. import knobs
+from .executor import CompiledKernel
+
+_VERSION = 1
+
+
+@functools.cache
+def source_hash() -> str:
+    """A hash of circbuf's Python source (every module under the package):
+    any change to the compiler makes every entry a miss."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for d, subdirs, files in os.walk(root):
+        subdirs.sort()
+        for f in sorted(files):
+            if f.endswith(".py"):
+                p = os.path.join(d, f)
+                h.update(os.path.relpath(p, root).encode())
+                with open(p, "rb") as fh:
+                    h.update(fh.read())
+    return h.hexdigest()
+
+
+def _path(key: str) -> str | None:
+    cdir = knobs.cache_dir()
+    return os.path.join(cdir, "kernels", f"{key}.pkl") if cdir else None
+
+
+def load(key: str, arch: str, rebuild, fusion_ir) -> CompiledKernel | None:
+    """The kernel stored under ``key``, or None. ``rebuild()`` compiles it
+    afresh, for its kernel IR and transforms when they are asked for;
+    ``fusion_ir()`` prints the fusion."""
+    path = _path(key)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            e = pickle.load(f)
+        if e.get("version") != _VERSION:
+            return None
+        with open(os.path.join(os.path.dirname(os.path.dirname(path)), e["cubin"]), "rb") as f:
+            cubin = f.read()
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, KeyError, TypeError):
+        return None  # absent, half-written by a crashed writer, or its cubin gone: a miss
+    return CompiledKernel(
+        e["name"],
+        arch,
+        e["params"],
+        fusion_ir(),
+        None,
+        None,
+        e["cuda"],
+        cubin,
+        launch=e["launch"],
+        rebuild=rebuild,
+    )
+
+
+def store(key: str, ck: CompiledKernel) -> None:
+    """Keep ``ck`` under ``key`` when its cubin is in the cubin cache (it is
+    not when NVRTC's result did not come from ``compile_cuda``)."""
+    from .nvrtc import cubin_path
+
+    path = _path(key)
+    cubin = cubin_path(ck.cuda, ck.arch)
+    if path is None or cubin is None or not os.path.exists(cubin):
+        return
+    with open(cubin, "rb") as f:
+        if f.read() != ck.cubin:  # not this kernel's cubin: keep nothing
+            return
+    e = {
+        "version": _VERSION,
+        "name": ck.name,
+        "params": ck.params,
+        "cuda": ck.cuda,
+        "launch": ck.launch,
+        "cubin": os.path.basename(cubin),
+    }
+    try:
+        data = pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return  # params or launch data that do not pickle: not cached
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+__all__ = ["load", "source_hash", "store"]
