@@ -82,7 +82,8 @@ class FusionExecutor:
         tp = self._tpos
         self._tensor_inputs = lambda inputs: [inputs[k] for k in tp]
         self._shape_scalars = _shape_scalar_positions(fusion)
-        self._plans: dict = {}
+        self._plans: dict = {}  # never rebound: the generated execute holds its get
+        self._key_fn = None  # the plan key of a call's inputs (_key_source), made on first use
         self._compiled: dict = {}
         self._by_sig: dict = {}  # warm key (_warm_key) -> CompiledKernel
         self._fingerprint = None  # the fusion's, once a warm key needed it
@@ -561,26 +562,82 @@ class FusionExecutor:
 
     # ---------------------------------------------------------- execute
     def execute(self, inputs):
-        """Hot path: one tuple for the key, a dict lookup, then the plan's launch."""
-        return self._plan(inputs).run(inputs)
+        """Hot path: the signature's key, a dict lookup, then the plan's
+        launch; replaced on the first call by straight-line code for this
+        fusion's inputs (:meth:`_fast_execute`)."""
+        self.execute = self._fast_execute()
+        return self.execute(inputs)
+
+    def _key_source(self) -> str | None:
+        """The plan cache's key of ``inputs`` as a Python expression over the
+        fusion's inputs ``x0, x1, ...``: per tensor its dtype, shape, strides,
+        pointer alignment (``data_ptr() & 15``) and device, then the schedule
+        version and the scalars sizes are built from. None when no tensor
+        names the device (the current one does: :meth:`_plan` adds it)."""
+        if not self._tpos:
+            return None
+        parts = []
+        for k in self._tpos:
+            parts += [f"x{k}.dtype", f"x{k}.shape", f"x{k}.stride()", f"x{k}.data_ptr() & 15", f"x{k}.device"]
+        parts.append("fusion.schedule_version")
+        parts += [f"x{k}" for k in self._shape_scalars]  # scalars sizes are built from (full, reshape)
+        return "(" + ", ".join(parts) + ",)"
+
+    def _fast_execute(self):
+        """``execute`` for this fusion as straight-line code: unpack the inputs,
+        look the key up, check the scalar inputs' types, run the plan; any
+        miss or bad input goes the general way (:meth:`_plan`), which makes
+        the plan or raises the error naming the input."""
+        key = self._key_source()
+        if key is None:
+            return lambda inputs: self._plan(inputs).run(inputs)
+        n = self.n_inputs
+        xs = "".join(f"x{k}, " for k in range(n))
+        scalars = [k for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
+        bad = "".join(f" or not isinstance(x{k}, _SCALAR)" for k in scalars)
+        src = (
+            "def execute(inputs):\n"
+            "    try:\n"
+            f"        {xs}= inputs\n"
+            f"        plan = plans_get({key})\n"
+            "    except (TypeError, AttributeError, ValueError):\n"
+            "        plan = None\n"
+            f"    if plan is None{bad}:\n"
+            "        return slow(inputs)\n"
+            "    return plan.run(inputs)\n"
+        )
+        g = {
+            "plans_get": self._plans.get,
+            "fusion": self.fusion,
+            "slow": lambda inputs: self._plan(inputs).run(inputs),
+            "_SCALAR": (int, float, bool),
+        }
+        exec(compile(src, "<circbuf execute>", "exec"), g)  # noqa: S102 - code from the fusion's input count
+        return g["execute"]
 
     def _plan(self, inputs):
         """The launch plan for these inputs' signature, made on a miss."""
         try:
-            if len(inputs) != self.n_inputs:
+            if not isinstance(inputs, (list, tuple)) or len(inputs) != self.n_inputs:
                 raise TypeError
-            key = [
-                (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.device)
-                for x in self._tensor_inputs(inputs)
-            ]
-            key.append(self.fusion.schedule_version)
-            for k in self._shape_scalars:  # scalars sizes are built from (full, reshape)
-                key.append(inputs[k])
-            if not self._tpos:  # no tensor names the device: the current one does
+            if self._key_fn is None:
+                src = self._key_source()
+                names = "".join(f"x{k}, " for k in range(self.n_inputs))
+                self._key_fn = (
+                    eval(f"lambda {names}: {src}", {"fusion": self.fusion})  # noqa: S307 - see _key_source
+                    if src is not None
+                    else False
+                )
+            if self._key_fn:
+                key = self._key_fn(*inputs)
+            else:  # no tensor names the device: the current one does
                 import torch
 
-                key.append(torch.cuda.current_device() if torch.cuda.is_available() else None)
-            key = tuple(key)
+                key = (
+                    self.fusion.schedule_version,
+                    *(inputs[k] for k in self._shape_scalars),
+                    torch.cuda.current_device() if torch.cuda.is_available() else None,
+                )
             plan = self._plans.get(key)
         except (TypeError, AttributeError):
             self._bind(inputs, need_cuda=True)  # raises the message naming the bad input
@@ -611,7 +668,8 @@ class FusionExecutor:
             # read on every later call of this signature: scalar inputs' types are checked again
             p.scalar_slots = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
             p.finish = self._finish(info.extents)
-            return p
+            p.tpos, p.like, p.name, p.hang, p.tmaps = self._tpos, None, "no kernel", None, []
+            return p.ready()
         self._select_split(info.extents)
         if self._segments is None:
             try:
@@ -629,7 +687,7 @@ class FusionExecutor:
         ck.loaded().ensure_smem(p.smem)
         p.launch = ck.loaded().launcher(p.grid, p.block, p.smem)
         p.dev_index = device.index if device.index is not None else torch.cuda.current_device()
-        return p
+        return p.ready()
 
     def _build_plan(self, ck: CompiledKernel, info: InputInfo, device) -> Plan:
         """Launch geometry, output specs and the packed argument buffer for
@@ -708,7 +766,29 @@ class FusionExecutor:
         p.ptr_offsets = [o // 8 for o in p.ptr_offsets]
         p.tensor_inputs = self._tensor_inputs
         p.finish = self._finish(env)
-        return p
+        p.tpos = self._tpos
+        p.like = self._templates(p.out_specs, device)
+        return p.ready()
+
+    @staticmethod
+    def _templates(out_specs, device) -> list:
+        """Per output: a one-element tensor expanded to its shape, whose
+        ``torch.empty_like`` allocates a dense row-major output faster than
+        ``torch.empty`` parses its arguments; None for an output written in
+        place or with strides of its own (``torch.empty_strided``)."""
+        import torch
+
+        out = []
+        for shape, dt, strides, alias in out_specs:
+            t = None
+            if strides is None and alias is None:
+                shape = () if shape == ((),) else tuple(shape)
+                t = torch.empty((), dtype=dt, device=device).expand(shape)
+                o = torch.empty_like(t)
+                if o.stride() != _strides_in_order(shape, range(len(shape))) and o.numel() > 1:
+                    t = None  # torch suggested another memory format for this shape
+            out.append(t)
+        return out
 
     def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, out_strides, blobs, off, empty):
         """Tensor maps and the hang record follow the scalars in the parameters."""

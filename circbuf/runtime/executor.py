@@ -195,18 +195,23 @@ class SegmentedPlan:
 
 
 class Plan:
-    """A launch for one exact input signature."""
+    """A launch for one exact input signature.
+
+    ``run(inputs, finish=True)`` launches (see :meth:`run_generic`): straight-line
+    code generated for this plan by :meth:`ready` (each output's allocation,
+    each pointer's slot in the argument buffer, the launch), since a cached
+    ``execute`` is host-bound for small tensors."""
 
     __slots__ = (
         "ck", "grid", "block", "smem", "out_specs", "argbuf", "argptrs", "args_addr", "ptr_offsets",
         "ptr_slots", "scalar_slots", "tensor_inputs", "empty", "device", "dev_index", "poison", "launch",
-        "tmaps", "hang", "name", "finish", "plain_outs",
+        "tmaps", "hang", "name", "finish", "plain_outs", "tpos", "like", "run",
     )  # fmt: skip
 
-    def run(self, inputs, finish: bool = True):
+    def run_generic(self, inputs, finish: bool = True):
         """Launch; returns what ``execute`` returns, or with ``finish=False``
         the tensors the kernel wrote, one per output (a segment's, for the
-        next segment to read)."""
+        next segment to read). What the generated ``run`` does, step by step."""
         import torch
 
         outs = self.new_outputs(inputs)
@@ -218,6 +223,17 @@ class Plan:
         if self.finish is not None and finish:
             return self.finish(inputs, outs)
         return outs
+
+    def ready(self):
+        """Make ``run``: this plan's launch as straight-line Python (no loops
+        over specs, no attribute lookups on the plan), the generic one where
+        the plan lacks what it needs (``tpos``: a plan not built by the
+        compile driver)."""
+        if getattr(self, "tpos", None) is None or (not self.empty and getattr(self, "launch", None) is None):
+            self.run = self.run_generic
+            return self
+        self.run = _generate_run(self)
+        return self
 
     def new_outputs(self, inputs):
         """The tensors the kernel writes: new ones (poisoned on request), or
@@ -265,6 +281,97 @@ class Plan:
 
                 ctypes.memmove(ctypes.addressof(self.argbuf) + m.offset, encode(m.spec, t, m.name), 128)
                 m.ptr = ptr
+
+
+def _generate_run(p: Plan):
+    """``run(inputs, finish=True)`` for plan ``p``, written out: e.g. for a
+    pointwise kernel of one input and one output
+
+    .. code-block:: python
+
+        def run(inputs, finish=True):
+            x0 = inputs[0]
+            o0 = empty_like(like0)  # like0: one element expanded to the output's shape
+            slots[0] = x0.data_ptr()
+            slots[3] = o0.data_ptr()
+            launch(stream(0), 140234)
+            return [o0]
+    """
+    import torch
+
+    g = {
+        "plan": p,
+        "empty": torch.empty,
+        "empty_strided": torch.empty_strided,
+        "empty_like": torch.empty_like,
+        "slots": getattr(p, "ptr_slots", None),
+        "launch": getattr(p, "launch", None),
+        "stream": getattr(torch._C, "_cuda_getCurrentRawStream", None),
+        "dev": p.device,
+        "finish_fn": p.finish,
+        "check_hang": check_hang,
+        "pack_into": struct.pack_into,
+        "argbuf": getattr(p, "argbuf", None),
+        "retarget": _retarget,
+    }
+    body = []
+    for k in p.tpos:
+        body.append(f"x{k} = inputs[{k}]")
+    outs = []
+    for q, (shape, dt, strides, alias) in enumerate(p.out_specs):
+        g[f"dt{q}"] = dt
+        like = p.like[q] if p.like else None
+        if alias is not None:
+            body.append(f"o{q} = inputs[{alias}]")
+        elif like is not None:
+            g[f"like{q}"] = like
+            body.append(f"o{q} = empty_like(like{q})")
+        elif strides is None:
+            body.append(
+                f"o{q} = empty({', '.join(map(str, shape)) if shape != ((),) else '()'}, dtype=dt{q}, device=dev)"
+            )
+        else:
+            body.append(
+                f"o{q} = empty_strided({tuple(shape)!r}, {tuple(strides)!r}, dtype=dt{q}, device=dev)"
+            )
+        if p.poison and alias is None:
+            body.append(f"o{q}.fill_(float('nan') if o{q}.is_floating_point() else -1)")
+        outs.append(f"o{q}")
+    if not p.empty:
+        names = [f"x{k}" for k in p.tpos] + outs
+        ptr_of = {}
+        for name, off in zip(names, p.ptr_offsets):
+            body.append(f"{name}p = {name}.data_ptr()")
+            body.append(f"slots[{off}] = {name}p")
+            ptr_of[name] = f"{name}p"
+        for pos, fmt, off in p.scalar_slots:
+            body.append(f"pack_into({fmt!r}, argbuf, {off}, inputs[{pos}])")
+        for j, m in enumerate(p.tmaps):  # re-encoded only when the tensor's address changes
+            g[f"m{j}"] = m
+            t = f"o{m.output}" if m.output >= 0 else f"x{m.input_pos}"
+            body.append(f"if {ptr_of[t]} != m{j}.ptr:")
+            body.append(f"    retarget(argbuf, m{j}, {t}, {ptr_of[t]})")
+        body.append(f"launch(stream({p.dev_index}), {p.args_addr})")
+        if p.hang is not None:
+            body.append("check_hang(plan, plan.hang)")
+    ret = f"[{', '.join(outs)}]"
+    if p.finish is not None:
+        body.append(f"return finish_fn(inputs, {ret}) if finish else {ret}")
+    else:
+        body.append(f"return {ret}")
+    src = "def run(inputs, finish=True):\n" + "".join(f"    {line}\n" for line in body)
+    exec(compile(src, f"<circbuf plan {p.name}>", "exec"), g)  # noqa: S102 - code from the plan's own numbers
+    run = g["run"]
+    run.source = src
+    return run
+
+
+def _retarget(argbuf, m, t, ptr):
+    """Encode tensor map ``m`` for tensor ``t`` (at ``ptr``) into the argument buffer."""
+    from .tensormap import encode
+
+    ctypes.memmove(ctypes.addressof(argbuf) + m.offset, encode(m.spec, t, m.name), 128)
+    m.ptr = ptr
 
 
 @dataclass
