@@ -598,7 +598,7 @@ class FusionExecutor:
         src = (
             "def execute(inputs):\n"
             "    try:\n"
-            f"        {xs}= inputs\n"
+            f"        {xs}= inputs if inputs.__class__ in _SEQ else ()\n"  # a list or tuple
             f"        plan = plans_get({key})\n"
             "    except (TypeError, AttributeError, ValueError):\n"
             "        plan = None\n"
@@ -611,6 +611,7 @@ class FusionExecutor:
             "fusion": self.fusion,
             "slow": lambda inputs: self._plan(inputs).run(inputs),
             "_SCALAR": (int, float, bool),
+            "_SEQ": (list, tuple),
         }
         exec(compile(src, "<circbuf execute>", "exec"), g)  # noqa: S102 - code from the fusion's input count
         return g["execute"]
