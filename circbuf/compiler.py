@@ -285,6 +285,9 @@ class FusionExecutor:
         compiled afresh (and put in both)."""
         overrides = dict(self.fusion.schedule_overrides)
         key = self._warm_key(info, arch, overrides)
+        if key is not None and not self.is_segment and kernel_cache.has_verdicts(key):
+            # split for these inputs before: no one kernel takes it (or not for these sizes)
+            raise Unschedulable("segmented for these inputs before (the disk cache says so)")
         if key is not None:
             ck = self._by_sig.get(key)
             if ck is None:
@@ -458,20 +461,29 @@ class FusionExecutor:
             except (Unschedulable, AxisExtentsDiffer):
                 if self.is_segment or self.fusion.manual_schedule:
                     raise
-                self._segment(info.extents)
+                self._segment(info, arch)
         if self._segments is not None:
             ck = self._compile_segments(inputs, info.extents, arch, target)
         self.last = ck
         return ck
 
     # ------------------------------------------------------- segments
-    def _segment(self, env: dict):
+    def _segment(self, info: InputInfo, arch: str):
         """Split the fusion (once per set of empty sizes: :meth:`_select_split`):
         no one scheduler takes it whole, or two axes it joins through a
-        broadcast have different extents for the sizes in ``env`` (each
+        broadcast have different extents for these inputs' sizes (each
         segment then covers axes of one extent), or an output with elements
-        meets an axis of extent 0 (:func:`.scheduler.utils.unwritten_output`)."""
-        seg = segment(self.fusion, env)
+        meets an axis of extent 0 (:func:`.scheduler.utils.unwritten_output`).
+        The schedulers' verdicts on the groups the segmenter tried are kept in
+        the disk cache under the inputs' warm key: a warm start splits the
+        fusion without asking them again."""
+        env = info.extents
+        key = self._warm_key(info, arch, dict(self.fusion.schedule_overrides))
+        cached = kernel_cache.load_verdicts(key) if key is not None else None
+        verdicts = dict(cached) if cached is not None else {}
+        seg = segment(self.fusion, env, verdicts)
+        if key is not None and cached is None:
+            kernel_cache.store_verdicts(key, verdicts)
         knobs.dump("segments", seg)
         self._segments = (seg, [FusionExecutor(s.fusion, is_segment=True) for s in seg.segments])
         self._splits[_empty_sizes(env)] = self._segments
@@ -680,7 +692,7 @@ class FusionExecutor:
             except (Unschedulable, AxisExtentsDiffer):
                 if self.is_segment or self.fusion.manual_schedule:
                     raise
-                self._segment(info.extents)
+                self._segment(info, info.target.arch)
         if self._segments is not None:
             return self._segmented_plan(info)
         self.last = ck

@@ -89,6 +89,37 @@ def test_a_warm_compile_does_not_schedule_lower_or_compile(cache, monkeypatch, c
     )
 
 
+def _two_sums():
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        fd.add_output(fd.ops.sum(fd.ops.exp(x), [0]))
+        fd.add_output(fd.ops.sum(x, [1]))
+    return fd
+
+
+def test_a_warm_segmented_compile_asks_no_scheduler(cache, monkeypatch):
+    """A fusion no one kernel takes: the segmenter's verdicts come from the
+    disk cache (no can_schedule), each segment's kernel too."""
+    from circbuf.scheduler import registry, segmenter
+
+    x = torch.empty(256, 512)
+    cold = _two_sums().compile([x], arch="sm_90a")
+    assert len(cold.kernels) == 2 and list((cache / "kernels").glob("*.seg"))
+    with monkeypatch.context() as m:
+        _refuse_compiling(m)
+
+        def refuse(*a, **k):
+            raise AssertionError("a warm compile asked a scheduler")
+
+        m.setattr(registry, "can_schedule", refuse)
+        m.setattr(segmenter, "schedulers_taking", refuse)
+        warm = _two_sums().compile([x], arch="sm_90a")
+    assert [k.cuda for k in warm.kernels] == [k.cuda for k in cold.kernels]
+    assert str(warm) == str(cold)
+    # other sizes: another key, split afresh
+    assert len(_two_sums().compile([torch.empty(64, 32)], arch="sm_90a").kernels) == 2
+
+
 def test_a_fresh_process_hits_the_cache(cache):
     """Another process (another hash seed, other fusions built before) finds
     the entry: the key does not depend on process-wide counters."""

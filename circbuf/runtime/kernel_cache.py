@@ -9,7 +9,11 @@ kernel's name, scheduler params, CUDA source, :class:`LaunchInfo` and the
 name of its cubin in the cubin cache (``<cache>/<hash>.cubin``, by source:
 :mod:`circbuf.runtime.nvrtc`), so a cubin is stored once however many
 entries share it. An entry whose cubin is gone, or that cannot be read,
-is a miss. Entries are written atomically (a temporary file renamed).
+is a miss. A fusion split into segments keeps, under its own key,
+``<key>.seg``: the segmenter's verdicts on the groups of exprs it tried
+(which schedulers take each), so a warm start splits it again without
+asking the schedulers; each segment is then a fusion with entries of its
+own. Entries are written atomically (a temporary file renamed).
 
 The cache directory is trusted as the cubin cache is: entries are pickles.
 """
@@ -45,9 +49,49 @@ def source_hash() -> str:
     return h.hexdigest()
 
 
-def _path(key: str) -> str | None:
+def _path(key: str, suffix: str = "pkl") -> str | None:
     cdir = knobs.cache_dir()
-    return os.path.join(cdir, "kernels", f"{key}.pkl") if cdir else None
+    return os.path.join(cdir, "kernels", f"{key}.{suffix}") if cdir else None
+
+
+def has_verdicts(key: str) -> bool:
+    """A segmentation was stored under ``key`` (the fusion is split for these inputs)."""
+    path = _path(key, "seg")
+    return path is not None and os.path.exists(path)
+
+
+def load_verdicts(key: str) -> dict | None:
+    """The segmenter's verdicts stored under ``key`` (group of expr positions,
+    outputs) -> schedulers taking it; None when absent or unreadable."""
+    path = _path(key, "seg")
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            e = pickle.load(f)
+        return e["verdicts"] if e.get("version") == _VERSION else None
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, KeyError, TypeError):
+        return None
+
+
+def store_verdicts(key: str, verdicts: dict) -> None:
+    _write(_path(key, "seg"), {"version": _VERSION, "verdicts": verdicts})
+
+
+def _write(path: str | None, entry: dict) -> None:
+    """Pickle ``entry`` to ``path`` atomically (nothing when it does not pickle)."""
+    if path is None:
+        return
+    try:
+        data = pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return  # params or launch data that do not pickle: not cached
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 def load(key: str, arch: str, rebuild, fusion_ir) -> CompiledKernel | None:
@@ -100,16 +144,7 @@ def store(key: str, ck: CompiledKernel) -> None:
         "launch": ck.launch,
         "cubin": os.path.basename(cubin),
     }
-    try:
-        data = pickle.dumps(e, protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return  # params or launch data that do not pickle: not cached
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    _write(path, e)
 
 
-__all__ = ["load", "source_hash", "store"]
+__all__ = ["has_verdicts", "load", "load_verdicts", "source_hash", "store", "store_verdicts"]
