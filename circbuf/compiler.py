@@ -485,7 +485,14 @@ class FusionExecutor:
         if key is not None and cached is None:
             kernel_cache.store_verdicts(key, verdicts)
         knobs.dump("segments", seg)
-        self._segments = (seg, [FusionExecutor(s.fusion, is_segment=True) for s in seg.segments])
+        subs = [FusionExecutor(s.fusion, is_segment=True) for s in seg.segments]
+        if key is not None:
+            # a segment is determined by this fusion, these sizes and the schedulers (all in
+            # ``key``) and its place: that stands for its fingerprint, which would walk the
+            # whole cut-out copy of the fusion each segment carries
+            for k, sub in enumerate(subs):
+                sub._fingerprint = hashlib.sha256(f"{key}:segment {k}".encode()).hexdigest()
+        self._segments = (seg, subs)
         self._splits[_empty_sizes(env)] = self._segments
 
     def _select_split(self, env: dict):
