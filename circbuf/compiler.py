@@ -7,9 +7,13 @@ A :class:`FusionExecutor` (held by a FusionDefinition) keeps two caches:
 - plans, keyed by the exact inputs' dtypes, shapes, strides and pointer
   alignment: a ready launch (grid, outputs, packed arguments), or for a
   segmented fusion one per segment; a hit costs a dict lookup, output
-  allocation and one ``cuLaunchKernel`` per kernel;
+  allocation and one ``cuLaunchKernelEx`` per kernel, in code generated for
+  the fusion's inputs (``execute``) and for the plan (``Plan.run``);
 - compiled kernels, keyed by heuristic params + layout specialization
-  (contiguity, index type, arch): new shapes with the same params reuse them.
+  (contiguity, index type, arch): new shapes with the same params reuse them;
+  and by the warm key (``_warm_key``), which also keys the disk cache of
+  finished kernels (:mod:`circbuf.runtime.kernel_cache`): a kernel compiled
+  in an earlier process is loaded without scheduling, lowering or codegen.
   A segmented fusion has one executor per segment, each with its caches.
 
 A fusion no scheduler takes whole is segmented
