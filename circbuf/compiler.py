@@ -296,8 +296,14 @@ class FusionExecutor:
             ck = self._by_sig.get(key)
             if ck is None:
                 ck = kernel_cache.load(
-                    key, arch, lambda: self._compile_fresh(info, arch, overrides), self.fusion.print_math
+                    key,
+                    arch,
+                    lambda: self._compile_fresh(info, arch, overrides, memo=False),
+                    self.fusion.print_math,
                 )
+                if ck is not None and ck.memo_key is not None:
+                    # the kernel other sizes with these params share, as a cold compile finds it
+                    ck = self._compiled.setdefault(ck.memo_key, ck)
             if ck is not None:
                 self._remember(key, ck)
                 return ck
@@ -357,7 +363,12 @@ class FusionExecutor:
         )
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
-    def _compile_fresh(self, info: InputInfo, arch: str, overrides: dict) -> CompiledKernel:
+    def _compile_fresh(
+        self, info: InputInfo, arch: str, overrides: dict, memo: bool = True
+    ) -> CompiledKernel:
+        """Schedule, lower, generate and compile (``memo``: a kernel of the same
+        params and layout in memory is reused, and this one kept there; off to
+        rebuild the kernel IR of a kernel loaded from the disk cache)."""
         out_shapes = self._out_shapes(info.extents)
         layouts, index_type = self._layout(info, out_shapes)
         manual = self.fusion.manual_schedule
@@ -399,7 +410,7 @@ class FusionExecutor:
             knobs.debug_hang(),
             knobs.fast_math(),
         )
-        ck = self._compiled.get(key)
+        ck = self._compiled.get(key) if memo else None
         if ck is not None:
             return ck
         fusion_ir = self.fusion.print_math()
@@ -428,7 +439,9 @@ class FusionExecutor:
 
         cubin = compile_cuda(src, arch, name + ".cu")
         ck = CompiledKernel(name, arch, params, fusion_ir, transforms, kernel, src, cubin)
-        self._compiled[key] = ck
+        ck.memo_key = key if not manual else None
+        if memo:
+            self._compiled[key] = ck
         return ck
 
     def _check_outputs(self):

@@ -297,3 +297,18 @@ def test_no_cache_dir_no_entries(tmp_path, monkeypatch):
     monkeypatch.setenv("CIRCBUF_CACHE_DIR", "")
     fd = axpy_fusion(D.Float, 1)
     assert _key(fd, [torch.empty(10)] * 2) is None
+
+
+def test_a_loaded_kernel_is_the_one_other_sizes_share(cache):
+    """Sizes with the same params share one kernel in memory whether the first
+    came from the disk cache or not: the entry keeps the in-memory key."""
+    fd = axpy_fusion(D.Float, 2)
+    fd.compile([torch.empty(64, 64)] * 2, arch="sm_90a")  # on disk now
+    fd2 = axpy_fusion(D.Float, 2)
+    warm = fd2.compile([torch.empty(64, 64)] * 2, arch="sm_90a")  # loaded
+    other = fd2.compile([torch.empty(64, 96)] * 2, arch="sm_90a")  # never compiled: scheduled afresh
+    assert other is warm and warm.memo_key is not None
+    fd3 = axpy_fusion(D.Float, 2)
+    assert fd3.compile([torch.empty(64, 96)] * 2, arch="sm_90a") is fd3.compile(
+        [torch.empty(64, 64)] * 2, arch="sm_90a"
+    )

@@ -77,6 +77,9 @@ class CompiledKernel:
         self.launch = launch if launch is not None else LaunchInfo.of(kernel)
         self._rebuild = rebuild
         self._loaded = None
+        # the compile driver's in-memory key (params, layouts, reshape groups, ...): kernels
+        # of other input sizes with the same key are this one
+        self.memo_key = None
 
     def _rebuilt(self):
         if self._kernel is None:

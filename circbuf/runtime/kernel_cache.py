@@ -110,7 +110,7 @@ def load(key: str, arch: str, rebuild, fusion_ir) -> CompiledKernel | None:
             cubin = f.read()
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, KeyError, TypeError):
         return None  # absent, half-written by a crashed writer, or its cubin gone: a miss
-    return CompiledKernel(
+    ck = CompiledKernel(
         e["name"],
         arch,
         e["params"],
@@ -122,6 +122,8 @@ def load(key: str, arch: str, rebuild, fusion_ir) -> CompiledKernel | None:
         launch=e["launch"],
         rebuild=rebuild,
     )
+    ck.memo_key = e.get("memo_key")
+    return ck
 
 
 def store(key: str, ck: CompiledKernel) -> None:
@@ -143,6 +145,7 @@ def store(key: str, ck: CompiledKernel) -> None:
         "cuda": ck.cuda,
         "launch": ck.launch,
         "cubin": os.path.basename(cubin),
+        "memo_key": ck.memo_key,
     }
     _write(path, e)
 
