@@ -3,6 +3,14 @@ and what a segmented fusion adds: sums of a [32, 32] tensor over both axes
 (two kernels) against one of them (one kernel).
 
 PYTHONPATH=. python benchmarks/host_overhead.py
+PYTHONPATH=. python benchmarks/host_overhead.py --cpu   # no GPU: the host path up to the driver
+
+``--cpu`` runs everything a cached ``fd.execute`` does on the host, on CPU
+tensors, with the two CUDA calls stubbed (the stream query and
+``cuLaunchKernelEx``, whose cost is the driver's, not circbuf's): key,
+lookup, output allocation, argument buffer, launch call. Torch's eager op on
+the same CPU tensors is the comparison (its time includes the op's own
+arithmetic on 1024 elements, which its CUDA launch would not).
 """
 
 from __future__ import annotations
@@ -18,7 +26,55 @@ from benchmarks.common import host_us_per_call, require_cuda  # noqa: E402
 D = cb.DataType
 
 
+def cpu_main():
+    """The host path with the launch stubbed, on this machine's CPU."""
+    import time
+    import timeit
+
+    from circbuf.compiler import FusionExecutor
+
+    torch._C._cuda_getCurrentRawStream = lambda index: 0  # the CUDA calls, stubbed
+
+    def make_plan_cpu(self, inputs):
+        info, _ = self._bind(inputs, need_cuda=False)
+        p = self._build_plan(self._compile(info, "sm_90a"), info, torch.device("cpu"))
+        p.launch, p.dev_index = (lambda stream, args: 0), 0
+        return p.ready() if hasattr(p, "ready") else p
+
+    FusionExecutor._make_plan = make_plan_cpu
+
+    def best_us(fn, n=5000, repeat=40):
+        # CPU time of this thread (time.thread_time), min of the repeats: the
+        # machine may be shared, and time spent descheduled is not the path's
+        return min(timeit.repeat(fn, number=n, repeat=repeat, timer=time.thread_time)) / n * 1e6
+
+    bf = torch.bfloat16
+    with cb.FusionDefinition() as relu:
+        relu.add_output(relu.ops.relu(relu.define_tensor([-1], dtype=D.BFloat16)))
+    with cb.FusionDefinition() as axpy:
+        x = axpy.define_tensor([-1], dtype=D.BFloat16)
+        y = axpy.define_tensor([-1], dtype=D.BFloat16)
+        axpy.add_output(axpy.ops.cast(axpy.ops.add(axpy.ops.mul(x, y), 1.0), D.BFloat16))
+    a, b = torch.randn(1024, dtype=bf), torch.randn(1024, dtype=bf)
+    one = torch.randn(1, dtype=bf)
+    relu.execute([a])
+    axpy.execute([a, b])
+    rows = {
+        "circbuf relu (1 kernel)": lambda: relu.execute([a]),
+        "torch.relu": lambda: torch.relu(a),
+        "torch.relu, 1 element": lambda: torch.relu(one),
+        "circbuf x*y+1 (1 kernel)": lambda: axpy.execute([a, b]),
+        "torch x*y+1 (2 ops)": lambda: a * b + 1,
+        "torch.empty(1024)": lambda: torch.empty(1024, dtype=bf, device=a.device),
+    }
+    print("host time per call on this CPU (launch stubbed), us; thread CPU time, min of 40 repeats")
+    for k, fn in rows.items():
+        print(f"  {k:26s} {best_us(fn):7.2f}")
+
+
 def main():
+    if "--cpu" in sys.argv:
+        return cpu_main()
     require_cuda()
     with cb.FusionDefinition() as fd:
         x = fd.define_tensor([-1], dtype=D.BFloat16)

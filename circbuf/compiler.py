@@ -7,9 +7,13 @@ A :class:`FusionExecutor` (held by a FusionDefinition) keeps two caches:
 - plans, keyed by the exact inputs' dtypes, shapes, strides and pointer
   alignment: a ready launch (grid, outputs, packed arguments), or for a
   segmented fusion one per segment; a hit costs a dict lookup, output
-  allocation and one ``cuLaunchKernel`` per kernel;
+  allocation and one ``cuLaunchKernelEx`` per kernel, in code generated for
+  the fusion's inputs (``execute``) and for the plan (``Plan.run``);
 - compiled kernels, keyed by heuristic params + layout specialization
-  (contiguity, index type, arch): new shapes with the same params reuse them.
+  (contiguity, index type, arch): new shapes with the same params reuse them;
+  and by the warm key (``_warm_key``), which also keys the disk cache of
+  finished kernels (:mod:`circbuf.runtime.kernel_cache`): a kernel compiled
+  in an earlier process is loaded without scheduling, lowering or codegen.
   A segmented fusion has one executor per segment, each with its caches.
 
 A fusion no scheduler takes whole is segmented
@@ -25,6 +29,7 @@ their last reader. Cubins are also cached on disk by NVRTC source hash
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import math
 import operator
 import struct
@@ -42,8 +47,10 @@ from .ir import (
     Var,
     evaluate,
 )
+from .ir.fingerprint import Unfingerprintable, fingerprint
 from .lowering import codegen, lower
 from .lowering.kir import target_needs
+from .runtime import kernel_cache
 from .runtime.executor import (
     CompiledFusion,
     CompiledKernel,
@@ -79,8 +86,16 @@ class FusionExecutor:
         tp = self._tpos
         self._tensor_inputs = lambda inputs: [inputs[k] for k in tp]
         self._shape_scalars = _shape_scalar_positions(fusion)
-        self._plans: dict = {}
+        self._plans: dict = {}  # never rebound: the generated execute holds its get
+        self._key_fn = None  # the plan key of a call's inputs (_key_source), made on first use
         self._compiled: dict = {}
+        self._by_sig: dict = {}  # warm key (_warm_key) -> CompiledKernel
+        self._fingerprint = None  # the fusion's, once a warm key needed it
+        # scalar inputs no size is built from: their values are not compiled in
+        shape_names = {fusion.inputs[k].name for k in self._shape_scalars}
+        self._value_scalars = {
+            x.name for x in fusion.inputs if isinstance(x, Var) and x.name not in shape_names
+        }
         self.last: CompiledKernel | CompiledFusion | None = None
 
     # ------------------------------------------------------------- bind
@@ -269,11 +284,95 @@ class FusionExecutor:
         return finish
 
     def _compile(self, info: InputInfo, arch: str) -> CompiledKernel:
+        """The kernel for ``info`` on ``arch``: from this executor's memory, from
+        the disk cache (a warm start: no scheduling, lowering or codegen), or
+        compiled afresh (and put in both)."""
+        overrides = dict(self.fusion.schedule_overrides)
+        key = self._warm_key(info, arch, overrides)
+        if key is not None and not self.is_segment and kernel_cache.has_verdicts(key):
+            # split for these inputs before: no one kernel takes it (or not for these sizes)
+            raise Unschedulable("segmented for these inputs before (the disk cache says so)")
+        if key is not None:
+            ck = self._by_sig.get(key)
+            if ck is None:
+                ck = kernel_cache.load(
+                    key,
+                    arch,
+                    lambda: self._compile_fresh(info, arch, overrides, memo=False),
+                    self.fusion.print_math,
+                )
+                if ck is not None and ck.memo_key is not None:
+                    # the kernel other sizes with these params share, as a cold compile finds it
+                    ck = self._compiled.setdefault(ck.memo_key, ck)
+            if ck is not None:
+                self._remember(key, ck)
+                return ck
+        ck = self._compile_fresh(info, arch, overrides)
+        if key is not None:
+            self._remember(key, ck)
+            kernel_cache.store(key, ck)
+        return ck
+
+    def _remember(self, key, ck):
+        if len(self._by_sig) >= self.MAX_PLANS:
+            self._by_sig.clear()
+        self._by_sig[key] = ck
+
+    def _warm_key(self, info: InputInfo, arch: str, overrides: dict) -> str | None:
+        """The disk cache's key for this fusion compiled for ``info`` on ``arch``:
+        everything the kernel depends on (the fusion's structure, the inputs'
+        dtypes, sizes, strides and pointer alignment, the sizes and the scalars
+        sizes are built from, the overrides, the target, arch, the knobs that
+        change the code, the schedulers in play, circbuf's source and NVRTC's
+        release). None: not cached (a manual schedule, CIRCBUF_DUMP asking for
+        the stages, a fusion the fingerprint cannot write)."""
+        if not knobs.cache_dir() or knobs.dump_stages() or self.fusion.manual_schedule:
+            return None
+        if self._fingerprint is None:
+            try:
+                self._fingerprint = fingerprint(self.fusion)
+            except Unfingerprintable:
+                self._fingerprint = ""
+        if not self._fingerprint:
+            return None
+        from .scheduler import registry
+
+        if set(overrides) & registry.deprecated_names():  # renamed at compile, with a warning each time
+            return None
+        try:
+            ov = fingerprint(dict(sorted(overrides.items())))
+        except Unfingerprintable:
+            return None
+        from .runtime.nvrtc import nvrtc_identity
+
+        values = self._value_scalars
+        env = sorted((k, v) for k, v in info.extents.items() if k not in values)
+        parts = (
+            "circbuf-kernel-1",
+            kernel_cache.source_hash(),
+            nvrtc_identity(),
+            self._fingerprint,
+            ov,
+            repr(self.is_segment),
+            repr(info.tensors),
+            repr(env),
+            repr(info.target),
+            arch,
+            repr((knobs.debug_hang(), knobs.fast_math())),
+            repr([s[0].name for s in registry.SCHEDULERS]),
+        )
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    def _compile_fresh(
+        self, info: InputInfo, arch: str, overrides: dict, memo: bool = True
+    ) -> CompiledKernel:
+        """Schedule, lower, generate and compile (``memo``: a kernel of the same
+        params and layout in memory is reused, and this one kept there; off to
+        rebuild the kernel IR of a kernel loaded from the disk cache)."""
         out_shapes = self._out_shapes(info.extents)
         layouts, index_type = self._layout(info, out_shapes)
         manual = self.fusion.manual_schedule
         fusion = self.fusion if manual else self.fusion.clone()
-        overrides = dict(self.fusion.schedule_overrides)
         if manual:
             if overrides:
                 raise CircbufError("schedule() overrides do not apply to a manually scheduled fusion")
@@ -311,7 +410,7 @@ class FusionExecutor:
             knobs.debug_hang(),
             knobs.fast_math(),
         )
-        ck = self._compiled.get(key)
+        ck = self._compiled.get(key) if memo else None
         if ck is not None:
             return ck
         fusion_ir = self.fusion.print_math()
@@ -340,7 +439,9 @@ class FusionExecutor:
 
         cubin = compile_cuda(src, arch, name + ".cu")
         ck = CompiledKernel(name, arch, params, fusion_ir, transforms, kernel, src, cubin)
-        self._compiled[key] = ck
+        ck.memo_key = key if not manual else None
+        if memo:
+            self._compiled[key] = ck
         return ck
 
     def _check_outputs(self):
@@ -377,22 +478,38 @@ class FusionExecutor:
             except (Unschedulable, AxisExtentsDiffer):
                 if self.is_segment or self.fusion.manual_schedule:
                     raise
-                self._segment(info.extents)
+                self._segment(info, arch)
         if self._segments is not None:
             ck = self._compile_segments(inputs, info.extents, arch, target)
         self.last = ck
         return ck
 
     # ------------------------------------------------------- segments
-    def _segment(self, env: dict):
+    def _segment(self, info: InputInfo, arch: str):
         """Split the fusion (once per set of empty sizes: :meth:`_select_split`):
         no one scheduler takes it whole, or two axes it joins through a
-        broadcast have different extents for the sizes in ``env`` (each
+        broadcast have different extents for these inputs' sizes (each
         segment then covers axes of one extent), or an output with elements
-        meets an axis of extent 0 (:func:`.scheduler.utils.unwritten_output`)."""
-        seg = segment(self.fusion, env)
+        meets an axis of extent 0 (:func:`.scheduler.utils.unwritten_output`).
+        The schedulers' verdicts on the groups the segmenter tried are kept in
+        the disk cache under the inputs' warm key: a warm start splits the
+        fusion without asking them again."""
+        env = info.extents
+        key = self._warm_key(info, arch, dict(self.fusion.schedule_overrides))
+        cached = kernel_cache.load_verdicts(key) if key is not None else None
+        verdicts = dict(cached) if cached is not None else {}
+        seg = segment(self.fusion, env, verdicts)
+        if key is not None and cached is None:
+            kernel_cache.store_verdicts(key, verdicts)
         knobs.dump("segments", seg)
-        self._segments = (seg, [FusionExecutor(s.fusion, is_segment=True) for s in seg.segments])
+        subs = [FusionExecutor(s.fusion, is_segment=True) for s in seg.segments]
+        if key is not None:
+            # a segment is determined by this fusion, these sizes and the schedulers (all in
+            # ``key``) and its place: that stands for its fingerprint, which would walk the
+            # whole cut-out copy of the fusion each segment carries
+            for k, sub in enumerate(subs):
+                sub._fingerprint = hashlib.sha256(f"{key}:segment {k}".encode()).hexdigest()
+        self._segments = (seg, subs)
         self._splits[_empty_sizes(env)] = self._segments
 
     def _select_split(self, env: dict):
@@ -481,26 +598,83 @@ class FusionExecutor:
 
     # ---------------------------------------------------------- execute
     def execute(self, inputs):
-        """Hot path: one tuple for the key, a dict lookup, then the plan's launch."""
-        return self._plan(inputs).run(inputs)
+        """Hot path: the signature's key, a dict lookup, then the plan's
+        launch; replaced on the first call by straight-line code for this
+        fusion's inputs (:meth:`_fast_execute`)."""
+        self.execute = self._fast_execute()
+        return self.execute(inputs)
+
+    def _key_source(self) -> str | None:
+        """The plan cache's key of ``inputs`` as a Python expression over the
+        fusion's inputs ``x0, x1, ...``: per tensor its dtype, shape, strides,
+        pointer alignment (``data_ptr() & 15``) and device, then the schedule
+        version and the scalars sizes are built from. None when no tensor
+        names the device (the current one does: :meth:`_plan` adds it)."""
+        if not self._tpos:
+            return None
+        parts = []
+        for k in self._tpos:
+            parts += [f"x{k}.dtype", f"x{k}.shape", f"x{k}.stride()", f"x{k}.data_ptr() & 15", f"x{k}.device"]
+        parts.append("fusion.schedule_version")
+        parts += [f"x{k}" for k in self._shape_scalars]  # scalars sizes are built from (full, reshape)
+        return "(" + ", ".join(parts) + ",)"
+
+    def _fast_execute(self):
+        """``execute`` for this fusion as straight-line code: unpack the inputs,
+        look the key up, check the scalar inputs' types, run the plan; any
+        miss or bad input goes the general way (:meth:`_plan`), which makes
+        the plan or raises the error naming the input."""
+        key = self._key_source()
+        if key is None:
+            return lambda inputs: self._plan(inputs).run(inputs)
+        n = self.n_inputs
+        xs = "".join(f"x{k}, " for k in range(n))
+        scalars = [k for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
+        bad = "".join(f" or not isinstance(x{k}, _SCALAR)" for k in scalars)
+        src = (
+            "def execute(inputs):\n"
+            "    try:\n"
+            f"        {xs}= inputs if inputs.__class__ in _SEQ else ()\n"  # a list or tuple
+            f"        plan = plans_get({key})\n"
+            "    except (TypeError, AttributeError, ValueError):\n"
+            "        plan = None\n"
+            f"    if plan is None{bad}:\n"
+            "        return slow(inputs)\n"
+            "    return plan.run(inputs)\n"
+        )
+        g = {
+            "plans_get": self._plans.get,
+            "fusion": self.fusion,
+            "slow": lambda inputs: self._plan(inputs).run(inputs),
+            "_SCALAR": (int, float, bool),
+            "_SEQ": (list, tuple),
+        }
+        exec(compile(src, "<circbuf execute>", "exec"), g)  # noqa: S102 - code from the fusion's input count
+        return g["execute"]
 
     def _plan(self, inputs):
         """The launch plan for these inputs' signature, made on a miss."""
         try:
-            if len(inputs) != self.n_inputs:
+            if not isinstance(inputs, (list, tuple)) or len(inputs) != self.n_inputs:
                 raise TypeError
-            key = [
-                (x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.device)
-                for x in self._tensor_inputs(inputs)
-            ]
-            key.append(self.fusion.schedule_version)
-            for k in self._shape_scalars:  # scalars sizes are built from (full, reshape)
-                key.append(inputs[k])
-            if not self._tpos:  # no tensor names the device: the current one does
+            if self._key_fn is None:
+                src = self._key_source()
+                names = "".join(f"x{k}, " for k in range(self.n_inputs))
+                self._key_fn = (
+                    eval(f"lambda {names}: {src}", {"fusion": self.fusion})  # noqa: S307 - see _key_source
+                    if src is not None
+                    else False
+                )
+            if self._key_fn:
+                key = self._key_fn(*inputs)
+            else:  # no tensor names the device: the current one does
                 import torch
 
-                key.append(torch.cuda.current_device() if torch.cuda.is_available() else None)
-            key = tuple(key)
+                key = (
+                    self.fusion.schedule_version,
+                    *(inputs[k] for k in self._shape_scalars),
+                    torch.cuda.current_device() if torch.cuda.is_available() else None,
+                )
             plan = self._plans.get(key)
         except (TypeError, AttributeError):
             self._bind(inputs, need_cuda=True)  # raises the message naming the bad input
@@ -531,7 +705,8 @@ class FusionExecutor:
             # read on every later call of this signature: scalar inputs' types are checked again
             p.scalar_slots = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
             p.finish = self._finish(info.extents)
-            return p
+            p.tpos, p.like, p.name, p.hang, p.tmaps = self._tpos, None, "no kernel", None, []
+            return p.ready()
         self._select_split(info.extents)
         if self._segments is None:
             try:
@@ -541,7 +716,7 @@ class FusionExecutor:
             except (Unschedulable, AxisExtentsDiffer):
                 if self.is_segment or self.fusion.manual_schedule:
                     raise
-                self._segment(info.extents)
+                self._segment(info, info.target.arch)
         if self._segments is not None:
             return self._segmented_plan(info)
         if knobs.check_schedules():  # CIRCBUF_CHECK: the protocol checker on CPU copies, first
@@ -553,12 +728,12 @@ class FusionExecutor:
         ck.loaded().ensure_smem(p.smem)
         p.launch = ck.loaded().launcher(p.grid, p.block, p.smem)
         p.dev_index = device.index if device.index is not None else torch.cuda.current_device()
-        return p
+        return p.ready()
 
     def _build_plan(self, ck: CompiledKernel, info: InputInfo, device) -> Plan:
         """Launch geometry, output specs and the packed argument buffer for
         one input signature (no CUDA calls: testable on the CPU)."""
-        k = ck.kernel
+        k = ck.launch
         env = dict(info.extents)
         p = Plan()
         p.ck, p.device, p.poison = ck, device, knobs.poison_outputs()
@@ -632,11 +807,33 @@ class FusionExecutor:
         p.ptr_offsets = [o // 8 for o in p.ptr_offsets]
         p.tensor_inputs = self._tensor_inputs
         p.finish = self._finish(env)
-        return p
+        p.tpos = self._tpos
+        p.like = self._templates(p.out_specs, device)
+        return p.ready()
+
+    @staticmethod
+    def _templates(out_specs, device) -> list:
+        """Per output: a one-element tensor expanded to its shape, whose
+        ``torch.empty_like`` allocates a dense row-major output faster than
+        ``torch.empty`` parses its arguments; None for an output written in
+        place or with strides of its own (``torch.empty_strided``)."""
+        import torch
+
+        out = []
+        for shape, dt, strides, alias in out_specs:
+            t = None
+            if strides is None and alias is None:
+                shape = () if shape == ((),) else tuple(shape)
+                t = torch.empty((), dtype=dt, device=device).expand(shape)
+                o = torch.empty_like(t)
+                if o.stride() != _strides_in_order(shape, range(len(shape))) and o.numel() > 1:
+                    t = None  # torch suggested another memory format for this shape
+            out.append(t)
+        return out
 
     def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, out_strides, blobs, off, empty):
         """Tensor maps and the hang record follow the scalars in the parameters."""
-        k = ck.kernel
+        k = ck.launch
         maps = []
         tpos = self._tpos
         for spec in k.tensor_maps:

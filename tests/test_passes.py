@@ -237,6 +237,7 @@ def lower_corpus() -> dict:
     logs: dict = {}
     try:
         mp.delenv("CIRCBUF_DEBUG_HANG", raising=False)
+        mp.setenv("CIRCBUF_CACHE_DIR", "")  # every fusion lowered here, none loaded from the kernel cache
         mp.setattr("circbuf.runtime.nvrtc.compile_cuda", lambda src, arch, name: b"")
         mp.setattr(compiler, "codegen", _traced_codegen)
         for label, params, build in CORPUS:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .. import knobs
 from ..ir import CircbufError, DataType
@@ -33,19 +33,70 @@ def torch_dtype(dt: DataType):
 
 
 @dataclass
+class LaunchInfo:
+    """What a launch plan needs of a lowered kernel, kept in the disk cache
+    beside its cubin: launch extents (ParallelType -> Scalar of the fusion's
+    extents, or None), dynamic shared memory (int or Scalar), the index type,
+    the tensor maps to encode, whether it takes a hang record and the names of
+    its mbarrier arrays (hang diagnostics)."""
+
+    launch: dict
+    smem_bytes: object
+    index_type: DataType
+    tensor_maps: list
+    hang_record: bool
+    barrier_names: list
+
+    @classmethod
+    def of(cls, kernel) -> LaunchInfo:
+        return cls(
+            dict(kernel.launch),
+            kernel.smem_bytes,
+            kernel.index_type,
+            list(kernel.tensor_maps),
+            kernel.hang_record,
+            list(kernel.barrier_names),
+        )
+
+
 class CompiledKernel:
     """Every stage of one compile: ``fusion_ir``, ``transforms``, ``params``,
-    ``kernel_ir``, ``cuda`` (source) and ``cubin`` (bytes) for ``arch``."""
+    ``kernel_ir``, ``cuda`` (source) and ``cubin`` (bytes) for ``arch``;
+    ``launch`` (:class:`LaunchInfo`) is what launching it needs.
 
-    name: str
-    arch: str
-    params: object
-    fusion_ir: str
-    transforms: str
-    kernel: object
-    cuda: str
-    cubin: bytes
-    _loaded: object = field(default=None, repr=False)
+    A kernel loaded from the disk cache (a warm start) carries no kernel IR
+    or transforms: ``kernel`` and ``transforms`` schedule and lower the
+    fusion again (``rebuild``) the first time they are read."""
+
+    def __init__(
+        self, name, arch, params, fusion_ir, transforms, kernel, cuda, cubin, launch=None, rebuild=None
+    ):
+        self.name, self.arch, self.params, self.fusion_ir = name, arch, params, fusion_ir
+        self._transforms, self._kernel = transforms, kernel
+        self.cuda, self.cubin = cuda, cubin
+        self.launch = launch if launch is not None else LaunchInfo.of(kernel)
+        self._rebuild = rebuild
+        self._loaded = None
+        # the compile driver's in-memory key (params, layouts, reshape groups, ...): kernels
+        # of other input sizes with the same key are this one
+        self.memo_key = None
+
+    def _rebuilt(self):
+        if self._kernel is None:
+            ck = self._rebuild()
+            self._kernel, self._transforms = ck.kernel, ck.transforms
+        return self
+
+    @property
+    def kernel(self):
+        return self._rebuilt()._kernel
+
+    @property
+    def transforms(self) -> str:
+        return self._rebuilt()._transforms
+
+    def __repr__(self):
+        return f"CompiledKernel({self.name!r}, {self.arch!r}, {self.params!r})"
 
     @property
     def kernel_ir(self) -> str:
@@ -147,18 +198,23 @@ class SegmentedPlan:
 
 
 class Plan:
-    """A launch for one exact input signature."""
+    """A launch for one exact input signature.
+
+    ``run(inputs, finish=True)`` launches (see :meth:`run_generic`): straight-line
+    code generated for this plan by :meth:`ready` (each output's allocation,
+    each pointer's slot in the argument buffer, the launch), since a cached
+    ``execute`` is host-bound for small tensors."""
 
     __slots__ = (
         "ck", "grid", "block", "smem", "out_specs", "argbuf", "argptrs", "args_addr", "ptr_offsets",
         "ptr_slots", "scalar_slots", "tensor_inputs", "empty", "device", "dev_index", "poison", "launch",
-        "tmaps", "hang", "name", "finish", "plain_outs",
+        "tmaps", "hang", "name", "finish", "plain_outs", "tpos", "like", "run",
     )  # fmt: skip
 
-    def run(self, inputs, finish: bool = True):
+    def run_generic(self, inputs, finish: bool = True):
         """Launch; returns what ``execute`` returns, or with ``finish=False``
         the tensors the kernel wrote, one per output (a segment's, for the
-        next segment to read)."""
+        next segment to read). What the generated ``run`` does, step by step."""
         import torch
 
         outs = self.new_outputs(inputs)
@@ -170,6 +226,17 @@ class Plan:
         if self.finish is not None and finish:
             return self.finish(inputs, outs)
         return outs
+
+    def ready(self):
+        """Make ``run``: this plan's launch as straight-line Python (no loops
+        over specs, no attribute lookups on the plan), the generic one where
+        the plan lacks what it needs (``tpos``: a plan not built by the
+        compile driver)."""
+        if getattr(self, "tpos", None) is None or (not self.empty and getattr(self, "launch", None) is None):
+            self.run = self.run_generic
+            return self
+        self.run = _generate_run(self)
+        return self
 
     def new_outputs(self, inputs):
         """The tensors the kernel writes: new ones (poisoned on request), or
@@ -219,6 +286,97 @@ class Plan:
                 m.ptr = ptr
 
 
+def _generate_run(p: Plan):
+    """``run(inputs, finish=True)`` for plan ``p``, written out: e.g. for a
+    pointwise kernel of one input and one output
+
+    .. code-block:: python
+
+        def run(inputs, finish=True):
+            x0 = inputs[0]
+            o0 = empty_like(like0)  # like0: one element expanded to the output's shape
+            slots[0] = x0.data_ptr()
+            slots[3] = o0.data_ptr()
+            launch(stream(0), 140234)
+            return [o0]
+    """
+    import torch
+
+    g = {
+        "plan": p,
+        "empty": torch.empty,
+        "empty_strided": torch.empty_strided,
+        "empty_like": torch.empty_like,
+        "slots": getattr(p, "ptr_slots", None),
+        "launch": getattr(p, "launch", None),
+        "stream": getattr(torch._C, "_cuda_getCurrentRawStream", None),
+        "dev": p.device,
+        "finish_fn": p.finish,
+        "check_hang": check_hang,
+        "pack_into": struct.pack_into,
+        "argbuf": getattr(p, "argbuf", None),
+        "retarget": _retarget,
+    }
+    body = []
+    for k in p.tpos:
+        body.append(f"x{k} = inputs[{k}]")
+    outs = []
+    for q, (shape, dt, strides, alias) in enumerate(p.out_specs):
+        g[f"dt{q}"] = dt
+        like = p.like[q] if p.like else None
+        if alias is not None:
+            body.append(f"o{q} = inputs[{alias}]")
+        elif like is not None:
+            g[f"like{q}"] = like
+            body.append(f"o{q} = empty_like(like{q})")
+        elif strides is None:
+            body.append(
+                f"o{q} = empty({', '.join(map(str, shape)) if shape != ((),) else '()'}, dtype=dt{q}, device=dev)"
+            )
+        else:
+            body.append(
+                f"o{q} = empty_strided({tuple(shape)!r}, {tuple(strides)!r}, dtype=dt{q}, device=dev)"
+            )
+        if p.poison and alias is None:
+            body.append(f"o{q}.fill_(float('nan') if o{q}.is_floating_point() else -1)")
+        outs.append(f"o{q}")
+    if not p.empty:
+        names = [f"x{k}" for k in p.tpos] + outs
+        ptr_of = {}
+        for name, off in zip(names, p.ptr_offsets):
+            body.append(f"{name}p = {name}.data_ptr()")
+            body.append(f"slots[{off}] = {name}p")
+            ptr_of[name] = f"{name}p"
+        for pos, fmt, off in p.scalar_slots:
+            body.append(f"pack_into({fmt!r}, argbuf, {off}, inputs[{pos}])")
+        for j, m in enumerate(p.tmaps):  # re-encoded only when the tensor's address changes
+            g[f"m{j}"] = m
+            t = f"o{m.output}" if m.output >= 0 else f"x{m.input_pos}"
+            body.append(f"if {ptr_of[t]} != m{j}.ptr:")
+            body.append(f"    retarget(argbuf, m{j}, {t}, {ptr_of[t]})")
+        body.append(f"launch(stream({p.dev_index}), {p.args_addr})")
+        if p.hang is not None:
+            body.append("check_hang(plan, plan.hang)")
+    ret = f"[{', '.join(outs)}]"
+    if p.finish is not None:
+        body.append(f"return finish_fn(inputs, {ret}) if finish else {ret}")
+    else:
+        body.append(f"return {ret}")
+    src = "def run(inputs, finish=True):\n" + "".join(f"    {line}\n" for line in body)
+    exec(compile(src, f"<circbuf plan {p.name}>", "exec"), g)  # noqa: S102 - code from the plan's own numbers
+    run = g["run"]
+    run.source = src
+    return run
+
+
+def _retarget(argbuf, m, t, ptr):
+    """Encode tensor map ``m`` for tensor ``t`` (at ``ptr``) into the argument buffer."""
+    from .tensormap import encode
+
+    ctypes.memmove(ctypes.addressof(argbuf) + m.offset, encode(m.spec, t, m.name), 128)
+    m.ptr = ptr
+
+
 @dataclass
 class MapSlot:
     spec: object
@@ -238,7 +396,7 @@ def check_hang(plan, record):
     except RuntimeError as e:
         rec = record.tolist()  # host-mapped: readable after the context failed
         if rec[0]:
-            names = plan.ck.kernel.barrier_names
+            names = plan.ck.launch.barrier_names
             bar = names[rec[1]] if 0 <= rec[1] < len(names) else f"#{rec[1]}"
             raise CircbufError(
                 f"{plan.name}: mbarrier wait on {bar}[{rec[2]}] (parity {rec[3]}) gave up after "
@@ -249,6 +407,6 @@ def check_hang(plan, record):
 
 
 __all__ = [
-    "CompiledFusion", "CompiledKernel", "MapSlot", "Plan", "SegmentedPlan", "check_hang",
+    "CompiledFusion", "CompiledKernel", "LaunchInfo", "MapSlot", "Plan", "SegmentedPlan", "check_hang",
     "torch_dtype",
 ]  # fmt: skip

@@ -61,7 +61,22 @@ def parse_arch(arch) -> tuple[int, str]:
 
 @functools.cache
 def _accepts(arch: str) -> bool:
-    """NVRTC takes ``--gpu-architecture=arch`` (an empty kernel, once per arch)."""
+    """NVRTC takes ``--gpu-architecture=arch`` (an empty kernel, once per arch
+    and NVRTC release: a yes is remembered in the disk cache, so a warm start
+    does not load NVRTC to ask again)."""
+    cdir = knobs.cache_dir()
+    mark = os.path.join(cdir, "archs", f"{nvrtc_identity()}-{arch}.ok") if cdir else None
+    if mark and os.path.exists(mark):
+        return True
+    ok = _probe(arch)
+    if ok and mark:
+        os.makedirs(os.path.dirname(mark), exist_ok=True)
+        with open(mark, "w"):
+            pass
+    return ok
+
+
+def _probe(arch: str) -> bool:
     nv = _nvrtc()
     err, prog = nv.nvrtcCreateProgram(b'extern "C" __global__ void k() {}', b"probe.cu", 0, [], [])
     _check(err, "create")
@@ -85,6 +100,19 @@ def nvrtc_version() -> tuple:
     return (major, minor)
 
 
+@functools.cache
+def nvrtc_identity() -> str:
+    """Which NVRTC compiles: its wheel's version (read from the package
+    metadata, without loading the library), else the library's own version."""
+    from importlib import metadata
+
+    try:
+        return "wheel-" + metadata.version("nvidia-cuda-nvrtc")
+    except metadata.PackageNotFoundError:
+        major, minor = nvrtc_version()
+        return f"lib-{major}.{minor}"
+
+
 def _check(err, what):
     nv = _nvrtc()
     if err != nv.nvrtcResult.NVRTC_SUCCESS:
@@ -100,9 +128,8 @@ def compile_cuda(source: str, arch: str, name: str = "kernel.cu") -> bytes:
     hash of source, options and NVRTC version. An instruction ``arch`` lacks
     raises a CircbufError naming the arch and quoting ptxas."""
     opts = compile_options(arch)
-    key = hashlib.sha256("\0".join([source, *opts, repr(nvrtc_version())]).encode()).hexdigest()[:32]
+    path = cubin_path(source, arch)
     cdir = knobs.cache_dir()
-    path = os.path.join(cdir, f"{key}.cubin") if cdir else None
     if path and os.path.exists(path):
         with open(path, "rb") as f:
             return f.read()
@@ -121,6 +148,16 @@ def compile_cuda(source: str, arch: str, name: str = "kernel.cu") -> bytes:
             f.write(cubin)
         os.replace(tmp, path)  # atomic: concurrent compiles never see half a file
     return cubin
+
+
+def cubin_path(source: str, arch: str) -> str | None:
+    """Where the disk cache keeps ``source``'s cubin for ``arch`` (None: no disk cache)."""
+    cdir = knobs.cache_dir()
+    if not cdir:
+        return None
+    opts = compile_options(arch)
+    key = hashlib.sha256("\0".join([source, *opts, repr(nvrtc_version())]).encode()).hexdigest()[:32]
+    return os.path.join(cdir, f"{key}.cubin")
 
 
 def compile_log(source: str, arch: str, name: str = "kernel.cu") -> str:

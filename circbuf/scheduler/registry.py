@@ -95,6 +95,11 @@ def _rename(scheds, overrides: dict):
     return out, notes
 
 
+def deprecated_names() -> set:
+    """Every deprecated override name some scheduler still renames (with a warning)."""
+    return {k for entry in SCHEDULERS for k in getattr(entry[0], "renamed", {})}
+
+
 def check_overrides(fusion: Fusion, overrides: dict):
     """Check overrides when ``fusion.schedule(**overrides)`` is called: a name no
     scheduler that can take ``fusion`` takes raises, listing what they take; a

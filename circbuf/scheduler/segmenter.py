@@ -142,11 +142,16 @@ def extents_differ(fusion: Fusion, env: dict | None = None) -> str | None:
     return None
 
 
-def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
+def segment(fusion: Fusion, env: dict | None = None, verdicts: dict | None = None) -> SegmentedFusion:
     """Partition ``fusion`` into segments the schedulers take (see the module
     docstring), none of which joins two axes of different extents (constants,
     or the sizes in ``env``: :func:`extents_differ`). Raises CircbufError
-    naming an expr no scheduler takes even alone."""
+    naming an expr no scheduler takes even alone.
+
+    ``verdicts``: (group of expr positions, its outputs' names or None) ->
+    names of the schedulers taking it, as an earlier split of this fusion
+    for these sizes found them; it is read, and filled with the verdicts
+    asked (the compile driver keeps it in its disk cache)."""
     exprs = fusion.exprs()
     n = len(exprs)
     # verdicts are asked of ``judged``: the fusion, or, where a reshape's
@@ -184,7 +189,8 @@ def segment(fusion: Fusion, env: dict | None = None) -> SegmentedFusion:
     # an input written in place: every other reader of it runs before the writer
     in_place = [(j, pos[id(fusion.outputs[k].definition)]) for k, j in fusion.aliases.items()]
 
-    verdicts: dict[tuple, list] = {}
+    if verdicts is None:
+        verdicts = {}
 
     def takers(group: frozenset, outputs=None) -> list:
         key = (group, outputs)
