@@ -55,7 +55,7 @@ from .runtime.executor import (
 from .scheduler import InputInfo, TensorInfo
 from .scheduler.registry import Unschedulable, apply, compute_params
 from .scheduler.segmenter import segment
-from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, check_aliases, prepare
+from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, check_aliases, contractions, prepare
 from .target import DEFAULT, Target, resolve
 
 _INT32_LIMIT = 2**31 - 1
@@ -81,6 +81,7 @@ class FusionExecutor:
         self._shape_scalars = _shape_scalar_positions(fusion)
         self._plans: dict = {}
         self._compiled: dict = {}
+        self._split_run = None  # circbuf.split_k.SplitKRun once a call splits K
         self.last: CompiledKernel | CompiledFusion | None = None
 
     # ------------------------------------------------------------- bind
@@ -370,6 +371,10 @@ class FusionExecutor:
             self._finish(info.extents)  # a view's sizes are checked here
             self.last = CompiledFusion(SegmentedFusion(self.fusion, []), [])
             return self.last
+        sk = self._split_k(info)
+        if sk is not None:
+            self.last = self._split_runner().compile(sk, inputs, arch, target)
+            return self.last
         self._select_split(info.extents)
         if self._segments is None:
             try:
@@ -382,6 +387,22 @@ class FusionExecutor:
             ck = self._compile_segments(inputs, info.extents, arch, target)
         self.last = ck
         return ck
+
+    # ------------------------------------------------------- split-K
+    def _split_k(self, info: InputInfo):
+        """How these inputs split the matmul's K (circbuf.scheduler.split_k), or None."""
+        if self.fusion.manual_schedule or not contractions(self.fusion):
+            return None
+        from .scheduler.split_k import choose
+
+        return choose(self.fusion, info, self.fusion.schedule_overrides)
+
+    def _split_runner(self):
+        if self._split_run is None:
+            from .split_k import SplitKRun
+
+            self._split_run = SplitKRun(self)
+        return self._split_run
 
     # ------------------------------------------------------- segments
     def _segment(self, env: dict):
@@ -532,6 +553,12 @@ class FusionExecutor:
             p.scalar_slots = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
             p.finish = self._finish(info.extents)
             return p
+        sk = self._split_k(info)
+        if sk is not None:
+            from .split_k import SplitKPlan
+
+            scalars = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
+            return SplitKPlan(self._split_runner(), sk, scalars)
         self._select_split(info.extents)
         if self._segments is None:
             try:

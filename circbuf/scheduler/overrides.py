@@ -203,6 +203,8 @@ MATMUL = _table(
              ok=lambda v: _ints(2, ("producer", "consumers"), lo=24)["ok"](v) and all(x <= 256 and x % 8 == 0 for x in v)),
     Override("epilogue_tile", used_by=(MM,), doc="output sub-tile: 64 rows by a multiple of 8 dividing bn",
              **_ints(2, ("rows", "cols"))),
+    Override("split_k", used_by=(MM,), doc="chunks of K run as partial products, summed in a fixed order "
+             "(deterministic); at most the k steps of 64", **_int(1)),
 )  # fmt: skip
 
 TABLES = {

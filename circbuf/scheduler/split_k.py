@@ -1,0 +1,233 @@
+"""Split-K: a matmul with few output tiles (a small M, a large K) run as
+partial products over chunks of K, then one reduction.
+
+The plan runs up to three kernels, each an ordinary fusion compiled by the
+ordinary schedulers::
+
+    partial  ws[s, m, n]  = sum_{k in chunk s} a[m, k] * b[k, n]      (fp32; S' = S or S - 1 chunks of kc)
+    tail     wt[m, n]     = sum_{k in the last chunk} a[m, k] * b[k, n] (fp32; only when S kc != K)
+    reduce   c            = cast(sum_s ws[s] (+ wt) (+ bias)); the fusion's epilogue on c
+
+``partial`` is a batched matmul over views of the operands (``a`` [M, K]
+seen as [S', M, kc], a stride of kc between batches: no copy); the tensor
+cores and their TMA maps read it as they read any batched matmul. ``kc`` is
+a whole number of 64-wide k steps (so every view is 16-byte aligned where
+the operand is); when S does not divide the k steps, the last split takes
+the rest (``tail``, a 2-D matmul over the operand's last columns). The
+workspace is the partial kernels' output: allocated per call through
+torch's caching allocator, which hands the same block back call after call.
+
+Deterministic: each element of ``c`` is the sum over s in a fixed order
+(the reduction scheduler's own order, the same for every run), so two runs
+give the same bits; no atomics anywhere.
+
+The heuristic (:func:`choose`) compares a bandwidth model of the busiest SM
+with and without splits: a [64 x bn] tile (M <= 64) or the cooperative
+[128 x 256] tile streams ``(rows + bn) x kc`` operand elements; the grid
+takes ``ceil(tiles / SMs)`` of them in turn; a split adds the workspace
+(written and read once, at the copy bandwidth) and a launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import (
+    BinaryOp,
+    CircbufError,
+    DataType,
+    Fusion,
+    IterDomain,
+    IterType,
+    ReductionOp,
+    TensorView,
+    evaluate,
+    reduction_init,
+)
+from ..ir.scalar import free_vars
+from .waves import SMALL_M, ceil_div, small_m_bn, tile_count
+
+K_STEP = 64  # elements of K per k step (one 128-byte swizzled row of a 16-bit operand)
+MAX_SPLITS = 16  # the heuristic's largest split (the workspace grows with it)
+MIN_STEPS = 4  # k steps per split the heuristic keeps (the ring's prologue and drain)
+MIN_GAIN = 0.85  # a split must cut the modeled time by 15%: it costs a launch and the workspace
+LAUNCH_S = 3e-6  # the reduction kernel's launch and ramp, seconds
+
+
+@dataclass(frozen=True)
+class SplitK:
+    """How one call splits K: ``splits`` chunks; the first ``batched`` of
+    ``chunk`` elements each run as one batched matmul, the rest (``tail``
+    elements, 0 when none) as a second one. ``kind``: the contraction
+    ("matmul": b is [K, N]; "linear": b is [N, K]); ``a``, ``b``: the
+    operands' positions among the fusion's inputs."""
+
+    splits: int
+    chunk: int
+    tail: int
+    kind: str
+    a: int
+    b: int
+
+    @property
+    def batched(self) -> int:
+        return self.splits - (1 if self.tail else 0)
+
+    def __str__(self):
+        tail = f" + a tail of {self.tail}" if self.tail else ""
+        return f"split-K {self.splits}: {self.batched} chunks of {self.chunk}{tail}, deterministic fp32 reduction"
+
+
+def _why_not(fusion: Fusion, info) -> str | None:
+    """Why this fusion cannot be split along K (None: it can)."""
+    from .matmul import MatmulScheduler, _mma_unsupported, _operands
+    from .utils import contractions
+
+    why = MatmulScheduler.can_schedule(fusion)
+    if why is not None:
+        return why
+    e = contractions(fusion)[0]
+    why = _mma_unsupported(fusion, e, info)
+    if why is not None:
+        return f"the matmul runs on the SIMT path ({why})"
+    a, b, _ = _operands(e)
+    if a.ndim != 2 or b.ndim != 2:
+        return f"operands {a.name} and {b.name} are {a.ndim}-D and {b.ndim}-D (split-K takes 2-D operands)"
+    for x in (a, b):
+        if any(u is not e for u in x.uses) or x in fusion.outputs:
+            return f"operand {x.name} is read by more than the matmul"
+    if fusion.aliases or fusion.input_views or fusion.derived_extents:
+        return "the fusion writes an input in place, returns a view or derives sizes"
+    if any(kind != "output" for kind, _ in fusion.returns):
+        return "the fusion returns an input"
+    return None
+
+
+def _model(m: int, n: int, k: int, splits: int, itemsize: int, target) -> float:
+    """Modeled seconds of the busiest SM streaming its tiles' operands, plus
+    the workspace and the launch a split adds."""
+    sms = target.sm_count
+    if m <= SMALL_M:
+        bm, bn = 64, small_m_bn(m, n, splits, sms)
+    else:
+        bm, bn = 128, (256 if n > 128 else 128)
+    tiles = tile_count(m, n, splits, bm, bn)
+    kc = ceil_div(ceil_div(k, K_STEP), splits) * K_STEP
+    t = ceil_div(tiles, sms) * (min(m, bm) + bn) * kc * itemsize / target.bandwidth_per_sm
+    if splits > 1:
+        ws = splits * m * n * 4
+        t += (2 * ws + m * n * itemsize) / target.copy_bandwidth + LAUNCH_S
+    return t
+
+
+def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
+    """The split of K for these inputs: ``overrides["split_k"]`` (validated:
+    a CircbufError names what rules it out) or the heuristic's; None: no split."""
+    from .matmul import _operands
+    from .utils import contractions
+
+    asked = overrides.get("split_k")
+    if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
+        raise CircbufError(f"schedule(split_k={asked!r}): must be an int >= 1")
+    if asked == 1:
+        return None
+    cs = contractions(fusion)
+    if len(cs) != 1:
+        return None
+    why = _why_not(fusion, info)
+    if why is not None:
+        if asked is not None and not why.startswith("the matmul runs on the SIMT path"):
+            # (on the SIMT path the matmul scheduler names every override it cannot take)
+            raise CircbufError(f"schedule(split_k={asked}): {why}")
+        return None
+    e = cs[0]
+    a, b, _ = _operands(e)
+    env = info.extents
+    m = evaluate(e.out.logical[-2].extent, env)
+    n = evaluate(e.out.logical[-1].extent, env)
+    k = evaluate(a.logical[-1].extent, env)
+    steps = ceil_div(k, K_STEP)
+    kind = "matmul" if type(e).__name__ == "MatmulOp" else "linear"
+    if asked is not None:
+        if asked > steps:
+            raise CircbufError(
+                f"schedule(split_k={asked}): K = {k} is {steps} k step{'s' * (steps > 1)} of {K_STEP}; "
+                f"split_k must be at most {steps} (each split takes at least one step)"
+            )
+        splits = asked
+    else:
+        item = a.dtype.size
+        best, t1 = 1, _model(m, n, k, 1, item, info.target)
+        for s in range(2, MAX_SPLITS + 1):
+            if steps % s or steps // s < MIN_STEPS:
+                continue
+            t = _model(m, n, k, s, item, info.target)
+            if t < MIN_GAIN * t1 and t < _model(m, n, k, best, item, info.target):
+                best = s
+        if best == 1:
+            return None
+        splits = best
+    chunk = steps // splits * K_STEP
+    rest = k - (splits - 1) * chunk
+    tail = 0 if rest == chunk else rest
+    ins = fusion.inputs
+    return SplitK(splits, chunk, tail, kind, ins.index(a), ins.index(b))
+
+
+def reduce_fusion(fusion: Fusion, tail: bool) -> tuple[Fusion, list]:
+    """The fusion with its matmul replaced by the sum of the partial
+    products: ``c = cast(sum(ws, 0) (+ wt) (+ bias))``, then the epilogue
+    as defined. Returns it and, per its input, where that comes from:
+    ``("ws",)``, ``("tail",)`` or ``("input", j)`` (the original's input j).
+    ``ws`` [S', *c's shape] and (with ``tail``) ``wt`` [*c's shape] are fp32 inputs."""
+    from .matmul import _add_bias, _detach, _finish, _new, _operands
+    from .utils import contractions
+
+    f = fusion.clone()
+    f.schedule_overrides = {}
+    f.check_overrides = None
+    e = contractions(f)[0]
+    a, b, bias = _operands(e)
+    c = e.out
+    _detach(e)
+    shape = c.domain.no_reductions()
+
+    def fp32_input(lead):
+        ids = ([IterDomain(f.new_extent())] if lead else []) + [IterDomain(i.extent) for i in shape]
+        t = f.register(TensorView(ids, DataType.Float))
+        t.is_input = True
+        return t
+
+    ws = fp32_input(True)
+    red = _new(f, [IterDomain(i.extent) for i in ws.logical], DataType.Float)
+    red.logical[0].iter_type = IterType.Reduction
+    red.domain.loop = list(red.logical)
+    ReductionOp("sum", red, ws, reduction_init("sum", DataType.Float))
+    val, sources = red, [ws]
+    if tail:  # added after the batched chunks' sum: one order for every run
+        wt = fp32_input(False)
+        val = _new(f, [IterDomain(i.extent) for i in shape], DataType.Float)
+        BinaryOp("add", val, red, wt)
+        sources.append(wt)
+    if bias is not None:
+        val = _add_bias(f, val, bias, DataType.Float)
+    _finish(c, val)
+    where = {id(ws): ("ws",)}
+    if tail:
+        where[id(sources[1])] = ("tail",)
+    for j, x in enumerate(f.inputs):
+        where[id(x)] = ("input", j)
+    f.inputs = sources + [x for x in f.inputs if x is not a and x is not b]
+    for x in (a, b):
+        if x in f.tvs:
+            f.tvs.remove(x)
+    bound = {x.name for x in f.inputs if not isinstance(x, TensorView)}
+    for x in f.inputs:
+        if isinstance(x, TensorView):
+            for i in x.logical:
+                bound |= set(free_vars(i.extent))
+    # (a's K = b's K went with them)
+    f.extent_equalities = [
+        (p, q) for p, q in f.extent_equalities if set(free_vars(p)) | set(free_vars(q)) <= bound
+    ]
+    return f, [where[id(x)] for x in f.inputs]
