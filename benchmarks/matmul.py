@@ -6,6 +6,7 @@
     PYTHONPATH=. python benchmarks/matmul.py --epilogue [--variants] [--only silu]
                                                         # linear + bias + act / + residual vs eager, compile
     PYTHONPATH=. python benchmarks/matmul.py --breakdown # where the epilogue's time goes
+    PYTHONPATH=. python benchmarks/matmul.py --decode   # M = 1..64 linears: TF/s, GB/s, path
 
 TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
 for each shape (torch._dynamo.reset(), dynamic=False).
@@ -33,6 +34,13 @@ SHAPES = [
     (2048, 2048, 2048, "linear"),
     (4096, 4096, 4096, "linear"),
     (8192, 8192, 8192, "linear"),
+    (4096, 128256, 4096, "linear"),  # an LM head
+]
+# decode: linear with a few rows (issue 18 section 2), memory-bound on the weight
+DECODE_SHAPES = [
+    (m, n, k, "linear")
+    for m in (1, 16, 64)
+    for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
 ]
 SWEEP = {
     "coop 128x256 s4": dict(tile=(128, 256, 64), stages=4),
@@ -79,17 +87,68 @@ def table():
         t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
         r = t_torch / t_cb
         ratios.append(r)
-        p = fd.last_params()
         print(
             f"{f'{m}x{n}x{k}':>24s} {kind:>6s} {tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} "
-            f"{r:6.3f}  {p.brief()} (err {err:.1e})"
+            f"{r:6.3f}  {path(fd)} (err {err:.1e})"
         )
         rows.append(
-            dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, params=p.brief(), err=err)
+            dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, params=path(fd), err=err)
         )
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print(f"geomean vs cuBLAS: {geo:.3f}x; min {min(ratios):.3f}x")
     write_json("bench_matmul.json", rows)
+
+
+def path(fd) -> str:
+    """The path the last run took: one kernel's params, or each kernel's (split-K, segments)."""
+    p = fd.last_params()
+    if not isinstance(p, list):
+        return p.brief()
+    last = fd._get_executor().last
+    head = f"{last.split_k}: " if getattr(last, "split_k", None) is not None else f"{len(p)} kernels: "
+    return head + " + ".join(q.brief() if hasattr(q, "brief") else type(q).__name__ for q in p)
+
+
+def gbps(m, n, k, ms, item=2):
+    """Bytes the GEMM must move (A, B read once, C written once) per second."""
+    return (m * k + n * k + m * n) * item / ms / 1e6
+
+
+def decode():
+    """The decode shapes (M = 1, 16, 64) and the LM head: TF/s and GB/s of
+    cuBLAS and circbuf in the same run, the path circbuf took, and the
+    weight's copy bandwidth (a device-to-device copy of W, read + write)."""
+    print(f"GPU: {gpu_name()}  linear x @ W.T, bf16, do_bench median")
+    print(
+        f"{'shape':>22s} {'cuBLAS TF/s':>11s} {'GB/s':>6s} {'circbuf TF/s':>12s} {'GB/s':>6s} "
+        f"{'ratio':>6s} {'W copy GB/s':>11s}  path"
+    )
+    rows = []
+    for m, n, k, kind in DECODE_SHAPES + [(4096, 128256, 4096, "linear")]:
+        a, b = inputs(m, n, k, kind)
+        fd = mm_fusion(kind)
+        (out,) = fd.execute([a, b])
+        ref = torch_mm(kind)(a.double(), b.double())
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        (again,) = fd.execute([a, b])
+        same = torch.equal(out.view(torch.int16), again.view(torch.int16))
+        fn = torch_mm(kind)
+        t_torch = bench_ms(lambda f=fn, a=a, b=b: f(a, b))
+        t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
+        dst = torch.empty_like(b)
+        t_copy = bench_ms(lambda d=dst, b=b: d.copy_(b))
+        copy = 2 * b.numel() * b.element_size() / t_copy / 1e6
+        print(
+            f"{f'{m}x{n}x{k}':>22s} {tflops(m, n, k, t_torch):11.1f} {gbps(m, n, k, t_torch):6.0f} "
+            f"{tflops(m, n, k, t_cb):12.1f} {gbps(m, n, k, t_cb):6.0f} {t_torch / t_cb:6.3f} {copy:11.0f}  "
+            f"{path(fd)} (err {err:.1e}{'' if same else ', NOT DETERMINISTIC'})",
+            flush=True,
+        )
+        rows.append(
+            dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, copy_gbps=copy,
+                 path=path(fd), err=err, deterministic=same)
+        )  # fmt: skip
+    write_json("bench_matmul_decode.json", rows)
 
 
 EPILOGUE_VARIANTS = {
@@ -112,7 +171,7 @@ def sweep():
         fd = mm_fusion(kind)
         fd.execute([a, b])
         line.append(
-            f"heuristic[{fd.last_params().brief()}] {tflops(m, n, k, bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))):.0f}"
+            f"heuristic[{path(fd)}] {tflops(m, n, k, bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))):.0f}"
         )
         for tag, ov in SWEEP.items():
             fd = mm_fusion(kind)
@@ -243,5 +302,7 @@ if __name__ == "__main__":
         epilogue()
     elif "--breakdown" in sys.argv:
         breakdown()
+    elif "--decode" in sys.argv:
+        decode()
     else:
         table()

@@ -82,6 +82,7 @@ class FusionExecutor:
         self._plans: dict = {}
         self._compiled: dict = {}
         self._split_run = None  # circbuf.split_k.SplitKRun once a call splits K
+        self.may_split_k = True  # False for the steps of a split-K run (never split again)
         self.last: CompiledKernel | CompiledFusion | None = None
 
     # ------------------------------------------------------------- bind
@@ -391,7 +392,7 @@ class FusionExecutor:
     # ------------------------------------------------------- split-K
     def _split_k(self, info: InputInfo):
         """How these inputs split the matmul's K (circbuf.scheduler.split_k), or None."""
-        if self.fusion.manual_schedule or not contractions(self.fusion):
+        if not self.may_split_k or self.fusion.manual_schedule or not contractions(self.fusion):
             return None
         from .scheduler.split_k import choose
 

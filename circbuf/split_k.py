@@ -61,6 +61,7 @@ class SplitKRun:
 
                 rf, where = reduce_fusion(f, tail=key == "reduce+tail")
                 sub = (FusionExecutor(rf, is_segment=self.ex.is_segment), where)
+            (sub[0] if isinstance(sub, tuple) else sub).may_split_k = False
             self._subs[key] = sub
         ov = {k: v for k, v in self.ex.fusion.schedule_overrides.items() if k != "split_k"}
         if key in ("partial", "tail") and sub.fusion.schedule_overrides != ov:
@@ -70,7 +71,7 @@ class SplitKRun:
 
     def steps(self, sk: SplitK) -> list:
         """[(executor, what)] in launch order; ``what``: "partial", "tail" or "reduce"."""
-        out = [(self._sub("partial"), "partial")]
+        out = [(self._sub("partial" if sk.batched > 1 else "tail"), "partial")]
         if sk.tail:
             out.append((self._sub("tail"), "tail"))
         return out + [(self._sub("reduce+tail" if sk.tail else "reduce")[0], "reduce")]
@@ -80,7 +81,8 @@ class SplitKRun:
             return views[0]
         if what == "tail":
             return views[1]
-        got = {"ws": results[0][0], "tail": results[1][0] if sk.tail else None}
+        ws = results[0][0] if sk.batched > 1 else results[0][0].unsqueeze(0)
+        got = {"ws": ws, "tail": results[1][0] if sk.tail else None}
         where = self._sub("reduce+tail" if sk.tail else "reduce")[1]
         return [inputs[w[1]] if w[0] == "input" else got[w[0]] for w in where]
 
@@ -126,6 +128,8 @@ def _views(sk: SplitK, inputs):
     s, kc = sk.batched, sk.chunk
     a3 = a[:, : s * kc].unflatten(1, (s, kc)).movedim(1, 0)
     b3 = bk[: s * kc].unflatten(0, (s, kc))
+    if s == 1:  # one chunk before the tail: a 2-D matmul (its result gets the batch axis)
+        a3, b3 = a3[0], b3[0]
     tail = [a[:, s * kc :], bk[s * kc :]] if sk.tail else None
     return [a3, b3], tail
 

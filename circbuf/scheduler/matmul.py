@@ -76,7 +76,7 @@ from .utils import (
     unmapped_axis,
     vector_access,
 )
-from .waves import SMALL_M, small_m_bn
+from .waves import SMALL_M, SMALL_M_STAGES, small_m_bn
 
 OVERRIDES = names(MATMUL)
 _EPILOGUE = (*ELEMENTWISE, BroadcastOp)
@@ -364,7 +364,8 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
             f"the {staging}-byte output staging"
             + (f" and the {handoff_bytes}-byte hand-off ring" if role else "")
         )
-    stages = ov.get("stages", min(fit, 7))
+    # a memory-bound small-M tile keeps more of B in flight (bytes in flight per SM)
+    stages = ov.get("stages", min(fit, SMALL_M_STAGES if small and pingpong else 7))
     if not isinstance(stages, int) or stages < 2:
         raise CircbufError(f"schedule(stages={stages!r}): must be an int >= 2")
     if stages * stage_bytes > budget:

@@ -51,6 +51,7 @@ K_STEP = 64  # elements of K per k step (one 128-byte swizzled row of a 16-bit o
 MAX_SPLITS = 16  # the heuristic's largest split (the workspace grows with it)
 MIN_STEPS = 4  # k steps per split the heuristic keeps (the ring's prologue and drain)
 MIN_GAIN = 0.85  # a split must cut the modeled time by 15%: it costs a launch and the workspace
+TIE = 0.05  # splits whose modeled times are this close count as equal (the fewest wins)
 LAUNCH_S = 3e-6  # the reduction kernel's launch and ramp, seconds
 
 
@@ -113,7 +114,9 @@ def _model(m: int, n: int, k: int, splits: int, itemsize: int, target) -> float:
         bm, bn = 128, (256 if n > 128 else 128)
     tiles = tile_count(m, n, splits, bm, bn)
     kc = ceil_div(ceil_div(k, K_STEP), splits) * K_STEP
-    t = ceil_div(tiles, sms) * (min(m, bm) + bn) * kc * itemsize / target.bandwidth_per_sm
+    # a small M's A (every CTA reads the same few rows) comes from L2: B alone is streamed
+    rows = 0 if m <= SMALL_M else bm
+    t = ceil_div(tiles, sms) * (rows + bn) * kc * itemsize / target.bandwidth_per_sm
     if splits > 1:
         ws = splits * m * n * 4
         t += (2 * ws + m * n * itemsize) / target.copy_bandwidth + LAUNCH_S
@@ -157,16 +160,16 @@ def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
         splits = asked
     else:
         item = a.dtype.size
-        best, t1 = 1, _model(m, n, k, 1, item, info.target)
+        times = {1: _model(m, n, k, 1, item, info.target)}
         for s in range(2, MAX_SPLITS + 1):
-            if steps % s or steps // s < MIN_STEPS:
-                continue
-            t = _model(m, n, k, s, item, info.target)
-            if t < MIN_GAIN * t1 and t < _model(m, n, k, best, item, info.target):
-                best = s
-        if best == 1:
+            # no tail: a tail is a second launch after the chunks' (they do not overlap)
+            if k % (s * K_STEP) == 0 and k // (s * K_STEP) >= MIN_STEPS:
+                times[s] = _model(m, n, k, s, item, info.target)
+        fastest = min(times.values())
+        # the fewest splits within TIE of the fastest: a smaller workspace, longer k loops
+        splits = min(s for s, t in times.items() if t <= fastest * (1 + TIE))
+        if splits == 1 or times[splits] > MIN_GAIN * times[1]:
             return None
-        splits = best
     chunk = steps // splits * K_STEP
     rest = k - (splits - 1) * chunk
     tail = 0 if rest == chunk else rest

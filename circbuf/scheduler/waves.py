@@ -18,7 +18,10 @@ fewer reloads of A, fewer epilogues).
 from __future__ import annotations
 
 SMALL_M = 64  # M up to one m64 wgmma: 64-row tiles, one warpgroup per tile (ping-pong)
-NARROW_BN = (256, 128, 64)  # multiples of 64: one 128-byte swizzle atom of a 16-bit N-major B
+NARROW_BN = (256, 128, 64)
+# ring slots a small-M tile may take (shared memory permitting): 12 slots of a 64x64
+# tile hold 96 KB of B in flight per SM, the 7 of a large tile's cap 56 KB
+SMALL_M_STAGES = 12  # multiples of 64: one 128-byte swizzle atom of a 16-bit N-major B
 
 
 def ceil_div(a: int, b: int) -> int:
