@@ -200,3 +200,15 @@ def test_heuristic_split_runs_in_the_interpreter():
     out = interpret(fd, ins)[0]
     assert fd._get_executor().last.split_k.splits == 5
     _check(out, _ref("linear", ins))
+
+
+def test_split_k_kernels_pass_the_protocol_checker_on_two_sms():
+    """Six partial tiles over 2 CTAs (each warpgroup several tiles, the ring
+    wrapping across tiles), every kernel checked under 2 random schedules."""
+    two = dataclasses.replace(H100, sm_count=2)
+    fd = _fd("linear", bias=True, split_k=2)
+    ins = _inputs("linear", 3, 192, 512, bias=True)
+    out = interpret(fd, ins, check=2, target=two)[0]
+    ck = fd._get_executor().last
+    assert ck.split_k.splits == 2 and ck.kernels[0].params.grid == 2
+    _check(out, _ref("linear", ins))
