@@ -147,33 +147,62 @@ class SplitKCompiled(CompiledFusion):
 
 
 class SplitKPlan:
-    """The launch plan of a split-K run for one input signature: the steps'
-    plans, made on the first call."""
+    """The launch plan of a split-K run for one input signature. The first
+    call runs the general path (each step's executor makes its plan); later
+    calls take the operand views with one ``as_strided`` each (their sizes,
+    strides and offsets are fixed by the signature) and launch the steps'
+    plans directly: the host work of a decode step stays small."""
 
-    __slots__ = ("runner", "split", "plans", "scalar_slots")
+    __slots__ = ("runner", "split", "plans", "scalar_slots", "views", "where")
 
     def __init__(self, run: SplitKRun, split: SplitK, scalar_slots):
-        self.runner, self.split, self.plans, self.scalar_slots = run, split, {}, scalar_slots
+        self.runner, self.split, self.scalar_slots = run, split, scalar_slots
+        self.plans = None  # per step, once made
+        self.views = None  # (input position, size, stride, offset from the input's) per operand view
+        self.where = None  # per reduction input: "ws", "tail" or a position among the inputs
 
-    def _step(self, sub, args, finish):
-        plan = self.plans.get(id(sub))
-        if plan is None:
-            plan = self.plans[id(sub)] = sub._plan(args)
+    @staticmethod
+    def _launch(plan, args, finish):
         from .runtime.executor import SegmentedPlan
 
         if isinstance(plan, SegmentedPlan):
             return plan.run(args)  # (a reduction fusion returns its outputs as they are)
         return plan.run(args, finish)
 
-    def run(self, inputs, finish=True):
-        made = len(self.plans)
-        out = self.runner.run(self.split, inputs, self._step, finish)
-        if not made:  # the first call: what fd.last_params() and ex.last show
-            subs = [sub for sub, _ in self.runner.steps(self.split)]
-            kernels = [k for sub in subs for k in getattr(sub.last, "kernels", [sub.last])]
-            segs = [Segment(sub.fusion, [], [], what, []) for sub, what in self.runner.steps(self.split)]
-            if len(segs) == len(kernels):
-                self.runner.ex.last = SplitKCompiled(
-                    SegmentedFusion(self.runner.ex.fusion, segs), kernels, self.runner, self.split
-                )
+    def _first(self, inputs, finish):
+        """The general path, recording each step's plan and the views' geometry."""
+        plans = []
+
+        def step(sub, args, fin):
+            plans.append(sub._plan(args))
+            return self._launch(plans[-1], args, fin)
+
+        out = self.runner.run(self.split, inputs, step, finish)
+        sk = self.split
+        views = _views(sk, inputs)
+        geo = []
+        for j, v in zip((sk.a, sk.b, sk.a, sk.b), views[0] + (views[1] or [])):
+            geo.append((j, tuple(v.shape), v.stride(), v.storage_offset() - inputs[j].storage_offset()))
+        where = self.runner._sub("reduce+tail" if sk.tail else "reduce")[1]
+        self.where = [w[0] if w[0] != "input" else w[1] for w in where]
+        self.views, self.plans = geo, plans
+        subs = [sub for sub, _ in self.runner.steps(sk)]
+        kernels = [k for sub in subs for k in getattr(sub.last, "kernels", [sub.last])]
+        segs = [Segment(sub.fusion, [], [], what, []) for sub, what in self.runner.steps(sk)]
+        if len(segs) == len(kernels):  # what fd.last_params() and ex.last show
+            self.runner.ex.last = SplitKCompiled(
+                SegmentedFusion(self.runner.ex.fusion, segs), kernels, self.runner, sk
+            )
         return out
+
+    def run(self, inputs, finish=True):
+        if self.plans is None:
+            return self._first(inputs, finish)
+        v = [inputs[j].as_strided(sz, st, inputs[j].storage_offset() + d) for j, sz, st, d in self.views]
+        plans = self.plans
+        ws = self._launch(plans[0], v[:2], False)[0]
+        if self.split.batched == 1:
+            ws = ws.unsqueeze(0)
+        tail = self._launch(plans[1], v[2:], False)[0] if self.split.tail else None
+        args = [ws if w == "ws" else tail if w == "tail" else inputs[w] for w in self.where]
+        return self._launch(plans[-1], args, finish)

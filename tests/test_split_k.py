@@ -212,3 +212,26 @@ def test_split_k_kernels_pass_the_protocol_checker_on_two_sms():
     ck = fd._get_executor().last
     assert ck.split_k.splits == 2 and ck.kernels[0].params.grid == 2
     _check(out, _ref("linear", ins))
+
+
+@pytest.mark.parametrize("k, split", [(1000, 2), (1000, 3), (512, 2)])
+def test_split_k_plan_first_and_later_calls(monkeypatch, k, split):
+    """The launch plan execute() builds (SplitKPlan): the first call's general
+    path, then later calls through its recorded views (one chunk before a
+    tail, several, no tail), on operands at another storage offset; its
+    steps' plans are the interpreter's here (CIRCBUF_INTERPRET=1)."""
+    from circbuf.split_k import SplitKPlan
+
+    monkeypatch.setenv("CIRCBUF_INTERPRET", "1")
+    fd = _fd("linear", bias=True, split_k=split)
+    ins = _inputs("linear", 3, 64, k, bias=True)
+    ex = fd._get_executor()
+    info, _ = ex._bind(ins, need_cuda=False)
+    sk = ex._split_k(info)
+    assert sk.splits == split and bool(sk.tail) == (k == 1000)
+    plan = SplitKPlan(ex._split_runner(), sk, [])
+    _check(plan.run(ins)[0], _ref("linear", ins))
+    big = torch.randn(11, k, dtype=BF)
+    moved = [big[8:], ins[1], ins[2]]  # the same signature, 8 rows into another buffer
+    _check(plan.run(moved)[0], _ref("linear", moved))
+    assert len(fd.last_params()) == 2 + bool(sk.tail)
