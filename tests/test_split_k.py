@@ -9,6 +9,8 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import circbuf as cb
 from circbuf.interpret import interpret
@@ -235,3 +237,35 @@ def test_split_k_plan_first_and_later_calls(monkeypatch, k, split):
     moved = [big[8:], ins[1], ins[2]]  # the same signature, 8 rows into another buffer
     _check(plan.run(moved)[0], _ref("linear", moved))
     assert len(fd.last_params()) == 2 + bool(sk.tail)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 300),
+    n8=st.integers(1, 300),
+    k8=st.integers(1, 600),
+    split=st.integers(1, 12),
+    kind=st.sampled_from(["matmul", "linear"]),
+    a_t=st.booleans(),
+    b_t=st.booleans(),
+)
+def test_hypothesis_split_k_compiles(m, n8, k8, split, kind, a_t, b_t):
+    """Every split of every layout compiles to tensor-core kernels (or, for a
+    split past the k steps, is refused by name)."""
+    n, k = 8 * n8, 8 * k8
+    fd = _fd(kind, split_k=split)
+    a = torch.empty(k, m, dtype=BF).t() if a_t and m % 8 == 0 else torch.empty(m, k, dtype=BF)
+    shape = (n, k) if kind == "linear" else (k, n)
+    b = torch.empty(shape[::-1], dtype=BF).t() if b_t else torch.empty(shape, dtype=BF)
+    steps = -(-k // 64)
+    if split > steps:
+        with pytest.raises(cb.CircbufError, match=f"split_k must be at most {steps}"):
+            fd.compile([a, b], arch="sm_90a")
+        return
+    ck = fd.compile([a, b], arch="sm_90a")
+    if split == 1:
+        assert ck.params.simt is None
+        return
+    assert ck.split_k.splits == split
+    mms = [q for q in ck.kernels if q.name == "circbuf_matmul"]
+    assert len(mms) == len(ck.kernels) - 1 and all(q.params.simt is None for q in mms)
