@@ -269,3 +269,21 @@ def test_hypothesis_split_k_compiles(m, n8, k8, split, kind, a_t, b_t):
     assert ck.split_k.splits == split
     mms = [q for q in ck.kernels if q.name == "circbuf_matmul"]
     assert len(mms) == len(ck.kernels) - 1 and all(q.params.simt is None for q in mms)
+
+
+def test_split_k_epilogue_with_a_scalar_and_a_residual():
+    """The reduction fusion keeps the epilogue's other inputs (a fusion scalar,
+    a residual tile) and, as the MMA path, runs its math on the fp32 sum."""
+    a, b = torch.randn(2, 256, dtype=BF), torch.randn(256, 64, dtype=BF)
+    fd = mm_fusion("matmul", D.BFloat16, epilogue="scale")
+    fd.fusion.schedule(split_k=3)
+    out = interpret(fd, [a, b, 0.5])[0]
+    assert fd._get_executor().last.split_k.tail == 128
+    _check(out, 0.5 * (a.double() @ b.double()))
+    r = torch.randn(2, 64, dtype=BF)
+    fd = mm_fusion("matmul", D.BFloat16, epilogue="residual")
+    fd.fusion.schedule(split_k=2)
+    out = interpret(fd, [a, b, r])[0]
+    want = a.double() @ b.double() + r.double()
+    _check(out, want)
+    assert (out.double() - want).abs().max() <= want.abs().max() * 2**-8  # one bf16 rounding, not two

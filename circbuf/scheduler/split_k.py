@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from ..ir import (
     BinaryOp,
+    CastOp,
     CircbufError,
     DataType,
     Fusion,
@@ -215,6 +216,11 @@ def reduce_fusion(fusion: Fusion, tail: bool) -> tuple[Fusion, list]:
     if bias is not None:
         val = _add_bias(f, val, bias, DataType.Float)
     _finish(c, val)
+    # as the MMA path's epilogue (matmul.translate): math on the fp32 sum, not on c rounded
+    for u in list(c.uses):
+        if isinstance(u, CastOp) and u.out.dtype == DataType.Float and u.out not in f.outputs:
+            for v in list(u.out.uses):
+                v.replace_input(u.out, val)
     where = {id(ws): ("ws",)}
     if tail:
         where[id(sources[1])] = ("tail",)
