@@ -12,8 +12,10 @@ ordinary schedulers::
 seen as [S', M, kc], a stride of kc between batches: no copy); the tensor
 cores and their TMA maps read it as they read any batched matmul. ``kc`` is
 a whole number of 64-wide k steps (so every view is 16-byte aligned where
-the operand is); when S does not divide the k steps, the last split takes
-the rest (``tail``, a 2-D matmul over the operand's last columns). The
+the operand is); when S kc != K (S does not divide the k steps, or K is no
+multiple of 64), the last split takes the rest (``tail``, a 2-D matmul over
+the operand's last columns; with S = 2 the one chunk before it is a 2-D
+matmul too). The
 workspace is the partial kernels' output: allocated per call through
 torch's caching allocator, which hands the same block back call after call.
 
@@ -25,7 +27,10 @@ The heuristic (:func:`choose`) compares a bandwidth model of the busiest SM
 with and without splits: a [64 x bn] tile (M <= 64) or the cooperative
 [128 x 256] tile streams ``(rows + bn) x kc`` operand elements; the grid
 takes ``ceil(tiles / SMs)`` of them in turn; a split adds the workspace
-(written and read once, at the copy bandwidth) and a launch.
+(written and read once, at the copy bandwidth) and a launch. For M <= 64
+only B counts: the few rows of A that every CTA reads stay in L2. Only
+splits without a tail are chosen (a tail is a second partial launch after
+the chunks', not beside them).
 """
 
 from __future__ import annotations
