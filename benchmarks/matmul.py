@@ -6,7 +6,8 @@
     PYTHONPATH=. python benchmarks/matmul.py --epilogue [--variants] [--only silu]
                                                         # linear + bias + act / + residual vs eager, compile
     PYTHONPATH=. python benchmarks/matmul.py --breakdown # where the epilogue's time goes
-    PYTHONPATH=. python benchmarks/matmul.py --decode   # M = 1..64 linears: TF/s, GB/s, path
+    PYTHONPATH=. python benchmarks/matmul.py --decode [--variants]
+                                                        # M = 1..64 linears: TF/s, GB/s, path (and schedules)
 
 TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
 for each shape (torch._dynamo.reset(), dynamic=False).
@@ -114,10 +115,23 @@ def gbps(m, n, k, ms, item=2):
     return (m * k + n * k + m * n) * item / ms / 1e6
 
 
+# --decode --variants: schedules to compare with the heuristic's on each decode shape
+DECODE_VARIANTS = {
+    "no split": dict(split_k=1),
+    "split 4": dict(split_k=4),
+    "pp 64x32 s12": dict(pingpong=True, tile=(64, 32, 64), stages=12, split_k=1),
+    "pp 64x112 s10": dict(pingpong=True, tile=(64, 112, 64), stages=10, split_k=1),
+    "pp 64x64 bk128": dict(pingpong=True, tile=(64, 64, 128)),
+    "pp 64x64 s7": dict(pingpong=True, tile=(64, 64, 64), stages=7),
+    "coop 128x256 (before)": dict(pingpong=False, tile=(128, 256, 64), split_k=1),
+}
+
+
 def decode():
     """The decode shapes (M = 1, 16, 64) and the LM head: TF/s and GB/s of
     cuBLAS and circbuf in the same run, the path circbuf took, and the
-    weight's copy bandwidth (a device-to-device copy of W, read + write)."""
+    weight's copy bandwidth (a device-to-device copy of W, read + write).
+    ``--variants``: GB/s of each DECODE_VARIANTS schedule too, same run."""
     print(f"GPU: {gpu_name()}  linear x @ W.T, bf16, do_bench median")
     print(
         f"{'shape':>22s} {'cuBLAS TF/s':>11s} {'GB/s':>6s} {'circbuf TF/s':>12s} {'GB/s':>6s} "
@@ -144,6 +158,18 @@ def decode():
             f"{path(fd)} (err {err:.1e}{'' if same else ', NOT DETERMINISTIC'})",
             flush=True,
         )
+        if "--variants" in sys.argv and m <= 64:
+            vs = []
+            for tag, ov in DECODE_VARIANTS.items():
+                f2 = mm_fusion(kind)
+                try:
+                    f2.fusion.schedule(**ov)
+                    f2.execute([a, b])
+                    t = bench_ms(lambda f2=f2, a=a, b=b: f2.execute([a, b]))
+                    vs.append(f"{tag} {gbps(m, n, k, t):.0f}")
+                except Exception as e:  # noqa: BLE001 - a variant that does not fit is reported
+                    vs.append(f"{tag} n/a({type(e).__name__})")
+            print("      variants (GB/s): " + " | ".join(vs), flush=True)
         rows.append(
             dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, copy_gbps=copy,
                  path=path(fd), err=err, deterministic=same)
