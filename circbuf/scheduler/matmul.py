@@ -278,7 +278,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         b_major = "N" if _operand_layout(tb)[0] == "inner" else "K"
     persistent = ov.get("persistent", True)
     # M <= 64 (decode): [64 x bn] tiles, one warpgroup each (ping-pong), bn by waves
-    small = m <= SMALL_M and "tile" not in ov and persistent is True
+    small = m <= SMALL_M and "tile" not in ov and persistent is True and ov.get("epilogue") != "role"
     pingpong = ov.get("pingpong", small)
     for name, v in (("persistent", persistent), ("pingpong", pingpong)):
         if not isinstance(v, bool):
