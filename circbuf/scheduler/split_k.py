@@ -26,7 +26,9 @@ give the same bits; no atomics anywhere.
 The heuristic (:func:`choose`) compares a bandwidth model of the busiest SM
 with and without splits: a [64 x bn] tile (M <= 64) or the cooperative
 [128 x 256] tile streams ``(rows + bn) x kc`` operand elements; the grid
-takes ``ceil(tiles / SMs)`` of them in turn; a split adds the workspace
+takes ``ceil(tiles / SMs)`` of them in turn, each SM at the lesser of its
+share of the copy bandwidth and its ring's bytes in flight over a loaded
+latency (few CTAs each draw more); a split adds the workspace
 (written and read once, at the copy bandwidth) and a launch. For M <= 64
 only B counts: the few rows of A that every CTA reads stay in L2. Only
 splits without a tail are chosen (a tail is a second partial launch after
@@ -51,7 +53,7 @@ from ..ir import (
     reduction_init,
 )
 from ..ir.scalar import free_vars
-from .waves import SMALL_M, ceil_div, small_m_bn, tile_count
+from .waves import SMALL_M, SMALL_M_STAGES, ceil_div, small_m_bn, tile_count
 
 K_STEP = 64  # elements of K per k step (one 128-byte swizzled row of a 16-bit operand)
 MAX_SPLITS = 16  # the heuristic's largest split (the workspace grows with it)
@@ -59,6 +61,10 @@ MIN_STEPS = 4  # k steps per split the heuristic keeps (the ring's prologue and 
 MIN_GAIN = 0.85  # a split must cut the modeled time by 15%: it costs a launch and the workspace
 TIE = 0.05  # splits whose modeled times are this close count as equal (the fewest wins)
 LAUNCH_S = 3e-6  # the reduction kernel's launch and ramp, seconds
+# a loaded load's latency as one SM sees it: the issue's 16 CTAs of 128x256 tiles (128 KB of
+# B in flight each) drew 851 GB/s on an H200, 53 GB/s per SM: 128 KB / 53 GB/s = 2.4 us
+LOADED_LATENCY_S = 2.4e-6
+RING_RESERVED = 1024 + 32768  # shared memory beside the ring: barriers, the output staging
 
 
 @dataclass(frozen=True)
@@ -112,17 +118,24 @@ def _why_not(fusion: Fusion, info) -> str | None:
 
 def _model(m: int, n: int, k: int, splits: int, itemsize: int, target) -> float:
     """Modeled seconds of the busiest SM streaming its tiles' operands, plus
-    the workspace and the launch a split adds."""
+    the workspace and the launch a split adds. An SM streams at the lesser of
+    its share of the copy bandwidth among the CTAs running and what its ring
+    keeps in flight over LOADED_LATENCY."""
     sms = target.sm_count
-    if m <= SMALL_M:
+    small = m <= SMALL_M
+    if small:
         bm, bn = 64, small_m_bn(m, n, splits, sms)
     else:
         bm, bn = 128, (256 if n > 128 else 128)
     tiles = tile_count(m, n, splits, bm, bn)
     kc = ceil_div(ceil_div(k, K_STEP), splits) * K_STEP
     # a small M's A (every CTA reads the same few rows) comes from L2: B alone is streamed
-    rows = 0 if m <= SMALL_M else bm
-    t = ceil_div(tiles, sms) * (rows + bn) * kc * itemsize / target.bandwidth_per_sm
+    rows = 0 if small else bm
+    stage = (bm + bn) * K_STEP * itemsize
+    stages = min((target.smem_per_block - RING_RESERVED) // stage, SMALL_M_STAGES if small else 7)
+    in_flight = stages * (rows + bn) * K_STEP * itemsize
+    rate = min(target.copy_bandwidth / min(tiles, sms), in_flight / LOADED_LATENCY_S)
+    t = ceil_div(tiles, sms) * (rows + bn) * kc * itemsize / rate
     if splits > 1:
         ws = splits * m * n * 4
         t += (2 * ws + m * n * itemsize) / target.copy_bandwidth + LAUNCH_S
