@@ -118,6 +118,7 @@ def gbps(m, n, k, ms, item=2):
 # --decode --variants: schedules to compare with the heuristic's on each decode shape
 DECODE_VARIANTS = {
     "no split": dict(split_k=1),
+    "split 2": dict(split_k=2),
     "split 4": dict(split_k=4),
     "pp 64x32 s12": dict(pingpong=True, tile=(64, 32, 64), stages=12, split_k=1),
     "pp 64x112 s10": dict(pingpong=True, tile=(64, 112, 64), stages=10, split_k=1),
