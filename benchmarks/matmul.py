@@ -6,6 +6,8 @@
     PYTHONPATH=. python benchmarks/matmul.py --epilogue [--variants] [--only silu]
                                                         # linear + bias + act / + residual vs eager, compile
     PYTHONPATH=. python benchmarks/matmul.py --breakdown # where the epilogue's time goes
+    PYTHONPATH=. python benchmarks/matmul.py --decode [--variants]
+                                                        # M = 1..64 linears: TF/s, GB/s, path (and schedules)
 
 TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
 for each shape (torch._dynamo.reset(), dynamic=False).
@@ -33,6 +35,13 @@ SHAPES = [
     (2048, 2048, 2048, "linear"),
     (4096, 4096, 4096, "linear"),
     (8192, 8192, 8192, "linear"),
+    (4096, 128256, 4096, "linear"),  # an LM head
+]
+# decode: linear with a few rows (issue 18 section 2), memory-bound on the weight
+DECODE_SHAPES = [
+    (m, n, k, "linear")
+    for m in (1, 16, 64)
+    for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
 ]
 # issue 18: operands a tensor map cannot describe, filled by the producer's threads
 # (cp.async, or loads through registers where rows are only 2-byte aligned):
@@ -69,7 +78,7 @@ def inputs(m, n, k, kind, a_off=0):
     return a, b
 
 
-def path(p) -> str:
+def fill_path(p) -> str:
     """The path a matmul took: SIMT, or the tensor cores with each operand's fill."""
     if p.simt is not None:
         return "SIMT sum of products"
@@ -105,13 +114,12 @@ def table():
         t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
         r = t_torch / t_cb
         ratios.append(r)
-        p = fd.last_params()
         print(
             f"{f'{m}x{n}x{k}':>24s} {kind:>6s} {tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} "
-            f"{r:6.3f}  {p.brief()} (err {err:.1e})"
+            f"{r:6.3f}  {path(fd)} (err {err:.1e})"
         )
         rows.append(
-            dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, params=p.brief(), err=err)
+            dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, params=path(fd), err=err)
         )
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print(f"geomean vs cuBLAS: {geo:.3f}x; min {min(ratios):.3f}x")
@@ -137,15 +145,93 @@ def table():
         tag = f"{m}x{n}x{k}" + (f"+{a_off}" if a_off else "")
         print(
             f"{tag:>24s} {kind:>6s} {tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} "
-            f"{t_torch / t_cb:6.3f} {tflops(*twin, t_twin):8.1f} {own:6.3f}  {path(p)} (err {err:.1e})"
+            f"{t_torch / t_cb:6.3f} {tflops(*twin, t_twin):8.1f} {own:6.3f}  {fill_path(p)} (err {err:.1e})"
         )
         rows.append(
             dict(
                 m=m, n=n, k=k, kind=kind, a_offset=a_off, torch_ms=t_torch, circbuf_ms=t_cb,
-                aligned=list(twin), aligned_ms=t_twin, path=path(p), params=p.brief(), err=err,
+                aligned=list(twin), aligned_ms=t_twin, path=fill_path(p), params=p.brief(), err=err,
             )
         )  # fmt: skip
     write_json("bench_matmul.json", rows)
+
+
+def path(fd) -> str:
+    """The path the last run took: one kernel's params, or each kernel's (split-K, segments)."""
+    p = fd.last_params()
+    if not isinstance(p, list):
+        return p.brief()
+    last = fd._get_executor().last
+    head = f"{last.split_k}: " if getattr(last, "split_k", None) is not None else f"{len(p)} kernels: "
+    return head + " + ".join(q.brief() if hasattr(q, "brief") else type(q).__name__ for q in p)
+
+
+def gbps(m, n, k, ms, item=2):
+    """Bytes the GEMM must move (A, B read once, C written once) per second."""
+    return (m * k + n * k + m * n) * item / ms / 1e6
+
+
+# --decode --variants: schedules to compare with the heuristic's on each decode shape
+DECODE_VARIANTS = {
+    "no split": dict(split_k=1),
+    "split 2": dict(split_k=2),
+    "split 4": dict(split_k=4),
+    "pp 64x32 s12": dict(pingpong=True, tile=(64, 32, 64), stages=12, split_k=1),
+    "pp 64x112 s10": dict(pingpong=True, tile=(64, 112, 64), stages=10, split_k=1),
+    "pp 64x64 bk128": dict(pingpong=True, tile=(64, 64, 128)),
+    "pp 64x64 s7": dict(pingpong=True, tile=(64, 64, 64), stages=7),
+    "coop 128x256 (before)": dict(pingpong=False, tile=(128, 256, 64), split_k=1),
+}
+
+
+def decode():
+    """The decode shapes (M = 1, 16, 64) and the LM head: TF/s and GB/s of
+    cuBLAS and circbuf in the same run, the path circbuf took, and the
+    weight's copy bandwidth (a device-to-device copy of W, read + write).
+    ``--variants``: GB/s of each DECODE_VARIANTS schedule too, same run."""
+    print(f"GPU: {gpu_name()}  linear x @ W.T, bf16, do_bench median")
+    print(
+        f"{'shape':>22s} {'cuBLAS TF/s':>11s} {'GB/s':>6s} {'circbuf TF/s':>12s} {'GB/s':>6s} "
+        f"{'ratio':>6s} {'W copy GB/s':>11s}  path"
+    )
+    rows = []
+    for m, n, k, kind in DECODE_SHAPES + [(4096, 128256, 4096, "linear")]:
+        a, b = inputs(m, n, k, kind)
+        fd = mm_fusion(kind)
+        (out,) = fd.execute([a, b])
+        ref = torch_mm(kind)(a.double(), b.double())
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        (again,) = fd.execute([a, b])
+        same = torch.equal(out.view(torch.int16), again.view(torch.int16))
+        fn = torch_mm(kind)
+        t_torch = bench_ms(lambda f=fn, a=a, b=b: f(a, b))
+        t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
+        dst = torch.empty_like(b)
+        t_copy = bench_ms(lambda d=dst, b=b: d.copy_(b))
+        copy = 2 * b.numel() * b.element_size() / t_copy / 1e6
+        print(
+            f"{f'{m}x{n}x{k}':>22s} {tflops(m, n, k, t_torch):11.1f} {gbps(m, n, k, t_torch):6.0f} "
+            f"{tflops(m, n, k, t_cb):12.1f} {gbps(m, n, k, t_cb):6.0f} {t_torch / t_cb:6.3f} {copy:11.0f}  "
+            f"{path(fd)} (err {err:.1e}{'' if same else ', NOT DETERMINISTIC'})",
+            flush=True,
+        )
+        if "--variants" in sys.argv and m <= 64:
+            vs = []
+            for tag, ov in DECODE_VARIANTS.items():
+                f2 = mm_fusion(kind)
+                try:
+                    f2.fusion.schedule(**ov)
+                    f2.execute([a, b])
+                    t = bench_ms(lambda f2=f2, a=a, b=b: f2.execute([a, b]))
+                    vs.append(f"{tag} {gbps(m, n, k, t):.0f}")
+                except Exception as e:  # noqa: BLE001 - a variant that does not fit is reported
+                    vs.append(f"{tag} n/a({type(e).__name__})")
+            print("      variants (GB/s): " + " | ".join(vs), flush=True)
+        rows.append(
+            dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, copy_gbps=copy,
+                 path=path(fd), err=err, deterministic=same)
+        )  # fmt: skip
+    write_json("bench_matmul_decode.json", rows)
 
 
 EPILOGUE_VARIANTS = {
@@ -168,7 +254,7 @@ def sweep():
         fd = mm_fusion(kind)
         fd.execute([a, b])
         line.append(
-            f"heuristic[{fd.last_params().brief()}] {tflops(m, n, k, bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))):.0f}"
+            f"heuristic[{path(fd)}] {tflops(m, n, k, bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))):.0f}"
         )
         for tag, ov in SWEEP.items():
             fd = mm_fusion(kind)
@@ -299,5 +385,7 @@ if __name__ == "__main__":
         epilogue()
     elif "--breakdown" in sys.argv:
         breakdown()
+    elif "--decode" in sys.argv:
+        decode()
     else:
         table()

@@ -62,7 +62,7 @@ from .runtime.executor import (
 from .scheduler import InputInfo, TensorInfo
 from .scheduler.registry import Unschedulable, apply, compute_params
 from .scheduler.segmenter import segment
-from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, check_aliases, prepare
+from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, check_aliases, contractions, prepare
 from .target import DEFAULT, Target, resolve
 
 _INT32_LIMIT = 2**31 - 1
@@ -96,6 +96,8 @@ class FusionExecutor:
         self._value_scalars = {
             x.name for x in fusion.inputs if isinstance(x, Var) and x.name not in shape_names
         }
+        self._split_run = None  # circbuf.split_k.SplitKRun once a call splits K
+        self.may_split_k = True  # False for the steps of a split-K run (never split again)
         self.last: CompiledKernel | CompiledFusion | None = None
 
     # ------------------------------------------------------------- bind
@@ -471,6 +473,10 @@ class FusionExecutor:
             self._finish(info.extents)  # a view's sizes are checked here
             self.last = CompiledFusion(SegmentedFusion(self.fusion, []), [])
             return self.last
+        sk = self._split_k(info)
+        if sk is not None:
+            self.last = self._split_runner().compile(sk, inputs, arch, target)
+            return self.last
         self._select_split(info.extents)
         if self._segments is None:
             try:
@@ -483,6 +489,22 @@ class FusionExecutor:
             ck = self._compile_segments(inputs, info.extents, arch, target)
         self.last = ck
         return ck
+
+    # ------------------------------------------------------- split-K
+    def _split_k(self, info: InputInfo):
+        """How these inputs split the matmul's K (circbuf.scheduler.split_k), or None."""
+        if not self.may_split_k or self.fusion.manual_schedule or not contractions(self.fusion):
+            return None
+        from .scheduler.split_k import choose
+
+        return choose(self.fusion, info, self.fusion.schedule_overrides)
+
+    def _split_runner(self):
+        if self._split_run is None:
+            from .split_k import SplitKRun
+
+            self._split_run = SplitKRun(self)
+        return self._split_run
 
     # ------------------------------------------------------- segments
     def _segment(self, info: InputInfo, arch: str):
@@ -707,6 +729,12 @@ class FusionExecutor:
             p.finish = self._finish(info.extents)
             p.tpos, p.like, p.name, p.hang, p.tmaps = self._tpos, None, "no kernel", None, []
             return p.ready()
+        sk = self._split_k(info)
+        if sk is not None:
+            from .split_k import SplitKPlan
+
+            scalars = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
+            return SplitKPlan(self._split_runner(), sk, scalars)
         self._select_split(info.extents)
         if self._segments is None:
             try:

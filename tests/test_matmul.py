@@ -311,6 +311,12 @@ def test_reduction_or_second_matmul_gets_its_own_kernel():
 )
 def test_hypothesis_shapes_compile(m, n8, k8, kind):
     _, ck = compile_mm(m, 8 * n8, 8 * k8, kind)
+    if getattr(ck, "split_k", None) is not None:  # partial products, then their reduction
+        mms = [k for k in ck.kernels if k.name == "circbuf_matmul"]
+        assert len(mms) == len(ck.kernels) - 1 and all(
+            k.params.simt is None and k.kernel.smem_bytes for k in mms
+        )
+        return
     assert ck.params.simt is None and ck.kernel.smem_bytes
 
 

@@ -146,9 +146,9 @@ def interpret_fusion(ex, inputs, seed=0, check=None, check_stores=True, target=N
     """:func:`interpret` for the FusionExecutor of a whole fusion (flat inputs)."""
     if check is None:
         check = knobs.check_schedules()
-    _, info = _compile(ex, inputs, target)
+    ck, info = _compile(ex, inputs, target)
     kw = dict(seed=seed, check=check, check_stores=check_stores, target=target)
-    if ex._segments is None:
+    if ex._segments is None or getattr(ck, "split_k", None) is not None:
         return interpret_executor(ex, inputs, **kw)
     plan = ex._segmented_plan(info)
     subs = ex._segments[1]
@@ -180,7 +180,14 @@ def interpreted_plan(ex):
 def interpret_executor(ex, inputs, finish=True, seed=0, check=False, check_stores=True, target=None):
     """:func:`interpret` for a FusionExecutor; ``finish=False``: the tensors the
     kernel wrote, as a segment hands them to the next one."""
-    _, info = _compile(ex, inputs, target)
+    ck, info = _compile(ex, inputs, target)
+    if getattr(ck, "split_k", None) is not None:  # partial products, then their reduction
+
+        def step(sub, args, fin):
+            kw = dict(seed=seed, check=check, check_stores=check_stores, target=target)
+            return interpret_executor(sub, list(args), fin, **kw)
+
+        return ck.runner.run(ck.split_k, inputs, step, finish)
     if not ex.fusion.outputs:  # inputs and views of them returned: no kernel to run
         fin = ex._finish(info.extents)
         return fin(inputs, []) if fin and finish else []

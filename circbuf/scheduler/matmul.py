@@ -79,6 +79,7 @@ from .utils import (
     unmapped_axis,
     vector_access,
 )
+from .waves import SMALL_M, SMALL_M_STAGES, small_m_bn
 
 OVERRIDES = names(MATMUL)
 _EPILOGUE = (*ELEMENTWISE, BroadcastOp)
@@ -327,7 +328,9 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     else:
         b_major = "N" if lb == "inner" else "K"
     persistent = ov.get("persistent", True)
-    pingpong = ov.get("pingpong", False)
+    # M <= 64 (decode): [64 x bn] tiles, one warpgroup each (ping-pong), bn by waves
+    small = m <= SMALL_M and "tile" not in ov and persistent is True and ov.get("epilogue") != "role"
+    pingpong = ov.get("pingpong", small)
     for name, v in (("persistent", persistent), ("pingpong", pingpong)):
         if not isinstance(v, bool):
             raise CircbufError(f"schedule({name}={v!r}): must be True or False")
@@ -342,6 +345,8 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     bm_d, bn_d = (128, 128) if pingpong or role else (128, 256)
     if n <= 128 and not pingpong:
         bn_d = 128
+    if small and pingpong:
+        bm_d, bn_d = 64, small_m_bn(m, n, batch, info.target.sm_count)
     tile = ov.get("tile", (bm_d, bn_d, 64))
     if not (isinstance(tile, (tuple, list)) and len(tile) == 3 and all(isinstance(x, int) for x in tile)):
         raise CircbufError(f"schedule(tile={tile!r}): must be (bm, bn, bk), three ints")
@@ -412,7 +417,8 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
             f"the {staging}-byte output staging"
             + (f" and the {handoff_bytes}-byte hand-off ring" if role else "")
         )
-    stages = ov.get("stages", min(fit, 7))
+    # a memory-bound small-M tile keeps more of B in flight (bytes in flight per SM)
+    stages = ov.get("stages", min(fit, SMALL_M_STAGES if small and pingpong else 7))
     if not isinstance(stages, int) or stages < 2:
         raise CircbufError(f"schedule(stages={stages!r}): must be an int >= 2")
     if stages * stage_bytes > budget:

@@ -205,6 +205,8 @@ MATMUL = _table(
              **_ints(2, ("rows", "cols"))),
     Override("fill", used_by=(MM,), doc="operand ring fill: 'tma' (tensor maps) or 'cp.async' (producer threads); "
              "default: tma where a tensor map can describe the operand", **_choice("tma", "cp.async")),
+    Override("split_k", used_by=(MM,), doc="chunks of K run as partial products, summed in a fixed order "
+             "(deterministic); at most the k steps of 64", **_int(1)),
 )  # fmt: skip
 
 TABLES = {

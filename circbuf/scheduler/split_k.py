@@ -1,0 +1,260 @@
+"""Split-K: a matmul with few output tiles (a small M, a large K) run as
+partial products over chunks of K, then one reduction.
+
+The plan runs up to three kernels, each an ordinary fusion compiled by the
+ordinary schedulers::
+
+    partial  ws[s, m, n]  = sum_{k in chunk s} a[m, k] * b[k, n]      (fp32; S' = S or S - 1 chunks of kc)
+    tail     wt[m, n]     = sum_{k in the last chunk} a[m, k] * b[k, n] (fp32; only when S kc != K)
+    reduce   c            = cast(sum_s ws[s] (+ wt) (+ bias)); the fusion's epilogue on c
+
+``partial`` is a batched matmul over views of the operands (``a`` [M, K]
+seen as [S', M, kc], a stride of kc between batches: no copy); the tensor
+cores and their TMA maps read it as they read any batched matmul. ``kc`` is
+a whole number of 64-wide k steps (so every view is 16-byte aligned where
+the operand is); when S kc != K (S does not divide the k steps, or K is no
+multiple of 64), the last split takes the rest (``tail``, a 2-D matmul over
+the operand's last columns; with S = 2 the one chunk before it is a 2-D
+matmul too). The
+workspace is the partial kernels' output: allocated per call through
+torch's caching allocator, which hands the same block back call after call.
+
+Deterministic: each element of ``c`` is the sum over s in a fixed order
+(the reduction scheduler's own order, the same for every run), so two runs
+give the same bits; no atomics anywhere.
+
+The heuristic (:func:`choose`) compares a bandwidth model of the busiest SM
+with and without splits: a [64 x bn] tile (M <= 64) or the cooperative
+[128 x 256] tile streams ``(rows + bn) x kc`` operand elements; the grid
+takes ``ceil(tiles / SMs)`` of them in turn, each SM at the lesser of its
+share of the copy bandwidth and its ring's bytes in flight over a loaded
+latency (few CTAs each draw more); a split adds the workspace
+(written and read once, at the copy bandwidth) and a launch. For M <= 64
+only B counts: the few rows of A that every CTA reads stay in L2. Only
+splits without a tail are chosen (a tail is a second partial launch after
+the chunks', not beside them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import (
+    BinaryOp,
+    CastOp,
+    CircbufError,
+    DataType,
+    Fusion,
+    IterDomain,
+    IterType,
+    ReductionOp,
+    TensorView,
+    evaluate,
+    reduction_init,
+)
+from ..ir.scalar import free_vars
+from .waves import SMALL_M, SMALL_M_STAGES, ceil_div, small_m_bn, tile_count
+
+K_STEP = 64  # elements of K per k step (one 128-byte swizzled row of a 16-bit operand)
+MAX_SPLITS = 16  # the heuristic's largest split (the workspace grows with it)
+MIN_STEPS = 4  # k steps per split the heuristic keeps (the ring's prologue and drain)
+MIN_GAIN = 0.85  # a split must cut the modeled time by 15%: it costs a launch and the workspace
+TIE = 0.05  # splits whose modeled times are this close count as equal (the fewest wins)
+LAUNCH_S = 3e-6  # the reduction kernel's launch and ramp, seconds
+# a loaded load's latency as one SM sees it: the issue's 16 CTAs of 128x256 tiles (128 KB of
+# B in flight each) drew 851 GB/s on an H200, 53 GB/s per SM: 128 KB / 53 GB/s = 2.4 us
+LOADED_LATENCY_S = 2.4e-6
+RING_RESERVED = 1024 + 32768  # shared memory beside the ring: barriers, the output staging
+
+
+@dataclass(frozen=True)
+class SplitK:
+    """How one call splits K: ``splits`` chunks; the first ``batched`` of
+    ``chunk`` elements each run as one batched matmul, the rest (``tail``
+    elements, 0 when none) as a second one. ``kind``: the contraction
+    ("matmul": b is [K, N]; "linear": b is [N, K]); ``a``, ``b``: the
+    operands' positions among the fusion's inputs."""
+
+    splits: int
+    chunk: int
+    tail: int
+    kind: str
+    a: int
+    b: int
+
+    @property
+    def batched(self) -> int:
+        return self.splits - (1 if self.tail else 0)
+
+    def __str__(self):
+        tail = f" + a tail of {self.tail}" if self.tail else ""
+        return f"split-K {self.splits}: {self.batched} chunks of {self.chunk}{tail}, deterministic fp32 reduction"
+
+
+def _why_not(fusion: Fusion, info) -> str | None:
+    """Why this fusion cannot be split along K (None: it can)."""
+    from .matmul import MatmulScheduler, _mma_unsupported, _operands
+    from .utils import contractions
+
+    why = MatmulScheduler.can_schedule(fusion)
+    if why is not None:
+        return why
+    e = contractions(fusion)[0]
+    why = _mma_unsupported(fusion, e, info)
+    if why is not None:
+        return f"the matmul runs on the SIMT path ({why})"
+    a, b, _ = _operands(e)
+    if a.ndim != 2 or b.ndim != 2:
+        return f"operands {a.name} and {b.name} are {a.ndim}-D and {b.ndim}-D (split-K takes 2-D operands)"
+    for x in (a, b):
+        if any(u is not e for u in x.uses) or x in fusion.outputs:
+            return f"operand {x.name} is read by more than the matmul"
+    if fusion.aliases or fusion.input_views or fusion.derived_extents:
+        return "the fusion writes an input in place, returns a view or derives sizes"
+    if any(kind != "output" for kind, _ in fusion.returns):
+        return "the fusion returns an input"
+    return None
+
+
+def _model(m: int, n: int, k: int, splits: int, itemsize: int, target) -> float:
+    """Modeled seconds of the busiest SM streaming its tiles' operands, plus
+    the workspace and the launch a split adds. An SM streams at the lesser of
+    its share of the copy bandwidth among the CTAs running and what its ring
+    keeps in flight over LOADED_LATENCY."""
+    sms = target.sm_count
+    small = m <= SMALL_M
+    if small:
+        bm, bn = 64, small_m_bn(m, n, splits, sms)
+    else:
+        bm, bn = 128, (256 if n > 128 else 128)
+    tiles = tile_count(m, n, splits, bm, bn)
+    kc = ceil_div(ceil_div(k, K_STEP), splits) * K_STEP
+    # a small M's A (every CTA reads the same few rows) comes from L2: B alone is streamed
+    rows = 0 if small else bm
+    stage = (bm + bn) * K_STEP * itemsize
+    stages = min((target.smem_per_block - RING_RESERVED) // stage, SMALL_M_STAGES if small else 7)
+    in_flight = stages * (rows + bn) * K_STEP * itemsize
+    rate = min(target.copy_bandwidth / min(tiles, sms), in_flight / LOADED_LATENCY_S)
+    t = ceil_div(tiles, sms) * (rows + bn) * kc * itemsize / rate
+    if splits > 1:
+        ws = splits * m * n * 4
+        t += (2 * ws + m * n * itemsize) / target.copy_bandwidth + LAUNCH_S
+    return t
+
+
+def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
+    """The split of K for these inputs: ``overrides["split_k"]`` (validated:
+    a CircbufError names what rules it out) or the heuristic's; None: no split."""
+    from .matmul import _operands
+    from .utils import contractions
+
+    asked = overrides.get("split_k")
+    if asked is not None and (isinstance(asked, bool) or not isinstance(asked, int) or asked < 1):
+        raise CircbufError(f"schedule(split_k={asked!r}): must be an int >= 1")
+    if asked == 1:
+        return None
+    cs = contractions(fusion)
+    if len(cs) != 1:
+        return None
+    why = _why_not(fusion, info)
+    if why is not None:
+        if asked is not None and not why.startswith("the matmul runs on the SIMT path"):
+            # (on the SIMT path the matmul scheduler names every override it cannot take)
+            raise CircbufError(f"schedule(split_k={asked}): {why}")
+        return None
+    e = cs[0]
+    a, b, _ = _operands(e)
+    env = info.extents
+    m = evaluate(e.out.logical[-2].extent, env)
+    n = evaluate(e.out.logical[-1].extent, env)
+    k = evaluate(a.logical[-1].extent, env)
+    steps = ceil_div(k, K_STEP)
+    kind = "matmul" if type(e).__name__ == "MatmulOp" else "linear"
+    if asked is not None:
+        if asked > steps:
+            raise CircbufError(
+                f"schedule(split_k={asked}): K = {k} is {steps} k step{'s' * (steps > 1)} of {K_STEP}; "
+                f"split_k must be at most {steps} (each split takes at least one step)"
+            )
+        splits = asked
+    else:
+        item = a.dtype.size
+        times = {1: _model(m, n, k, 1, item, info.target)}
+        for s in range(2, MAX_SPLITS + 1):
+            # no tail: a tail is a second launch after the chunks' (they do not overlap)
+            if k % (s * K_STEP) == 0 and k // (s * K_STEP) >= MIN_STEPS:
+                times[s] = _model(m, n, k, s, item, info.target)
+        fastest = min(times.values())
+        # the fewest splits within TIE of the fastest: a smaller workspace, longer k loops
+        splits = min(s for s, t in times.items() if t <= fastest * (1 + TIE))
+        if splits == 1 or times[splits] > MIN_GAIN * times[1]:
+            return None
+    chunk = steps // splits * K_STEP
+    rest = k - (splits - 1) * chunk
+    tail = 0 if rest == chunk else rest
+    ins = fusion.inputs
+    return SplitK(splits, chunk, tail, kind, ins.index(a), ins.index(b))
+
+
+def reduce_fusion(fusion: Fusion, tail: bool) -> tuple[Fusion, list]:
+    """The fusion with its matmul replaced by the sum of the partial
+    products: ``c = cast(sum(ws, 0) (+ wt) (+ bias))``, then the epilogue
+    as defined. Returns it and, per its input, where that comes from:
+    ``("ws",)``, ``("tail",)`` or ``("input", j)`` (the original's input j).
+    ``ws`` [S', *c's shape] and (with ``tail``) ``wt`` [*c's shape] are fp32 inputs."""
+    from .matmul import _add_bias, _detach, _finish, _new, _operands
+    from .utils import contractions
+
+    f = fusion.clone()
+    f.schedule_overrides = {}
+    f.check_overrides = None
+    e = contractions(f)[0]
+    a, b, bias = _operands(e)
+    c = e.out
+    _detach(e)
+    shape = c.domain.no_reductions()
+
+    def fp32_input(lead):
+        ids = ([IterDomain(f.new_extent())] if lead else []) + [IterDomain(i.extent) for i in shape]
+        t = f.register(TensorView(ids, DataType.Float))
+        t.is_input = True
+        return t
+
+    ws = fp32_input(True)
+    red = _new(f, [IterDomain(i.extent) for i in ws.logical], DataType.Float)
+    red.logical[0].iter_type = IterType.Reduction
+    red.domain.loop = list(red.logical)
+    ReductionOp("sum", red, ws, reduction_init("sum", DataType.Float))
+    val, sources = red, [ws]
+    if tail:  # added after the batched chunks' sum: one order for every run
+        wt = fp32_input(False)
+        val = _new(f, [IterDomain(i.extent) for i in shape], DataType.Float)
+        BinaryOp("add", val, red, wt)
+        sources.append(wt)
+    if bias is not None:
+        val = _add_bias(f, val, bias, DataType.Float)
+    _finish(c, val)
+    # as the MMA path's epilogue (matmul.translate): math on the fp32 sum, not on c rounded
+    for u in list(c.uses):
+        if isinstance(u, CastOp) and u.out.dtype == DataType.Float and u.out not in f.outputs:
+            for v in list(u.out.uses):
+                v.replace_input(u.out, val)
+    where = {id(ws): ("ws",)}
+    if tail:
+        where[id(sources[1])] = ("tail",)
+    for j, x in enumerate(f.inputs):
+        where[id(x)] = ("input", j)
+    f.inputs = sources + [x for x in f.inputs if x is not a and x is not b]
+    for x in (a, b):
+        if x in f.tvs:
+            f.tvs.remove(x)
+    bound = {x.name for x in f.inputs if not isinstance(x, TensorView)}
+    for x in f.inputs:
+        if isinstance(x, TensorView):
+            for i in x.logical:
+                bound |= set(free_vars(i.extent))
+    # (a's K = b's K went with them)
+    f.extent_equalities = [
+        (p, q) for p, q in f.extent_equalities if set(free_vars(p)) | set(free_vars(q)) <= bound
+    ]
+    return f, [where[id(x)] for x in f.inputs]

@@ -1,0 +1,298 @@
+"""Small-M tiles and split-K (issue 18 section 2), on the CPU: the heuristic's
+choices for the decode shapes, the overrides' errors, and the kernels run by
+the interpreter at small shapes (M = 1, primes, splits that do not divide the
+k steps, an M-major A) against float64 torch with NaN-poisoned outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import circbuf as cb
+from circbuf.interpret import interpret
+from circbuf.scheduler.waves import small_m_bn
+from circbuf.target import H100, H200
+from tests.test_gpu_matmul import mm_fusion
+from tests.util import D
+
+BF = torch.bfloat16
+
+
+def _fd(kind, bias=False, epilogue=None, **ov):
+    fd = mm_fusion(kind, D.BFloat16, bias=bias, epilogue=epilogue)
+    if ov:
+        fd.fusion.schedule(**ov)
+    return fd
+
+
+def _inputs(kind, m, n, k, bias=False, a_major="K", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, dtype=BF, generator=g)
+    if a_major == "M":  # an M-major A: the transpose of a [K, M] tensor
+        a = a.t().contiguous().t()
+    b = torch.randn((n, k) if kind == "linear" else (k, n), dtype=BF, generator=g)
+    return [a, b] + ([torch.randn(n, dtype=BF, generator=g)] if bias else [])
+
+
+def _ref(kind, ins, epilogue=None):
+    a, b = ins[0].double(), ins[1].double()
+    y = a @ (b.T if kind == "linear" else b)
+    if len(ins) > 2:
+        y = y + ins[2].double()
+    if epilogue == "gelu":
+        y = torch.nn.functional.gelu(y)
+    return y
+
+
+def _check(out, ref):
+    assert torch.isfinite(out).all(), "an unwritten (NaN-poisoned) element"
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
+
+
+def _compiled(kind, m, n, k, target=H100, **ov):
+    fd = _fd(kind, **ov)
+    a = torch.empty(m, k, dtype=BF)
+    b = torch.empty((n, k) if kind == "linear" else (k, n), dtype=BF)
+    return fd.compile([a, b], target=target)
+
+
+# ------------------------------------------------------------ heuristics
+def test_small_m_bn_fills_the_sms():
+    assert small_m_bn(1, 4096, 1, 132) == 64  # 64 tiles: one wave of the narrowest
+    assert small_m_bn(1, 14336, 1, 132) == 128  # 112 tiles = two waves of 224: the wider
+    assert small_m_bn(1, 128256, 1, 132) == 256  # 501 tiles of 256, 4 waves
+    assert small_m_bn(64, 100, 1, 132) == 64
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize(
+    "n, k, bn", [(4096, 4096, 64), (4096, 14336, 64), (14336, 4096, 128), (128256, 4096, 256)]
+)
+def test_decode_shapes_take_small_tiles(m, n, k, bn):
+    """On an H100 (3.0 TB/s) the model splits no decode shape: 64 CTAs of 64x64
+    keep 96 KB of B in flight each, 40 GB/s at a 2.4 us loaded latency, near
+    their 47 GB/s share; a split's launch costs more than it gains."""
+    ck = _compiled("linear", m, n, k)
+    assert not hasattr(ck, "split_k"), ck
+    p = ck.params
+    assert p.tile[:2] == (64, bn) and p.pingpong and p.stages >= 4, p
+    assert p.grid == min(-(-n // bn), 132), p  # not 16 CTAs of 128x256
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_decode_splits_on_an_h200(m):
+    """4.2 TB/s over 64 CTAs is 66 GB/s each, more than a ring keeps in flight:
+    K = 14336 splits in two (128 CTAs); K = 4096 gains under 15% and does not."""
+    ck = _compiled("linear", m, 4096, 14336, target=H200)
+    assert ck.split_k.splits == 2 and ck.split_k.tail == 0, ck
+    assert len(ck.kernels) == 2 and "reduction" in ck.kernels[1].name, ck
+    assert ck.kernels[0].params.tile[:2] == (64, 64) and ck.kernels[0].params.grid == 128
+    assert not hasattr(_compiled("linear", m, 4096, 4096, target=H200), "split_k")
+
+
+def test_large_m_keeps_the_cooperative_tile():
+    ck = _compiled("matmul", 4096, 4096, 4096)
+    assert ck.params.tile == (128, 256, 64) and not ck.params.pingpong
+    assert not hasattr(ck, "split_k")
+
+
+def test_few_large_tiles_split_k():
+    """M = N = 256 with K = 65536: two tiles on 132 SMs; split-K spreads K."""
+    ck = _compiled("matmul", 256, 256, 65536)
+    assert ck.split_k.splits >= 8, ck
+    assert ck.kernels[0].params.tile == (128, 256, 64)
+
+
+def test_split_follows_the_target():
+    one = dataclasses.replace(H100, sm_count=1)
+    assert not hasattr(_compiled("linear", 1, 4096, 14336, target=one), "split_k")
+    assert not hasattr(_compiled("linear", 1, 4096, 14336, target=H100), "split_k")
+    assert _compiled("linear", 1, 4096, 14336, target=H200).split_k.splits == 2
+    assert not hasattr(_compiled("matmul", 128, 256, 512), "split_k")  # one small tile: the launch costs more
+
+
+def test_split_k_one_and_explicit_tile_overrides():
+    ck = _compiled("linear", 1, 4096, 4096, split_k=1)
+    assert not hasattr(ck, "split_k") and ck.params.tile == (64, 64, 64)
+    ck = _compiled("linear", 1, 4096, 4096, tile=(128, 128, 64), split_k=2)
+    assert ck.kernels[0].params.tile == (128, 128, 64)  # the partial kernel takes the other overrides
+    ck = _compiled("linear", 8, 4096, 4096, split_k=4, stages=3)
+    assert ck.split_k.splits == 4 and ck.kernels[0].params.stages == 3
+
+
+# ---------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    "k, split, message",
+    [
+        (104, 3, r"split_k=3.*K = 104 is 2 k steps of 64; split_k must be at most 2"),
+        (64, 2, r"split_k=2.*K = 64 is 1 k step of 64; split_k must be at most 1"),
+    ],
+)
+def test_split_larger_than_the_k_steps_is_refused(k, split, message):
+    with pytest.raises(cb.CircbufError, match=message):
+        _compiled("matmul", 4, 64, k, split_k=split)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, "2"])
+def test_split_k_value_is_checked(bad):
+    fd = mm_fusion("matmul")
+    with pytest.raises(cb.CircbufError, match="split_k"):
+        fd.fusion.schedule(split_k=bad)
+        a, b = torch.empty(4, 256, dtype=BF), torch.empty(256, 64, dtype=BF)
+        fd.compile([a, b], arch="sm_90a")
+
+
+def test_split_k_on_the_simt_path_is_refused():
+    fd = mm_fusion("matmul", D.Float)
+    fd.fusion.schedule(split_k=2)
+    with pytest.raises(cb.CircbufError, match=r"split_k.*SIMT path"):
+        fd.compile([torch.empty(4, 256), torch.empty(256, 64)], arch="sm_90a")
+
+
+def test_split_k_on_batched_operands_is_refused():
+    fd = mm_fusion("matmul", arank=3, brank=3)
+    fd.fusion.schedule(split_k=2)
+    a, b = torch.empty(2, 4, 256, dtype=BF), torch.empty(2, 256, 64, dtype=BF)
+    with pytest.raises(cb.CircbufError, match=r"split_k=2.*3-D.*split-K takes 2-D operands"):
+        fd.compile([a, b], arch="sm_90a")
+
+
+# ------------------------------------------------------- the interpreter
+CASES = [
+    # kind, m, n, k, split_k, bias, epilogue, a_major
+    ("linear", 1, 136, 200, 3, True, "gelu", "K"),  # 4 steps: chunks 64, 64 + a tail of 72
+    ("matmul", 5, 64, 256, 2, False, None, "K"),  # even chunks, no tail
+    ("matmul", 17, 64, 1000, 5, False, "gelu", "K"),  # 16 steps over 5: 4 x 192 + 232
+    ("matmul", 8, 64, 384, 6, False, None, "M"),  # one step per split, an M-major A
+    ("linear", 3, 72, 448, 7, True, None, "K"),  # N not a multiple of 64, one step each
+]
+
+
+@pytest.mark.parametrize("kind, m, n, k, split, bias, epilogue, a_major", CASES)
+def test_split_k_matches_torch(kind, m, n, k, split, bias, epilogue, a_major):
+    fd = _fd(kind, bias=bias, epilogue=epilogue, split_k=split)
+    ins = _inputs(kind, m, n, k, bias, a_major)
+    out = interpret(fd, ins)[0]  # outputs NaN-poisoned, each element stored once
+    ck = fd._get_executor().last
+    assert ck.split_k.splits == split
+    _check(out, _ref(kind, ins, epilogue))
+    again = interpret(fd, ins)[0]
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))  # the same bits
+
+
+def test_execute_under_circbuf_interpret_runs_the_split(monkeypatch):
+    monkeypatch.setenv("CIRCBUF_INTERPRET", "1")
+    fd = _fd("linear", split_k=2)
+    ins = _inputs("linear", 2, 64, 512)
+    out = fd.execute(ins)[0]
+    _check(out, _ref("linear", ins))
+    assert fd.last_params() is not None and len(fd.last_params()) == 2
+
+
+def test_small_m_tile_runs_a_deep_ring():
+    """M = 2 without a split: a [64 x 64] ping-pong tile, 25 k steps through the
+    12-slot ring (it wraps twice)."""
+    fd = _fd("linear", split_k=1)
+    ins = _inputs("linear", 2, 64, 1600)
+    out = interpret(fd, ins)[0]
+    p = fd._get_executor().last.params
+    assert p.tile == (64, 64, 64) and p.stages == 12 and p.pingpong
+    _check(out, _ref("linear", ins))
+
+
+def test_heuristic_split_runs_in_the_interpreter():
+    """No override: M = 1 with K = 1600 (25 steps) on 132 SMs splits 5 ways."""
+    fd = _fd("linear", bias=True)
+    ins = _inputs("linear", 1, 64, 1600, bias=True)
+    out = interpret(fd, ins)[0]
+    assert fd._get_executor().last.split_k.splits == 5
+    _check(out, _ref("linear", ins))
+
+
+def test_split_k_kernels_pass_the_protocol_checker_on_two_sms():
+    """Six partial tiles over 2 CTAs (each warpgroup several tiles, the ring
+    wrapping across tiles), every kernel checked under 2 random schedules."""
+    two = dataclasses.replace(H100, sm_count=2)
+    fd = _fd("linear", bias=True, split_k=2)
+    ins = _inputs("linear", 3, 192, 512, bias=True)
+    out = interpret(fd, ins, check=2, target=two)[0]
+    ck = fd._get_executor().last
+    assert ck.split_k.splits == 2 and ck.kernels[0].params.grid == 2
+    _check(out, _ref("linear", ins))
+
+
+@pytest.mark.parametrize("k, split", [(1000, 2), (1000, 3), (512, 2)])
+def test_split_k_plan_first_and_later_calls(monkeypatch, k, split):
+    """The launch plan execute() builds (SplitKPlan): the first call's general
+    path, then later calls through its recorded views (one chunk before a
+    tail, several, no tail), on operands at another storage offset; its
+    steps' plans are the interpreter's here (CIRCBUF_INTERPRET=1)."""
+    from circbuf.split_k import SplitKPlan
+
+    monkeypatch.setenv("CIRCBUF_INTERPRET", "1")
+    fd = _fd("linear", bias=True, split_k=split)
+    ins = _inputs("linear", 3, 64, k, bias=True)
+    ex = fd._get_executor()
+    info, _ = ex._bind(ins, need_cuda=False)
+    sk = ex._split_k(info)
+    assert sk.splits == split and bool(sk.tail) == (k == 1000)
+    plan = SplitKPlan(ex._split_runner(), sk, [])
+    _check(plan.run(ins)[0], _ref("linear", ins))
+    big = torch.randn(11, k, dtype=BF)
+    moved = [big[8:], ins[1], ins[2]]  # the same signature, 8 rows into another buffer
+    _check(plan.run(moved)[0], _ref("linear", moved))
+    assert len(fd.last_params()) == 2 + bool(sk.tail)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 300),
+    n8=st.integers(1, 300),
+    k8=st.integers(1, 600),
+    split=st.integers(1, 12),
+    kind=st.sampled_from(["matmul", "linear"]),
+    a_t=st.booleans(),
+    b_t=st.booleans(),
+)
+def test_hypothesis_split_k_compiles(m, n8, k8, split, kind, a_t, b_t):
+    """Every split of every layout compiles to tensor-core kernels (or, for a
+    split past the k steps, is refused by name)."""
+    n, k = 8 * n8, 8 * k8
+    fd = _fd(kind, split_k=split)
+    a = torch.empty(k, m, dtype=BF).t() if a_t and m % 8 == 0 else torch.empty(m, k, dtype=BF)
+    shape = (n, k) if kind == "linear" else (k, n)
+    b = torch.empty(shape[::-1], dtype=BF).t() if b_t else torch.empty(shape, dtype=BF)
+    steps = -(-k // 64)
+    if split > steps:
+        with pytest.raises(cb.CircbufError, match=f"split_k must be at most {steps}"):
+            fd.compile([a, b], arch="sm_90a")
+        return
+    ck = fd.compile([a, b], arch="sm_90a")
+    if split == 1:
+        assert ck.params.simt is None
+        return
+    assert ck.split_k.splits == split
+    mms = [q for q in ck.kernels if q.name == "circbuf_matmul"]
+    assert len(mms) == len(ck.kernels) - 1 and all(q.params.simt is None for q in mms)
+
+
+def test_split_k_epilogue_with_a_scalar_and_a_residual():
+    """The reduction fusion keeps the epilogue's other inputs (a fusion scalar,
+    a residual tile) and, as the MMA path, runs its math on the fp32 sum."""
+    a, b = torch.randn(2, 256, dtype=BF), torch.randn(256, 64, dtype=BF)
+    fd = mm_fusion("matmul", D.BFloat16, epilogue="scale")
+    fd.fusion.schedule(split_k=3)
+    out = interpret(fd, [a, b, 0.5])[0]
+    assert fd._get_executor().last.split_k.tail == 128
+    _check(out, 0.5 * (a.double() @ b.double()))
+    r = torch.randn(2, 64, dtype=BF)
+    fd = mm_fusion("matmul", D.BFloat16, epilogue="residual")
+    fd.fusion.schedule(split_k=2)
+    out = interpret(fd, [a, b, r])[0]
+    want = a.double() @ b.double() + r.double()
+    _check(out, want)
+    assert (out.double() - want).abs().max() <= want.abs().max() * 2**-8  # one bf16 rounding, not two
