@@ -360,7 +360,7 @@ class FusionExecutor:
             repr(env),
             repr(info.target),
             arch,
-            repr((knobs.debug_hang(), knobs.fast_math())),
+            repr((knobs.debug_hang(), knobs.fast_math(), knobs.cp_async())),
             repr([s[0].name for s in registry.SCHEDULERS]),
         )
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
@@ -411,6 +411,7 @@ class FusionExecutor:
             id(self.fusion) if manual else None,
             knobs.debug_hang(),
             knobs.fast_math(),
+            knobs.cp_async(),
         )
         ck = self._compiled.get(key) if memo else None
         if ck is not None:

@@ -80,6 +80,19 @@ def debug_hang() -> int:
     return max(n, 0)
 
 
+def cp_async() -> bool:
+    """``CIRCBUF_CP_ASYNC``: 1 lets the matmul heuristic fill the rings of operands
+    TMA cannot describe with cp.async (the default, 0, runs them on the SIMT path
+    unless ``schedule(fill="cp.async")`` asks): that fill passes the interpreter and
+    the protocol checker but hung on an H100 in one case (NOTES, issue 18)."""
+    raw = os.environ.get("CIRCBUF_CP_ASYNC", "").strip()
+    if raw not in ("", "0", "1"):
+        from .ir import CircbufError
+
+        raise CircbufError(f"CIRCBUF_CP_ASYNC={raw!r}: expected 0 (the default) or 1")
+    return raw == "1"
+
+
 def fast_math() -> bool:
     """``CIRCBUF_FAST_MATH``: 1 (the default, also when unset or empty) or 0."""
     raw = os.environ.get("CIRCBUF_FAST_MATH", "").strip()

@@ -151,7 +151,8 @@ CASES = {
     "outer_sum_plain": lambda: _outer("sum", (20, 3, 64), (0,), tma=False),
     "matmul_simt": lambda: _mm("matmul", 17, 20, 30, torch.float32),  # fp32 operands: the SIMT path
     "matmul_cooperative": lambda: _mm("matmul", 128, 256, 128),
-    "matmul_cp_async_odd_k": lambda: _mm("matmul", 100, 130, 127),  # both operands' rows 2-byte aligned
+    # both operands' rows 2-byte aligned: the cp.async fill, asked for (opt-in)
+    "matmul_cp_async_odd_k": lambda: _mm("matmul", 100, 130, 127, fill="cp.async"),
     "matmul_pingpong_bias_gelu": lambda: _mm(
         "linear", 100, 136, 72, bias=True, epilogue="gelu", pingpong=True
     ),

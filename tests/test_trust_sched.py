@@ -160,7 +160,7 @@ def test_expanded_input_reduction_matches_torch(monkeypatch):
 
 
 @pytest.mark.parametrize("which", ["a", "b"])
-def test_matmul_of_an_expanded_operand_takes_no_tensor_map(which):
+def test_matmul_of_an_expanded_operand_takes_no_tensor_map(which, monkeypatch):
     """An operand expanded along M or N (stride 0) is no tensor map's (before:
     "bulk axes must follow the memory order" in indexing): its ring is filled by
     the producer's threads with cp.async (issue 18), 16 bytes a copy along the
@@ -171,6 +171,8 @@ def test_matmul_of_an_expanded_operand_takes_no_tensor_map(which):
         fd.add_output(fd.ops.linear(a, b))
     A, B = torch.randn(64, 64, dtype=torch.half), torch.randn(16, 64, dtype=torch.half)
     A, B = (A[:1].expand(64, 64), B) if which == "a" else (A, B[:1].expand(16, 64))
+    assert fd.compile([A, B], arch="sm_90a").kernels[0].params.simt is not None  # the default
+    monkeypatch.setenv("CIRCBUF_CP_ASYNC", "1")  # the cp.async fill (opt-in)
     ck = fd.compile([A, B], arch="sm_90a")
     p = ck.kernels[0].params
     assert p.simt is None and p.fill == (("cp.async", "tma") if which == "a" else ("tma", "cp.async"))
@@ -192,7 +194,7 @@ def test_matmul_of_an_expanded_operand_matches_torch(monkeypatch):
     assert_close(out, (A.double() @ B.double().T).half())
 
 
-def test_matmul_of_a_one_column_operand_in_k_major_layout():
+def test_matmul_of_a_one_column_operand_in_k_major_layout(monkeypatch):
     """B = [K, 1] with K contiguous (a permuted [1, K]; fuzz 500:115): its
     memory order puts the size-1 axis innermost, so a K-major tensor map
     would not follow it; the producer's threads fill B's ring instead
@@ -203,6 +205,8 @@ def test_matmul_of_a_one_column_operand_in_k_major_layout():
         b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
         fd.add_output(fd.ops.matmul(a, b))
     A, B = torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(1, 64, dtype=torch.bfloat16).permute(1, 0)
+    assert fd.compile([A, B], arch="sm_90a").kernels[0].params.simt is not None  # the default
+    monkeypatch.setenv("CIRCBUF_CP_ASYNC", "1")  # the cp.async fill (opt-in)
     ck = fd.compile([A, B], arch="sm_90a")
     p = ck.kernels[0].params
     assert p.simt is None and p.fill == ("tma", "cp.async") and p.copy_vector == (0, 1)

@@ -40,6 +40,7 @@ correct, not fast.
 
 from __future__ import annotations
 
+from .. import knobs
 from ..ir import (
     ELEMENTWISE,
     BinaryOp,
@@ -134,7 +135,7 @@ class MatmulScheduler:
     @staticmethod
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict) -> MatmulParams:
         e = contractions(fusion)[0]
-        why = _mma_unsupported(fusion, e, info)
+        why = _mma_unsupported(fusion, e, info, overrides)
         if why is None:
             params = _mma_params(fusion, e, info, overrides)
             if params is not None:
@@ -219,7 +220,7 @@ def _mma_structure(fusion: Fusion, e) -> str | None:
     return None
 
 
-def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
+def _mma_unsupported(fusion: Fusion, e, info: InputInfo, overrides=None) -> str | None:
     """None when the tensor-core path can take this fusion on these inputs,
     else why not (the SIMT path takes it)."""
     why = _mma_structure(fusion, e)
@@ -233,8 +234,16 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
         t = info.tensors[fusion.inputs.index(x)]
         if any(s == 0 for s in t.sizes):
             return f"{x.name} is empty"
-    # strides or a pointer a tensor map cannot describe: the operand's ring is filled
-    # by the producer threads with cp.async instead (_operand_fill), never the SIMT path
+    # strides or a pointer a tensor map cannot describe: the producer threads can fill
+    # the operand's ring with cp.async (_operand_fill), when asked for: that fill passes
+    # the interpreter and the protocol checker, but hung on an H100 (fuzz case 784:30,
+    # NOTES) and is not the default until it runs right on a GPU
+    if (overrides or {}).get("fill") not in ("cp.async", "tma") and not knobs.cp_async():
+        # (fill="tma": _mma_params names why not)
+        for x in (a, b):
+            why = _operand_layout(info.tensors[fusion.inputs.index(x)])[1]
+            if why is not None:
+                return f"operand {x.name}: {why}; schedule(fill='cp.async') takes it to the tensor cores"
     return None
 
 

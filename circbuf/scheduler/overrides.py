@@ -204,7 +204,7 @@ MATMUL = _table(
     Override("epilogue_tile", used_by=(MM,), doc="output sub-tile: 64 rows by a multiple of 8 dividing bn",
              **_ints(2, ("rows", "cols"))),
     Override("fill", used_by=(MM,), doc="operand ring fill: 'tma' (tensor maps) or 'cp.async' (producer threads); "
-             "default: tma where a tensor map can describe the operand", **_choice("tma", "cp.async")),
+             "default: tma where a tensor map can describe the operand, else the SIMT path (CIRCBUF_CP_ASYNC=1: cp.async)", **_choice("tma", "cp.async")),
     Override("split_k", used_by=(MM,), doc="chunks of K run as partial products, summed in a fixed order "
              "(deterministic); at most the k steps of 64", **_int(1)),
 )  # fmt: skip
