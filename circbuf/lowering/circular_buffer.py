@@ -244,23 +244,32 @@ class _Buffer:
         self.stage_bytes = simplify(alloc.size * alloc.tv.dtype.size)
 
 
+def _wait_for_slot(ring: Ring, gap_wait: bool) -> list:
+    """The producer side's wait for its stage to be free (none without empty
+    barriers); with ``gap_wait`` and a prefetch below S - 1, also for the
+    position prefetch + 1 behind it, so the producer runs at most P ahead."""
+    side, empty, S, P = ring.load, ring.empty, ring.stages, ring.prefetch
+    st = side.stage
+    if not empty:
+        return []
+    body = [MBarrierWait(MBarrierRef(empty, st), Bin("^", side.phase, Const(1)))]
+    if gap_wait and P < S - 1:
+        body.append(
+            MBarrierWait(
+                MBarrierRef(empty, simplify((st + (S - P - 1)) % S)),
+                Bin("^", side.phase, st.lt(P + 1)),
+            )
+        )
+    return body
+
+
 def _issue(ring: Ring, bufs, loop_index, it, gap_wait=False) -> list:
     """The copies of the producer side's ring position (iteration ``it`` of
     the ring loop) into its stage: wait for the slot, announce the bytes of
     every buffer, issue, advance."""
-    side, full, empty, S, P = ring.load, ring.full, ring.empty, ring.stages, ring.prefetch
+    side, full = ring.load, ring.full
     st = side.stage
-    body = []
-    if empty:
-        body.append(MBarrierWait(MBarrierRef(empty, st), Bin("^", side.phase, Const(1))))
-        if gap_wait and P < S - 1:
-            # at most P positions ahead of the readers: wait for position - P - 1 as well
-            body.append(
-                MBarrierWait(
-                    MBarrierRef(empty, simplify((st + (S - P - 1)) % S)),
-                    Bin("^", side.phase, st.lt(P + 1)),
-                )
-            )
+    body = _wait_for_slot(ring, gap_wait)
     nbytes = Const(0)
     for b in bufs:
         nbytes = simplify(nbytes + b.stage_bytes)
@@ -286,12 +295,6 @@ def _by_threads(b) -> bool:
     return bool(_boxes([b]))
 
 
-def _fills_by_threads(bufs) -> bool:
-    """Whether the producer's threads fill the ring (some buffer's copies are
-    cp.async boxes): the ring's fill kind ``cp.async``."""
-    return bool(_boxes(bufs))
-
-
 def _cp_async_arrivals(bufs, threads: int) -> int:
     """Arrivals that complete a stage's full barrier when the producer's
     threads fill it: one ``cp.async.mbarrier.arrive.noinc`` per thread when
@@ -313,18 +316,9 @@ def _issue_threads(ring: Ring, bufs, gap_wait: bool) -> list:
     arrivals: ``fence.proxy.async`` + arrive after stores through registers
     (the wgmmas read the stage through the async proxy), and
     ``cp.async.mbarrier.arrive.noinc`` for its cp.asyncs."""
-    side, full, empty, S, P = ring.load, ring.full, ring.empty, ring.stages, ring.prefetch
+    side, full = ring.load, ring.full
     st = side.stage
-    body = []
-    if empty:
-        body.append(MBarrierWait(MBarrierRef(empty, st), Bin("^", side.phase, Const(1))))
-        if gap_wait and P < S - 1:
-            body.append(
-                MBarrierWait(
-                    MBarrierRef(empty, simplify((st + (S - P - 1)) % S)),
-                    Bin("^", side.phase, st.lt(P + 1)),
-                )
-            )
+    body = _wait_for_slot(ring, gap_wait)
     bar = MBarrierRef(full, st)
     tma = [b for b in bufs if not _by_threads(b)]
     if tma:
@@ -398,7 +392,7 @@ def _pipeline(kernel, alloc, key, setup):
     loads = [n for n in loop.body if _only_loads(n, [tv])]
     if not loads:
         raise CircbufError(f"{name}: circular buffering needs the TMA copies directly in its loop")
-    if _fills_by_threads([_Buffer(alloc, loads)]):
+    if _by_threads(_Buffer(alloc, loads)):
         raise CircbufError(
             f"{name}: a cp.async fill needs a warp-specialized ring (its producer threads fill it)"
         )
@@ -520,7 +514,7 @@ def _warp_specialize(kernel, allocs, names):
             _fuse_under(producer_nest[0], nest[0], bufs, levels, label, body)
             levels = [(producer_nest[0], None)] + levels[1:]
         # the producer's expect_tx arrival fills a TMA stage; cp.async copies arrive per thread
-        threads_fill = _fills_by_threads(bufs)
+        threads_fill = any(_by_threads(b) for b in bufs)  # the fill kind cp.async
         ring = Ring(
             label,
             S,
