@@ -4,17 +4,12 @@ epilogue and dtype against float64 torch (outputs NaN-poisoned by conftest),
 the same bits as the inline epilogue, ragged shapes by hypothesis, and a
 broken hand-off that raises under CIRCBUF_DEBUG_HANG instead of hanging."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.test_gpu_matmul import ROOT, check, epilogue_input, mm_fusion, ref_epilogue
+from tests.test_gpu_matmul import check, epilogue_input, mm_fusion, ref_epilogue, run_broken_kernel
 from tests.util import TORCH, D
 
 pytestmark = pytest.mark.gpu
@@ -84,40 +79,12 @@ def test_role_hypothesis_shapes(m, n, k8, kind, persistent):
     check(out, torch.nn.functional.silu(y))
 
 
-HANDOFF_BROKEN = textwrap.dedent(
-    """
-    import torch, circbuf as cb
-    import circbuf.lowering as L
-    from circbuf.lowering.kir import MBarrierArrive, rewrite
-    import dataclasses
-    k = [i for i, p in enumerate(L.PASSES) if p.name == "circular_buffer"][0]
-    orig = L.PASSES[k].fn
-    def broken(kernel):  # the consumers never say a hand-off slot is full: the epilogue waits for ever
-        kernel = orig(kernel)
-        full = {r.full for r in kernel.rings if r.fill == "threads"}
-        drop = lambda n: [] if isinstance(n, MBarrierArrive) and n.bar.name in full else None
-        kernel.body = rewrite(kernel.body, drop)
-        return kernel
-    L.PASSES[k] = dataclasses.replace(L.PASSES[k], fn=broken)
-    from tests.test_gpu_matmul import mm_fusion
-    fd = mm_fusion("matmul")
-    fd.fusion.schedule(epilogue="role")
-    a = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(512, 2048, device="cuda", dtype=torch.bfloat16)
-    try:
-        fd.execute([a, b])
-        torch.cuda.synchronize()
-        print("NO ERROR")
-    except cb.CircbufError as e:
-        print("CIRCBUF_ERROR:", e)
-    """
-)
-
-
 def test_broken_handoff_raises_instead_of_hanging():
-    env = dict(os.environ, CIRCBUF_DEBUG_HANG="20000", CIRCBUF_CACHE_DIR="")
-    r = subprocess.run(
-        [sys.executable, "-c", HANDOFF_BROKEN], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
+    out = run_broken_kernel(
+        "circular_buffer",
+        "{r.full for r in kernel.rings if r.fill == 'threads'}",
+        "the consumers never say a hand-off slot is full: the epilogue waits for ever",
+        dict(epilogue="role"),
     )
-    assert "CIRCBUF_ERROR:" in r.stdout, r.stdout + r.stderr
-    assert "_full[" in r.stdout and "gave up" in r.stdout
+    assert "CIRCBUF_ERROR:" in out, out
+    assert "_full[" in out and "gave up" in out

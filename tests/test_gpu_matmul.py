@@ -393,23 +393,23 @@ def test_hypothesis_shapes(m, n, k8, kind):
     check(out, a.double() @ (b.double().T if kind == "linear" else b.double()))
 
 
-PINGPONG_BROKEN = textwrap.dedent(
+BROKEN_KERNEL = textwrap.dedent(
     """
-    import torch, circbuf as cb
+    import dataclasses, torch, circbuf as cb
     import circbuf.lowering as L
     from circbuf.lowering.kir import MBarrierArrive, rewrite
-    import dataclasses
-    k = [i for i, p in enumerate(L.PASSES) if p.name == "turns"][0]
+    k = [i for i, p in enumerate(L.PASSES) if p.name == {pass_name!r}][0]
     orig = L.PASSES[k].fn
-    def broken(kernel):  # the MMA turn is never handed over: the second warpgroup waits for ever
+    def broken(kernel):  # {why}
         kernel = orig(kernel)
-        drop = lambda n: [] if isinstance(n, MBarrierArrive) and n.bar.name.endswith("_mma_turn") else None
+        names = {names}
+        drop = lambda n: [] if isinstance(n, MBarrierArrive) and n.bar.name in names else None
         kernel.body = rewrite(kernel.body, drop)
         return kernel
     L.PASSES[k] = dataclasses.replace(L.PASSES[k], fn=broken)
     from tests.test_gpu_matmul import mm_fusion
     fd = mm_fusion("matmul")
-    fd.fusion.schedule(pingpong=True)
+    fd.fusion.schedule(**{overrides!r})
     a = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(512, 2048, device="cuda", dtype=torch.bfloat16)
     try:
@@ -422,15 +422,24 @@ PINGPONG_BROKEN = textwrap.dedent(
 )
 
 
-def test_broken_pingpong_order_raises_instead_of_hanging():
+def run_broken_kernel(pass_name: str, names: str, why: str, overrides: dict) -> str:
+    """Run, in a subprocess under CIRCBUF_DEBUG_HANG, a matmul whose kernel lost
+    the mbarrier arrives on the arrays ``names`` (a Python expression over the
+    kernel, evaluated after pass ``pass_name``); its stdout."""
+    src = BROKEN_KERNEL.format(pass_name=pass_name, names=names, why=why, overrides=overrides)
     env = dict(os.environ, CIRCBUF_DEBUG_HANG="20000", CIRCBUF_CACHE_DIR="")
     r = subprocess.run(
-        [sys.executable, "-c", PINGPONG_BROKEN],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=ROOT,
+        [sys.executable, "-c", src], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
     )
-    assert "CIRCBUF_ERROR:" in r.stdout, r.stdout + r.stderr
-    assert "_mma_turn[" in r.stdout and "gave up" in r.stdout
+    return r.stdout + r.stderr
+
+
+def test_broken_pingpong_order_raises_instead_of_hanging():
+    out = run_broken_kernel(
+        "turns",
+        "{o.barrier('mma') for o in kernel.turn_orders}",
+        "the MMA turn is never handed over: the second warpgroup waits for ever",
+        dict(pingpong=True),
+    )
+    assert "CIRCBUF_ERROR:" in out, out
+    assert "_mma_turn[" in out and "gave up" in out
