@@ -97,6 +97,7 @@ class FusionExecutor:
             x.name for x in fusion.inputs if isinstance(x, Var) and x.name not in shape_names
         }
         self._split_run = None  # circbuf.split_k.SplitKRun once a call splits K
+        self.realigned = ()  # names of the operands the last plan copied (circbuf.realign)
         self.may_split_k = True  # False for the steps of a split-K run (never split again)
         self.last: CompiledKernel | CompiledFusion | None = None
 
@@ -474,6 +475,12 @@ class FusionExecutor:
             self._finish(info.extents)  # a view's sizes are checked here
             self.last = CompiledFusion(SegmentedFusion(self.fusion, []), [])
             return self.last
+        ra = self._realign(info)
+        if ra:  # the kernels of the copies' signature (the copies are torch's, not kernels of ours)
+            from .realign import substitute
+
+            self.realigned = tuple(self.fusion.inputs[j].name for j in ra)
+            return self.compile(substitute(inputs, ra, copy=False), arch, target)
         sk = self._split_k(info)
         if sk is not None:
             self.last = self._split_runner().compile(sk, inputs, arch, target)
@@ -490,6 +497,16 @@ class FusionExecutor:
             ck = self._compile_segments(inputs, info.extents, arch, target)
         self.last = ck
         return ck
+
+    # ------------------------------------------------------- realign
+    def _realign(self, info: InputInfo) -> tuple:
+        """Inputs (positions) to copy into rows a tensor map can describe before
+        the matmul runs (circbuf.scheduler.realign), or ()."""
+        if self.fusion.manual_schedule or not self.fusion.outputs or not contractions(self.fusion):
+            return ()
+        from .scheduler.realign import choose
+
+        return choose(self.fusion, info, self.fusion.schedule_overrides)
 
     # ------------------------------------------------------- split-K
     def _split_k(self, info: InputInfo):
@@ -717,6 +734,12 @@ class FusionExecutor:
         import torch
 
         self._check_outputs()
+        ra = self._realign(self._bind(inputs, need_cuda=False)[0])
+        if ra:  # operands copied to rows a tensor map describes first (scheduler/realign.py)
+            from .realign import RealignPlan
+
+            scalars = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
+            return RealignPlan(self, ra, scalars)
         if knobs.interpret() and not any(getattr(x, "is_cuda", False) for x in inputs):
             from .interpret import interpreted_plan
 

@@ -249,7 +249,10 @@ def test_linear_bias_epilogues_do_not_spill(epilogue):
             dict(registers=232),
             r"schedule\(registers=232\): must be \(producer, consumers\), two multiples of 8",
         ),
-        (dict(registers=(160, 240)), r"exceed the 65536 registers"),
+        (dict(registers=(160, 240)), r"exceed the CTA's 64512"),
+        # 1024 registers over the launch's 168 x 384: the second consumer's setmaxnreg.inc
+        # never returned on an H100 (fuzz 784:30), though 65536 fit the SM
+        (dict(registers=(48, 232)), r"= 65536 exceed the CTA's 64512 \(384 threads x 168 at launch\)"),
         (dict(registers=(200, 232)), r"producer gives registers back"),
         (dict(epilogue_tile=(32, 64)), r"a sub-tile is 64 rows"),
         (dict(pingpong=True, persistent=False), r"ping-pong needs a persistent grid"),
