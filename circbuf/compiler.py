@@ -1015,12 +1015,16 @@ def _shape_scalar_positions(fusion: Fusion) -> list[int]:
 def _layout_of(sizes, strides) -> tuple:
     """(memory order, contiguity) of a tensor with these sizes and strides,
     as the kernel is specialized for: row-major when the axes of size > 1
-    are in row-major stride order, else those axes by decreasing stride and
-    size-1 axes innermost; an axis is contiguous when its stride is the next
-    inner axis' stride times that axis' size (size-1 axes always are).
+    are in row-major stride order, else size-1 axes outermost (they hold no
+    extent; innermost, a batch of 1 led a K-major operand's TMA box), then
+    the others by decreasing stride; an axis is contiguous when its stride
+    is the next inner axis' stride times that axis' size (size-1 axes
+    always are).
 
     >>> _layout_of((2, 3, 4, 5), (60, 1, 15, 3))   # channels-last
     ((0, 2, 3, 1), (True, True, True, True))
+    >>> _layout_of((1, 64, 256), (16384, 1, 64))   # a batch of one K-major B
+    ((0, 2, 1), (True, True, True))
     """
     n = len(sizes)
     big = [d for d in range(n) if sizes[d] > 1]
@@ -1028,7 +1032,7 @@ def _layout_of(sizes, strides) -> tuple:
     if by_stride == big:
         order = tuple(range(n))
     else:
-        order = tuple(by_stride + [d for d in range(n) if sizes[d] <= 1])
+        order = tuple([d for d in range(n) if sizes[d] <= 1] + by_stride)
     contig = [True] * n
     expect = 1
     for d in reversed(order):
