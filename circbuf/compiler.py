@@ -1053,27 +1053,15 @@ def _strides_in_order(shape, order) -> tuple:
 
 
 def _check_contiguity(label, d: TensorView, x) -> None:
-    """The tensor's strides keep the definition's promises: each axis declared
-    contiguous (contiguity is in stride order, outermost first) has the next
-    inner axis' stride times that axis' size (1 for the innermost).
-    Expanded (stride-0) axes hold no memory and are skipped, as nvFuser's
-    contiguity ``[True, None]`` for a column expanded to rows says."""
-    if x.numel() == 0:  # no element to address: any strides keep the promise
-        return
-    order = d.domain.allocation_order()
-    contig = d.domain.contiguity
-    expect = 1
-    for pos in range(len(order) - 1, -1, -1):
-        a = order[pos]
-        size = x.shape[a]
-        if contig[pos] is True and size > 1 and x.stride(a) != expect:
-            where = f" (contiguity[{pos}], in stride order)" if d.domain.stride_order is not None else ""
-            raise CircbufError(
-                f"{label}: axis {a} is defined contiguous but its stride is {x.stride(a)}, "
-                f"not {expect}{where}"
-            )
-        if size > 1 and x.stride(a) != 0:
-            expect = x.stride(a) * size
+    """The tensor's strides keep the definition's promises
+    (:meth:`TensorDomain.broken_contiguity`)."""
+    broken = d.domain.broken_contiguity(tuple(x.shape), x.stride())
+    if broken is not None:
+        a, stride, expect, pos = broken
+        where = f" (contiguity[{pos}], in stride order)" if d.domain.stride_order is not None else ""
+        raise CircbufError(
+            f"{label}: axis {a} is defined contiguous but its stride is {stride}, not {expect}{where}"
+        )
 
 
 def _default_arch() -> str:

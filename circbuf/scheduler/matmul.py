@@ -236,10 +236,12 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo, overrides=None) -> str 
         if any(s == 0 for s in t.sizes):
             return f"{x.name} is empty"
     # strides or a pointer a tensor map cannot describe: the runtime copies such an operand
-    # into aligned rows before scheduling (scheduler/realign.py) unless realign=False or a
-    # fill is asked for; the producer threads can fill its ring with cp.async
-    # (_operand_fill) when asked: 0.07-0.25 of the TMA path on an H100, slower than the copy
-    if (overrides or {}).get("fill") not in ("cp.async", "tma") and not knobs.cp_async():
+    # into aligned rows before scheduling (scheduler/realign.py); one it may not copy (defined
+    # contiguous, written in place) has its ring filled by the producer threads' cp.asyncs
+    # (_operand_fill: 0.07-0.25 of the TMA path on an H100, slower than the copy);
+    # realign=False without a fill asks for the SIMT path
+    ov = overrides or {}
+    if ov.get("realign") is False and ov.get("fill") is None and not knobs.cp_async():
         # (fill="tma": _mma_params names why not)
         for x in (a, b):
             why = _operand_layout(info.tensors[fusion.inputs.index(x)])[1]

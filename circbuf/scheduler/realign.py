@@ -55,7 +55,7 @@ def choose(fusion: Fusion, info, overrides: dict) -> tuple:
     """Positions among the fusion's inputs of the matmul operands to copy
     into a realigned buffer for these inputs; () when none (a tensor map
     describes each operand, the fusion is no tensor-core matmul, an operand
-    is written in place, or a fill was asked for)."""
+    is written in place or defined contiguous, or a fill was asked for)."""
     from .matmul import _mma_structure, _operand_layout, _operands
     from .utils import contractions
 
@@ -76,6 +76,10 @@ def choose(fusion: Fusion, info, overrides: dict) -> tuple:
         t = info.tensors[j]
         if t is None or j in written or j in out or x in fusion.outputs or any(s == 0 for s in t.sizes):
             continue
-        if _operand_layout(t)[1] is not None:
+        if _operand_layout(t)[1] is None:
+            continue
+        # an input defined contiguous (a segment's, dynamo's) keeps its rows dense: the
+        # copy's padded rows would break that promise; the cp.async fill takes it instead
+        if x.domain.broken_contiguity(t.sizes, realigned_strides(t.sizes, t.strides, t.itemsize)) is None:
             out.append(j)
     return tuple(out)
