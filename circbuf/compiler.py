@@ -383,8 +383,9 @@ class FusionExecutor:
                     # a matmul lowers only through the matmul scheduler's MMA (or SIMT) translation
                     raise CircbufError(
                         f"{type(e).__name__[:-2].lower()} {e.out.name}: manual scheduling of a fusion with a "
-                        "matmul is not supported (its schedule comes from the matmul scheduler); leave its "
-                        "tensors untransformed, or tune it with fd.fusion.schedule(tile=..., stages=...)"
+                        "matmul needs its MMA form first: call circbuf.scheduler.mma_form(fd.fusion) before "
+                        "transforming (examples/gemm_ladder/), or leave its tensors untransformed and tune it "
+                        "with fd.fusion.schedule(tile=..., stages=...)"
                     )
                 if isinstance(e, ReshapeOp) and not e.concrete:
                     raise CircbufError(
