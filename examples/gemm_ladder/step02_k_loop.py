@@ -36,7 +36,9 @@ BM, BN, BK = 128, 128, 64
 
 def build(M, N, K, target=cb.target.DEFAULT):
     if (M, N) != (BM, BN) or K % BK:
-        raise cb.CircbufError(f"step 2 computes one {BM}x{BN} tile over K a multiple of {BK}, not {M}x{N}x{K}")
+        raise cb.CircbufError(
+            f"step 2 computes one {BM}x{BN} tile over K a multiple of {BK}, not {M}x{N}x{K}"
+        )
     fd = ladder.linear_fusion(M, N, K)
     acc, As, Bs = mma_form(fd.fusion)
     d = fd.fusion.outputs[0]
