@@ -5,7 +5,7 @@
 Three roles, one per row of 128 threads (``threadIdx.y``): the producer warp
 (its elected lane issues the TMA loads; there since step 1), the consumer
 warpgroup (wgmmas only) and, new, an epilogue warpgroup. The consumer hands
-each finished [128 x 64] fp32 sub-tile of its accumulator to the epilogue
+each finished [64 x 64] fp32 sub-tile of its accumulator to the epilogue
 role through a ring of 2 shared-memory slots filled by its own threads
 (``WarpSpecialized(fill="threads", readers="epilogue")``: full/empty mbarriers,
 the consumer arrives after writing, the epilogue after reading) and goes on
@@ -15,7 +15,7 @@ What changed from step 6:
 
     h = acc.cache_after()                  # new: the accumulator handed over in shared memory
     h.set_memory_type(cb.MemoryType.Shared)
-    ax = epilogue(h, tiles(h), buffers=2)  # a [128 x 64] fp32 sub-tile per slot
+    epilogue(h, tiles(h), buffers=2)       # a [64 x 64] fp32 sub-tile per slot
     x = index of h's threadIdx.x axis; j, hh, e = h.loop[x + 1 : x + 4]
     h.set_allocation([j, hh, h.loop[x], e])   # thread-major: no bank conflicts on either side
     e.parallelize(P.Vectorize)                # an accumulator pair per 8-byte store

@@ -36,8 +36,8 @@ REGISTERS, EPILOGUE_REGISTERS = (40, 232), 168
 
 def stages(target) -> int:
     """As many operand stages as shared memory holds beside the output staging
-    ([2][64][64] bf16) and the hand-off ring ([2][128][64] fp32), at most 7."""
-    left = target.smem_per_block - 1024 - 2 * 64 * 64 * 2 - 2 * BM * 64 * 4
+    ([2][64][64] bf16) and the hand-off ring ([2][64][64] fp32), at most 7."""
+    left = target.smem_per_block - 1024 - 2 * 64 * 64 * 2 - 2 * 64 * 64 * 4
     return min(left // ((BM + BN) * BK * 2), 7)
 
 
