@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import circbuf as cb
+import circbuf.scheduler
 from circbuf.interpret import interpret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,3 +200,59 @@ def test_gpu_step_matches_torch(name):
     (d,) = fd.execute([a, b])
     torch.cuda.synchronize()
     check(d, a, b)
+
+
+def _one_tile(ring: bool, fill: str = "tma"):
+    """Step 1's schedule, with or without the operand ring; ``fill="set"``: the
+    operands written into shared memory by the threads (the MMA form built
+    through the scheduler's internal translate, as no public call gives it)."""
+    from circbuf.scheduler.matmul import translate
+    from circbuf.scheduler.params import MatmulParams
+    from circbuf.scheduler.utils import LogicalMap, concretize_broadcasts
+
+    s = step("step01_one_tile")
+    fd = s.ladder.linear_fusion(128, 128, 64)
+    f = fd.fusion
+    if fill == "tma":
+        acc, As, Bs = cb.scheduler.mma_form(f)
+    else:
+        acc, As, Bs = translate(f, MatmulParams(fill=(fill, fill), copy_vector=(0, 0)))
+        concretize_broadcasts(f, LogicalMap(f))
+    d = f.outputs[0]
+
+    def tiles(tv):
+        tv.split(0, 128).split(2, 128).reorder([0, 2, 1, 3] + list(range(4, len(tv.loop))))
+        tv.merge(0)
+        return 1
+
+    for xs, mn_first in ((As, True), (Bs, False)):
+        pos = tiles(xs)
+        if fill == "tma":
+            r = s.operand_boxes(xs, pos, 64, mn_first)
+            if ring:
+                xs.circular_buffer(2, 1, cb.WarpSpecialized(on=cb.ParallelType.TIDy), axis=r)
+        else:
+            xs.swizzle(128)
+            xs.inline_at(1)
+    s.accumulator(acc, tiles(acc), 64)
+    acc.inline_at(1)
+    s.epilogue(d, tiles(d))
+    return fd
+
+
+def test_tma_operands_without_a_ring_are_refused_by_name():
+    """A TMA-filled buffer with no ring has no mbarrier for its copies (it
+    failed inside codegen before: an internal error)."""
+    a, b = inputs(128, 128, 64)
+    _one_tile(ring=True).compile([a, b], arch="sm_90a")
+    with pytest.raises(cb.CircbufError, match="filled by TMA needs a ring"):
+        _one_tile(ring=False).compile([a, b], arch="sm_90a")
+
+
+def test_mma_operands_stored_by_the_threads_are_refused_by_name():
+    """Operands the threads store into shared memory themselves are read by the
+    wgmmas with no fence.proxy.async or barrier in between (it compiled before,
+    unsafe on a GPU; the interpreter does not model the proxies)."""
+    a, b = inputs(128, 128, 64)
+    with pytest.raises(cb.CircbufError, match="written to shared memory by the threads' own stores"):
+        _one_tile(ring=False, fill="set").compile([a, b], arch="sm_90a")

@@ -41,10 +41,10 @@ def mma_form(fusion: Fusion) -> tuple[TensorView, TensorView, TensorView]:
     ...     b = fd.define_tensor([512, 128], dtype=cb.DataType.BFloat16)
     ...     fd.add_output(fd.ops.linear(a, b))
     >>> acc, As, Bs = mma_form(fd.fusion)
-    >>> print(acc, As, Bs, sep="\\n")
-    T5_l_f32[iS12{256}, iS13{512}, rS14{128}]
-    T3_s_bf16[iS6{256}, bS7{512}, iS8{128}]
-    T4_s_bf16[bS9{256}, iS10{512}, iS11{128}]
+    >>> acc.dtype.name, As.memory_type.name, Bs.memory_type.name
+    ('Float', 'Shared', 'Shared')
+    >>> [i.is_reduction for i in acc.logical], [i.is_broadcast for i in As.logical]
+    ([False, False, True], [False, True, False])
     """
     cs = contractions(fusion)
     if len(cs) != 1:

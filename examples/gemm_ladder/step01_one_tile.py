@@ -26,10 +26,10 @@ thread): circbuf feeds wgmma only from a shared buffer filled by TMA through a
 warp-specialized ring: a producer warp (``threadIdx.y == 1``) issues the TMA
 copies, completion is an mbarrier's transaction count, and the consumer
 releases a slot after ``wgmma.wait_group``. A ``Pipelined`` ring is refused
-for wgmma readers, and a buffer filled by the threads' own stores
-(``cache_after()`` into shared memory) compiles, but without the
-``fence.proxy.async`` and barrier that wgmma (the async proxy) needs before
-it reads them: not safe on a GPU (README, "What circbuf cannot express").
+for wgmma readers, and an operand written into shared memory by the threads'
+own stores is refused by name (the lowering places no ``fence.proxy.async``
+or barrier between those stores and the wgmmas, the async proxy, that read
+them; README, "What circbuf cannot express").
 So this step already has the TMA loads of step 4, a 2-slot ring and the
 producer warp of step 7; with one k step and one tile nothing overlaps.
 """
