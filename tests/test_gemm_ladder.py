@@ -256,3 +256,14 @@ def test_mma_operands_stored_by_the_threads_are_refused_by_name():
     a, b = inputs(128, 128, 64)
     with pytest.raises(cb.CircbufError, match="written to shared memory by the threads' own stores"):
         _one_tile(ring=False, fill="set").compile([a, b], arch="sm_90a")
+
+
+def test_hand_only_roles_pass_the_protocol_checker():
+    """Step 8 (one consumer warpgroup, an epilogue role, setmaxnreg for three
+    roles: a kernel only a hand schedule makes) under the protocol checker."""
+    from circbuf.interpret import check as protocol_check
+
+    s = step("step08_deep_ring")
+    M, N, K = s.INTERP_SHAPE
+    target = dataclasses.replace(cb.target.DEFAULT, sm_count=2)
+    protocol_check(s.build(M, N, K, target), list(inputs(M, N, K)), schedules=1, target=target)
