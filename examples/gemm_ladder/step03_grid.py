@@ -6,7 +6,8 @@ Any M and N now: the output is cut into [128 x 128] tiles, one CTA per tile.
 The tile loop that steps 1-2 ran once is bound to ``blockIdx.x`` (M tiles
 outer, N tiles inner: consecutive CTAs share an A panel), in every tensor
 alike: the operands' TMA boxes, the accumulator and the output. Ragged edges
-need nothing: TMA zero-fills loads past the edge and the stores are predicated.
+need nothing: TMA zero-fills loads past the edge and the stores are predicated
+(rows must be 16-byte aligned for the tensor maps: K and N multiples of 8).
 
 What changed from step 2:
 
