@@ -40,7 +40,9 @@ from .ir import (
     DataType,
     Fusion,
     LinearOp,
+    LoadStoreOp,
     MatmulOp,
+    MemoryType,
     ParallelType,
     ReshapeOp,
     TensorView,
@@ -384,9 +386,11 @@ class FusionExecutor:
                     # a matmul lowers only through the matmul scheduler's MMA (or SIMT) translation
                     raise CircbufError(
                         f"{type(e).__name__[:-2].lower()} {e.out.name}: manual scheduling of a fusion with a "
-                        "matmul is not supported (its schedule comes from the matmul scheduler); leave its "
-                        "tensors untransformed, or tune it with fd.fusion.schedule(tile=..., stages=...)"
+                        "matmul needs its MMA form first: call circbuf.scheduler.mma_form(fd.fusion) before "
+                        "transforming (examples/gemm_ladder/), or leave its tensors untransformed and tune it "
+                        "with fd.fusion.schedule(tile=..., stages=...)"
                     )
+                _check_manual_staging(e)
                 if isinstance(e, ReshapeOp) and not e.concrete:
                     raise CircbufError(
                         f"{e}: a manually scheduled fusion needs reshapes of fixed sizes "
@@ -1090,3 +1094,29 @@ def _default_target() -> Target:
 
 
 __all__ = ["FusionExecutor"]
+
+
+def _check_manual_staging(e) -> None:
+    """Rules of shared-memory staging the lowering relies on and that only a
+    hand schedule can break (the schedulers keep them): a TMA-filled buffer
+    rotates through a ring (``circular_buffer``), whose mbarriers its copies
+    complete on; an MMA reads operands that TMA or cp.async copies wrote (the
+    wgmmas read shared memory through the async proxy, and no fence or barrier
+    is placed after the threads' own stores into a buffer they read)."""
+    if isinstance(e, LoadStoreOp) and e.kind == "tma" and e.out.memory_type == MemoryType.Shared:
+        if not e.out.circular:
+            raise CircbufError(
+                f"{e.out.name}: a buffer filled by TMA needs a ring for its copies to complete on: "
+                f"call {e.out.name}.circular_buffer(stages, ...) (at least 2 stages)"
+            )
+    if getattr(e, "op_name", None) == "mma":
+        for x in e.tv_inputs():
+            d = x.definition
+            if x.memory_type == MemoryType.Shared and not (
+                isinstance(d, LoadStoreOp) and d.kind in ("tma", "cp.async")
+            ):
+                raise CircbufError(
+                    f"{e.out.name} = mma(...): its operand {x.name} is written to shared memory by the threads' "
+                    "own stores, which the wgmmas (the async proxy) may not see: stage it with "
+                    "cache_after(op='tma') through a WarpSpecialized ring (circbuf.scheduler.mma_form does)"
+                )
