@@ -54,6 +54,7 @@ from ..lowering import kir
 from ..lowering.kir import barrier_name, is_block_wide
 from .memory import GlobalMemory
 from .race import Accum, Agent, Checker
+from .peer import HANDLERS as _PEER_HANDLERS
 from .sched import Deadlock, Scheduler
 from .sync import (
     Barrier,
@@ -1478,6 +1479,7 @@ _HANDLERS = {
     kir.WgmmaCommit: (None, _wgmma_commit),
     kir.WgmmaWait: (None, _wgmma_wait),
 }
+_HANDLERS.update(_PEER_HANDLERS)  # issue 22's peer stores and flags
 _YIELDING = tuple(t for t, (gen, plain) in _HANDLERS.items() if plain is None and t is not kir.RoleSwitch) + (
     kir.RoleSwitch,
 )

@@ -35,6 +35,8 @@ after, so they require it)::
                     provides: turns, turn_orders
     tma_store       requires: indexed, role_switch, launch
                     provides: tma_stores_synced, named_barriers
+    peer_stores     requires: tma_stores_synced, role_switch, tensor_maps
+                    provides: peer_stores, tensor_params, scalar_params, tensor_maps
     circular_buffer requires: allocated, indexed, predicated, wgmma_synced, roles, turns,
                               tma_stores_synced, launch, max_threads
                     provides: pipelined, rings
@@ -83,6 +85,7 @@ from .kir import Kernel
 from .loop_nest import generate_loop_nest
 from .mbarriers import setup_mbarriers
 from .passes import Pass, check_order
+from .peer_stores import peer_stores
 from .predicate import insert_predicates
 from .roles import assign_roles
 from .simplify_indices import simplify_indices
@@ -122,6 +125,12 @@ PASSES = [
         tma_stores,
         requires=("indexed", "role_switch", "launch"),
         provides=("tma_stores_synced", "named_barriers"),
+    ),
+    Pass(
+        "peer_stores",
+        peer_stores,
+        requires=("tma_stores_synced", "role_switch", "tensor_maps"),
+        provides=("peer_stores", "tensor_params", "scalar_params", "tensor_maps"),
     ),
     Pass(
         "circular_buffer",
