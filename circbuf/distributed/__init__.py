@@ -56,8 +56,8 @@ _DT = {torch.bfloat16: DataType.BFloat16, torch.float16: DataType.Half}
 
 
 def _check(x, w, world, kind, where="cuda"):
-    """Validate ``x`` [M, K] and ``w`` [Nr, K] of one rank; raise a
-    CircbufError naming the problem."""
+    """Validate ``x`` [M, K] and ``w`` [Nr, K] of one rank (and ``world``
+    unless None); raise a CircbufError naming the problem."""
     op = f"linear_{kind}"
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
@@ -76,7 +76,7 @@ def _check(x, w, world, kind, where="cuda"):
         raise CircbufError(f"{op}: x is on {x.device} and w on {w.device}")
     if x.shape[1] != w.shape[1]:
         raise CircbufError(f"{op}: x is [M, K] = {list(x.shape)} and w [N, K] = {list(w.shape)}: K differs")
-    if world < 2:
+    if world is not None and world < 2:
         raise CircbufError(
             f"{op}: a group of {world} rank has nothing to exchange; call torch.nn.functional.linear"
         )
@@ -88,8 +88,10 @@ def _check(x, w, world, kind, where="cuda"):
         raise CircbufError(f"{op}: K = {k} must be a multiple of 8 (16-byte rows for TMA)")
     if n % 8:
         raise CircbufError(f"{op}: N = {n} (this rank's) must be a multiple of 8 (16-byte rows for TMA)")
-    if kind == "reduce_scatter" and m % world:
-        raise CircbufError(f"{op}: M = {m} is not divisible by the group's {world} ranks (each gets M / world rows)")
+    if kind == "reduce_scatter" and world is not None and m % world:
+        raise CircbufError(
+            f"{op}: M = {m} is not divisible by the group's {world} ranks (each gets M / world rows)"
+        )
 
 
 def _linear_fd(dtype, kind, world):
@@ -179,7 +181,9 @@ def _pack(kernel, tensors, scalars):
         blob = struct.pack(f"<Q{nd}{ifmt}{nd}{ifmt}", t.data_ptr(), *t.shape, *t.stride())
         blobs.append(blob + b"\0" * (-len(blob) % 8))
     for v, x in zip(kernel.scalar_params, scalars):
-        fmt = {DataType.Int32: "<i", DataType.Int64: "<q", DataType.Float: "<f", DataType.Double: "<d"}[v.dtype]
+        fmt = {DataType.Int32: "<i", DataType.Int64: "<q", DataType.Float: "<f", DataType.Double: "<d"}[
+            v.dtype
+        ]
         blobs.append(struct.pack(fmt, x) + b"\0" * 4 * (fmt in ("<i", "<f")))
     for spec in kernel.tensor_maps:
         t = tensors[spec.param]
@@ -202,7 +206,7 @@ def _launch(owner, tensors, scalars, grid, block, smem, stream=None):
     k = owner.kernel
     key = (tensors[0].device.index, tuple(grid), tuple(block), smem)
     if owner._loaded is None or owner._loaded[0] != key:
-        lk = LoadedKernel(owner.cubin if hasattr(owner, "cubin") else owner.ck.cubin, k.name)
+        lk = LoadedKernel(getattr(owner, "cubin", None) or owner.ck.cubin, k.name)
         lk.ensure_smem(smem)
         owner._loaded = (key, lk, lk.launcher(grid, block, smem))
     buf, ptrs = _pack(k, tensors, scalars)
@@ -266,13 +270,17 @@ def _reduce_fd(dtype):
 
 
 # ---------------------------------------------------------------- loopback
-def loopback(kind, xs, ws, target=None, check=0, poison=True):
+def loopback(kind, xs, ws, target=None, check=None, poison=True, mutate=None):
     """Every rank on one device: ``xs[r]``, ``ws[r]`` are rank ``r``'s
     operands; the peers' buffers and flags are ordinary tensors there.
     Runs the ranks' GEMMs one after the other, then each rank's flag wait
     (and for a reduce-scatter its sum). On CPU tensors (or with
     ``CIRCBUF_INTERPRET=1``) the kernels run in the interpreter, ``check``
-    schedules of the protocol checker first. Returns each rank's result."""
+    schedules of the protocol checker first (default ``CIRCBUF_CHECK``).
+    ``mutate(kernel)``: applied to a copy of the GEMM's kernel IR before it
+    runs (the protocol tests inject bugs so). Returns each rank's result."""
+    if kind not in ("all_gather", "reduce_scatter"):
+        raise CircbufError(f"loopback: kind {kind!r} is not 'all_gather' or 'reduce_scatter'")
     world = len(xs)
     if len(ws) != world:
         raise CircbufError(f"loopback: {len(xs)} x shards but {len(ws)} w shards")
@@ -283,6 +291,18 @@ def loopback(kind, xs, ws, target=None, check=0, poison=True):
     if any(x.shape != xs[0].shape for x in xs) or any(w.shape != ws[0].shape for w in ws):
         raise CircbufError("loopback: every rank's shards must have one shape")
     g = _Gemm(kind, world, xs[0], ws[0], target=target, interpret=interpret)
+    if mutate is not None:
+        import copy
+
+        g.kernel = copy.deepcopy(g.kernel)
+        mutate(g.kernel)
+        if not interpret:
+            from ..lowering import codegen
+            from ..runtime.nvrtc import compile_cuda
+
+            g.cubin = compile_cuda(codegen(g.kernel), _device_target().arch)
+    if check is None:
+        check = knobs.check_schedules() if interpret else 0
     m, n = g.m, g.n
     dt = xs[0].dtype
     shape = (m, n * world) if kind == "all_gather" else (world, m // world, n)
@@ -354,7 +374,9 @@ class _Layer:
         bufs = self.bufs[self.epoch % 2]
         stream = torch.cuda.current_stream(x.device).cuda_stream
         self.gemm.run(x, w, self.rank, bufs, self.flags, stream=stream)
-        self.waiter.run(self.flags[self.rank], self.err, self.epoch * self.gemm.stores_per_tile, stream=stream)
+        self.waiter.run(
+            self.flags[self.rank], self.err, self.epoch * self.gemm.stores_per_tile, stream=stream
+        )
         if check:
             torch.cuda.current_stream(x.device).synchronize()
             e = _timeout_error(
@@ -375,8 +397,11 @@ _LAYERS: dict = {}
 def _layer(kind, x, w, group):
     import torch.distributed as dist
 
+    _check(x, w, None, kind)
     if not dist.is_available() or not dist.is_initialized():
-        raise CircbufError(f"linear_{kind}: torch.distributed is not initialized (init_process_group with NCCL)")
+        raise CircbufError(
+            f"linear_{kind}: torch.distributed is not initialized (init_process_group with NCCL)"
+        )
     world = dist.get_world_size(group)
     _check(x, w, world, kind)
     key = (kind, id(group), tuple(x.shape), tuple(w.shape), x.dtype, x.device)

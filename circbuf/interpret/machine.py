@@ -53,8 +53,8 @@ from ..ir.scalar import _eval_op, as_scalar
 from ..lowering import kir
 from ..lowering.kir import barrier_name, is_block_wide
 from .memory import GlobalMemory
-from .race import Accum, Agent, Checker
 from .peer import HANDLERS as _PEER_HANDLERS
+from .race import Accum, Agent, Checker
 from .sched import Deadlock, Scheduler
 from .sync import (
     Barrier,

@@ -49,6 +49,8 @@ after, so they require it)::
     sync            requires: predicated, tma_stores_synced, pipelined, named_barriers,
                               mbarriers_allocated
                     provides: synced, named_barriers
+    peer_order      requires: peer_stores, hoisted, synced
+                    provides: peer_order
 
 ``approximated`` (fast_math): the fp32 transcendentals whose error no output
 shows marked for their fast variants (``Assign.fast``).
@@ -85,6 +87,7 @@ from .kir import Kernel
 from .loop_nest import generate_loop_nest
 from .mbarriers import setup_mbarriers
 from .passes import Pass, check_order
+from .peer_order import peer_order
 from .peer_stores import peer_stores
 from .predicate import insert_predicates
 from .roles import assign_roles
@@ -167,6 +170,7 @@ PASSES = [
         requires=("predicated", "tma_stores_synced", "pipelined", "named_barriers", "mbarriers_allocated"),
         provides=("synced", "named_barriers"),
     ),
+    Pass("peer_order", peer_order, requires=("peer_stores", "hoisted", "synced"), provides=("peer_order",)),
 ]
 
 

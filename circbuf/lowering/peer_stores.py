@@ -94,7 +94,10 @@ class PeerTmaStore(TmaStore):
 
     def lines(self, ind):
         c = ", ".join(str(x) for x in self.coords)
-        return ["  " * ind + f"TMA_STORE peer {self.peer} tmap{self.map_index}{{{c}}} <- {self.src} (tile {self.tile})"]
+        return [
+            "  " * ind
+            + f"TMA_STORE peer {self.peer} tmap{self.map_index}{{{c}}} <- {self.src} (tile {self.tile})"
+        ]
 
     def cuda(self, cg):
         coords = ", ".join(f"(int)({cg.scalar(c)})" for c in self.coords)
@@ -135,7 +138,10 @@ class PeerSignal(Node):
     def lines(self, ind):
         to = ", ".join(f"{f.name}[{self.index()}]" for f in self.flags)
         nxt = f"; {self.prev} = {self.tile}" if self.tile is not None else ""
-        return ["  " * ind + f"PEER_SIGNAL (wait_group {self.pending}) release +1 -> {to} if {self.prev} >= 0{nxt}"]
+        return [
+            "  " * ind
+            + f"PEER_SIGNAL (wait_group {self.pending}) release +1 -> {to} if {self.prev} >= 0{nxt}"
+        ]
 
     def cuda(self, cg):
         cg.helpers.update(HELPERS)
@@ -266,7 +272,10 @@ def peer_stores(kernel: Kernel) -> Kernel:
             PeerTmaStore(
                 store.src,
                 maps[p],
-                [c - p * m_per if (m_per is not None and d == rows) else c for d, c in enumerate(store.coords)],
+                [
+                    c - p * m_per if (m_per is not None and d == rows) else c
+                    for d, c in enumerate(store.coords)
+                ],
                 store.box_bytes,
                 store.out,
                 peer=p,
@@ -275,7 +284,7 @@ def peer_stores(kernel: Kernel) -> Kernel:
             for p in range(world)
         ]
         assert isinstance(holder[k + world], BulkCommitGroup), "a peer store's group is committed after it"
-    for loop, elect, branch, groups, stack in loops.values():
+    for loop, elect, branch, groups, _stack in loops.values():
         prev = Var(f"cb_prev_{loop.index.name}", dtype=DataType.Int32)
         tiles = loop.extent
         sig = PeerSignal(flags, rank, tiles, prev, loop.index, groups)
