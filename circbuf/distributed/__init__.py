@@ -44,7 +44,14 @@ from ..ir.peer import PeerStore
 
 __all__ = ["linear_all_gather", "linear_reduce_scatter", "loopback", "DistributedTimeout"]
 
-TIMEOUT_S = float(os.environ.get("CIRCBUF_DIST_TIMEOUT", "20"))
+
+def timeout_s() -> float:
+    """``CIRCBUF_DIST_TIMEOUT``: seconds a rank waits for a peer's tile (default 20)."""
+    raw = os.environ.get("CIRCBUF_DIST_TIMEOUT", "20")
+    try:
+        return float(raw)
+    except ValueError:
+        raise CircbufError(f"CIRCBUF_DIST_TIMEOUT={raw!r}: expected a number of seconds") from None
 
 
 class DistributedTimeout(CircbufError):
@@ -141,7 +148,7 @@ class _Gemm:
     def tensors(self, x, w, rank, bufs, flags):
         """The kernel's tensor arguments: x, w, the (unwritten) output, the
         ``world`` peer views, the ``world`` flag arrays."""
-        m, n, world = self.m, self.n, self.world
+        m, n = self.m, self.n
         out = torch.empty((1, 1), dtype=x.dtype, device=x.device).expand(m, n)
         if self.kind == "all_gather":
             peers = [b[:, rank * n : (rank + 1) * n] for b in bufs]
@@ -222,7 +229,8 @@ class _Waiter:
         from ..lowering import codegen
         from ..lowering.peer_stores import flag_wait_kernel
 
-        self.kernel = flag_wait_kernel(world, int(TIMEOUT_S * 1e9))
+        self.timeout = timeout_s()
+        self.kernel = flag_wait_kernel(world, int(self.timeout * 1e9))
         self.interpret = interpret
         self.cuda = codegen(self.kernel)
         if not interpret:
@@ -247,13 +255,13 @@ class _Waiter:
         _launch(self, [flags, err], [target], grid, (128, 1, 1), 0, stream)
 
 
-def _timeout_error(err, rank, tiles, kind, world, target, stores):
+def _timeout_error(err, rank, tiles, kind, world, target, stores, timeout):
     code, idx, val, tgt = (int(v) for v in err.tolist())
     if not code:
         return None
     src, tile = divmod(idx, tiles)
     return DistributedTimeout(
-        f"linear_{kind}: rank {rank} waited {TIMEOUT_S:g} s (CIRCBUF_DIST_TIMEOUT) for tile {tile} of rank "
+        f"linear_{kind}: rank {rank} waited {timeout:g} s (CIRCBUF_DIST_TIMEOUT) for tile {tile} of rank "
         f"{src} of {world}: its flag holds {val}, the call needs {tgt} ({stores} stores per tile per call); "
         "that rank did not run its part of this call, or its kernel failed"
     )
@@ -320,7 +328,9 @@ def loopback(kind, xs, ws, target=None, check=None, poison=True, mutate=None):
     if not interpret:
         torch.cuda.synchronize(dev)
     for r in range(world):
-        e = _timeout_error(errs[r].cpu(), r, g.tiles, kind, world, g.stores_per_tile, g.stores_per_tile)
+        e = _timeout_error(
+            errs[r].cpu(), r, g.tiles, kind, world, g.stores_per_tile, g.stores_per_tile, waiter.timeout
+        )
         if e is not None:
             raise e
     if kind == "all_gather":
@@ -353,6 +363,7 @@ class _Layer:
         self.bufs, self.handles = [], []
         for _ in range(2):  # alternate buffers: no barrier between calls (see the module doc)
             b = symm_mem.empty(shape, dtype=x.dtype, device=dev)
+            b.fill_(float("nan"))  # an element no peer stores shows
             h = symm_mem.rendezvous(b, gname)
             self.handles.append(h)
             self.bufs.append([h.get_buffer(p, shape, x.dtype) for p in range(world)])
@@ -381,7 +392,7 @@ class _Layer:
             torch.cuda.current_stream(x.device).synchronize()
             e = _timeout_error(
                 self.err.cpu(), self.rank, self.gemm.tiles, self.kind, self.world,
-                self.epoch * self.gemm.stores_per_tile, self.gemm.stores_per_tile,
+                self.epoch * self.gemm.stores_per_tile, self.gemm.stores_per_tile, self.waiter.timeout,
             )  # fmt: skip
             if e is not None:
                 raise e
