@@ -220,3 +220,23 @@ def test_bad_input_names_the_problem():
         loopback("all_gather", [x.T, x.T], [w, w])
     with pytest.raises(CircbufError, match="kind 'all_reduce'"):
         loopback("all_reduce", [x, x], [w, w])
+
+
+def test_the_loopback_example_passes_circbuf_check():
+    """``python -m circbuf.check examples/distributed_loopback.py``: every
+    kernel of both collectives (the GEMMs, the flag waits, the sum) under
+    the checker, then the results against torch."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("CIRCBUF_CHECK", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "circbuf.check", "--schedules", "2", "examples/distributed_loopback.py"],
+        capture_output=True, text=True, timeout=900, env=env, cwd=root,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "ran on cpu: ok" in r.stdout
+    assert "circbuf_matmul" in r.stdout and "circbuf_flag_wait" in r.stdout, r.stdout[-3000:]

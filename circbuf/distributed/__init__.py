@@ -195,6 +195,10 @@ def _pack(kernel, tensors, scalars):
     for spec in kernel.tensor_maps:
         t = tensors[spec.param]
         blobs.append(encode(spec, t, kernel.tensor_params[spec.param].tv.name))
+    if kernel.hang_record:  # CIRCBUF_DEBUG_HANG: a record the trapped wait writes (not read here)
+        rec = torch.zeros(8, dtype=torch.int32, device=tensors[0].device)
+        blobs.append(struct.pack("<Q", rec.data_ptr()))
+        tensors = [*tensors, rec]
     offs, off = [], 0
     for b in blobs:
         off += -off % 64
@@ -204,7 +208,7 @@ def _pack(kernel, tensors, scalars):
     for o, b in zip(offs, blobs):
         ctypes.memmove(ctypes.addressof(buf) + o, b, len(b))
     ptrs = (ctypes.c_void_p * len(blobs))(*[ctypes.addressof(buf) + o for o in offs])
-    return buf, ptrs
+    return buf, ptrs, tensors
 
 
 def _launch(owner, tensors, scalars, grid, block, smem, stream=None):
@@ -216,7 +220,7 @@ def _launch(owner, tensors, scalars, grid, block, smem, stream=None):
         lk = LoadedKernel(getattr(owner, "cubin", None) or owner.ck.cubin, k.name)
         lk.ensure_smem(smem)
         owner._loaded = (key, lk, lk.launcher(grid, block, smem))
-    buf, ptrs = _pack(k, tensors, scalars)
+    buf, ptrs, tensors = _pack(k, tensors, scalars)
     s = stream if stream is not None else torch.cuda.current_stream(tensors[0].device).cuda_stream
     owner._loaded[2](s, ctypes.addressof(ptrs))
     owner._keep = (buf, ptrs, tensors)  # alive until the next launch (the driver copied them)
@@ -239,13 +243,15 @@ class _Waiter:
             self.cubin = compile_cuda(self.cuda, _device_target().arch)
         self._loaded = None
 
-    def run(self, flags, err, target, stream=None):
+    def run(self, flags, err, target, stream=None, check=0):
         n = flags.numel()
         grid = ((n + 127) // 128, 1, 1)
         if self.interpret:
-            from ..interpret import run_kernel
+            from ..interpret import check_kernel, run_kernel
 
             try:
+                if check:
+                    check_kernel(self.kernel, [flags, err.clone()], [target], grid, (128, 1, 1), schedules=check)
                 run_kernel(self.kernel, [flags, err], [target], grid, (128, 1, 1))
             except CircbufError as e:
                 if "waits on flag" in str(e):
@@ -324,7 +330,7 @@ def loopback(kind, xs, ws, target=None, check=None, poison=True, mutate=None):
     waiter = _Waiter(world, interpret=interpret)
     errs = [torch.zeros(4, dtype=torch.int32, device=dev) for _ in range(world)]
     for r in range(world):
-        waiter.run(flags[r], errs[r], g.stores_per_tile)
+        waiter.run(flags[r], errs[r], g.stores_per_tile, check=check)
     if not interpret:
         torch.cuda.synchronize(dev)
     for r in range(world):
@@ -360,6 +366,8 @@ class _Layer:
         m, n = self.gemm.m, self.gemm.n
         shape = (m, n * world) if kind == "all_gather" else (world, m // world, n)
         gname = group.group_name if group is not None else dist.group.WORLD.group_name
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before torch 2.9, a no-op after
+            symm_mem.enable_symm_mem_for_group(gname)
         self.bufs, self.handles = [], []
         for _ in range(2):  # alternate buffers: no barrier between calls (see the module doc)
             b = symm_mem.empty(shape, dtype=x.dtype, device=dev)
