@@ -220,10 +220,17 @@ def _launch(owner, tensors, scalars, grid, block, smem, stream=None):
         lk = LoadedKernel(getattr(owner, "cubin", None) or owner.ck.cubin, k.name)
         lk.ensure_smem(smem)
         owner._loaded = (key, lk, lk.launcher(grid, block, smem))
-    buf, ptrs, tensors = _pack(k, tensors, scalars)
+    # the packed arguments (tensor maps encoded) per set of addresses: a layer
+    # alternates two buffers, so its calls hit this after the first two
+    akey = (tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride())) for t in tensors), tuple(scalars))
+    cache = owner.__dict__.setdefault("_args", {})
+    got = cache.get(akey)
+    if got is None:
+        if len(cache) >= 8:
+            cache.clear()
+        got = cache[akey] = _pack(k, tensors, scalars)  # (buffer, pointers, tensors kept alive)
     s = stream if stream is not None else torch.cuda.current_stream(tensors[0].device).cuda_stream
-    owner._loaded[2](s, ctypes.addressof(ptrs))
-    owner._keep = (buf, ptrs, tensors)  # alive until the next launch (the driver copied them)
+    owner._loaded[2](s, ctypes.addressof(got[1]))
 
 
 class _Waiter:
@@ -251,7 +258,9 @@ class _Waiter:
 
             try:
                 if check:
-                    check_kernel(self.kernel, [flags, err.clone()], [target], grid, (128, 1, 1), schedules=check)
+                    check_kernel(
+                        self.kernel, [flags, err.clone()], [target], grid, (128, 1, 1), schedules=check
+                    )
                 run_kernel(self.kernel, [flags, err], [target], grid, (128, 1, 1))
             except CircbufError as e:
                 if "waits on flag" in str(e):
