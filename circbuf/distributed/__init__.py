@@ -135,7 +135,7 @@ class _Gemm:
         self.grid = dims((ParallelType.BIDx, ParallelType.BIDy, ParallelType.BIDz))
         self.block = dims((ParallelType.TIDx, ParallelType.TIDy, ParallelType.TIDz))
         self.smem = k.smem_bytes if isinstance(k.smem_bytes, int) else int(evaluate(k.smem_bytes, env))
-        peer = getattr(k, "peer", None)
+        peer = k.peer
         if peer is None:
             raise CircbufError(f"linear_{kind}: the matmul kernel did not take the peer stores")
         self.tiles = int(evaluate(peer["tiles"], env))

@@ -35,21 +35,22 @@ after, so they require it)::
                     provides: turns, turn_orders
     tma_store       requires: indexed, role_switch, launch
                     provides: tma_stores_synced, named_barriers
-    peer_stores     requires: tma_stores_synced, role_switch, tensor_maps
-                    provides: peer_stores, tensor_params, scalar_params, tensor_maps
     circular_buffer requires: allocated, indexed, predicated, wgmma_synced, roles, turns,
                               tma_stores_synced, launch, max_threads
                     provides: pipelined, rings
     mbarriers       requires: rings, turns, turn_orders, launch
                     provides: mbarriers_allocated
-    simplify        requires: indexed, predicated, turns, tma_stores_synced, pipelined, mbarriers_allocated
+    simplify        requires: indexed, predicated, turns, tma_stores_synced, pipelined,
+                              mbarriers_allocated
                     provides: simplified
     hoist           requires: simplified
                     provides: hoisted
     sync            requires: predicated, tma_stores_synced, pipelined, named_barriers,
                               mbarriers_allocated
                     provides: synced, named_barriers
-    peer_order      requires: peer_stores, hoisted, synced
+    peer_stores     requires: tma_stores_synced, role_switch, tensor_maps, synced
+                    provides: peer_stores, peer, tensor_params, scalar_params, tensor_maps
+    peer_order      requires: peer_stores, peer, scalar_params, hoisted, synced
                     provides: peer_order
 
 ``approximated`` (fast_math): the fp32 transcendentals whose error no output
@@ -69,7 +70,9 @@ describing them;
 ``mbarriers_allocated`` every registered mbarrier allocated, initialized and
 invalidated; ``simplified`` indices and conditions simplified; ``hoisted`` each
 run-time loop's index arithmetic named once per iteration; ``synced``
-block syncs for shared-memory hazards. ``codegen`` prints the result and
+block syncs for shared-memory hazards; ``peer_stores`` an output's TMA stores
+sent to every peer GPU with per-tile flags (issue 22); ``peer_order`` a
+reduce-scatter's tile loops rotated by rank. ``codegen`` prints the result and
 sets ``hang_record``.
 """
 
@@ -130,12 +133,6 @@ PASSES = [
         provides=("tma_stores_synced", "named_barriers"),
     ),
     Pass(
-        "peer_stores",
-        peer_stores,
-        requires=("tma_stores_synced", "role_switch", "tensor_maps"),
-        provides=("peer_stores", "tensor_params", "scalar_params", "tensor_maps"),
-    ),
-    Pass(
         "circular_buffer",
         circular_buffer,
         requires=(
@@ -170,7 +167,18 @@ PASSES = [
         requires=("predicated", "tma_stores_synced", "pipelined", "named_barriers", "mbarriers_allocated"),
         provides=("synced", "named_barriers"),
     ),
-    Pass("peer_order", peer_order, requires=("peer_stores", "hoisted", "synced"), provides=("peer_order",)),
+    Pass(
+        "peer_stores",
+        peer_stores,
+        requires=("tma_stores_synced", "role_switch", "tensor_maps", "synced"),
+        provides=("peer_stores", "peer", "tensor_params", "scalar_params", "tensor_maps"),
+    ),
+    Pass(
+        "peer_order",
+        peer_order,
+        requires=("peer_stores", "peer", "scalar_params", "hoisted", "synced"),
+        provides=("peer_order",),
+    ),
 ]
 
 

@@ -1,6 +1,6 @@
 """Pass: order a reduce-scatter's tiles so each peer's first tiles arrive first (issue 22).
 
-Requires: peer_stores, hoisted, synced; provides: peer_order.
+Requires: peer_stores, peer, scalar_params, hoisted, synced; provides: peer_order.
 
 Rank ``r`` of a reduce-scatter sends row block ``d`` of its partial to rank
 ``d``. Every rank walking the tiles from 0 would make all of them send to
@@ -34,7 +34,7 @@ from .kir import ForLoop, Kernel, Let, walk
 
 def peer_order(kernel: Kernel) -> Kernel:
     """Entry: rotate a reduce-scatter kernel's tile loops by its rank (see the module doc)."""
-    peer = getattr(kernel, "peer", None)
+    peer = kernel.peer
     if peer is None or peer["kind"] != "reduce_scatter":
         return kernel
     world = peer["world"]

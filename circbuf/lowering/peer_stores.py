@@ -1,6 +1,7 @@
 """Pass: ship each finished output tile to the peer GPUs, and flag it (issue 22).
 
-Requires: tma_stores_synced, role_switch; provides: peer_stores.
+Requires: tma_stores_synced, role_switch, tensor_maps, synced; provides: peer_stores, peer,
+tensor_params, scalar_params, tensor_maps.
 
 An output with a ``peer_store`` (:mod:`circbuf.ir.peer`) is not stored into
 its own buffer: each TMA store of a sub-tile becomes ``world`` TMA stores from
@@ -12,6 +13,9 @@ the copies cross NVLink. For a reduce-scatter the row coordinate of peer
 ``d``'s store is shifted by ``d * M / world`` (its buffer holds rows
 ``[d * M/world, (d+1) * M/world)`` of this rank's partial), so TMA clips the
 rows that belong to other peers.
+
+It runs after the sync pass: the TMA stores' fences, barriers and bulk-group
+waits are in place, and no ring or barrier pass sees the peer stores.
 
 A tile is flagged one tile late, so the storing lane never waits on NVLink:
 at the end of tile ``t``'s iteration it waits until only tile ``t``'s bulk
