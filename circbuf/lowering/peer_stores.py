@@ -21,7 +21,8 @@ A tile is flagged one tile late, so the storing lane never waits on NVLink:
 at the end of tile ``t``'s iteration it waits until only tile ``t``'s bulk
 groups are in flight (``cp.async.bulk.wait_group G``: tile ``t - 1``'s writes
 are complete), fences the async proxy against the generic one and adds 1 to
-flag ``[rank * tiles + (t - 1)]`` of every peer with ``red.release.sys``; the
+flag ``[rank * tiles + (t - 1)]`` of every peer with release semantics at
+system scope (one ``fence.acq_rel.sys``, then a ``red.relaxed.sys`` per peer); the
 last tile after the loop, after ``wait_group 0``. A flag collects one
 arrival per storing warpgroup per call, so a reader of call ``e`` (1, 2, ...)
 waits for ``e * groups`` (:func:`flag_wait_kernel`): flags are never reset.
@@ -69,8 +70,10 @@ HELPERS = {
     "cb_flag": """\
 namespace cb {
 // a tile's flag: release (the tile's writes happen before) / acquire, system scope
-__device__ __forceinline__ void flag_release_add(int* p, unsigned v) {
-  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+// after fence_acq_rel_sys: the fence and this strong write are a release pattern (one fence, world flags)
+__device__ __forceinline__ void flag_add(int* p, unsigned v) {
+  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ unsigned flag_acquire(const int* p) {
   unsigned v;
@@ -153,9 +156,10 @@ class PeerSignal(Node):
         cg.emit(f"cb::bulk_wait_group<{self.pending}>();  // tile {p}'s stores to the peers are complete")
         cg.emit(f"if ({p} >= 0) {{")
         cg.emit("  cb::fence_proxy_async_global();")
+        cg.emit("  cb::fence_acq_rel_sys();  // release: the tile's writes before the flags")
         idx = cg.scalar(self.index())
         for f in self.flags:
-            cg.emit(f"  cb::flag_release_add(&{f.name}.data[{idx}], 1u);")
+            cg.emit(f"  cb::flag_add(&{f.name}.data[{idx}], 1u);")
         cg.emit("}")
         if self.tile is not None:
             cg.emit(f"{p} = (int)({cg.scalar(self.tile)});")
