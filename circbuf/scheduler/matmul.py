@@ -551,15 +551,17 @@ def _check_peer_store(fusion, store, persistent, pingpong, role):
     peers = [o for o in fusion.outputs if o.peer_store is not None]
     if not peers:
         return
-    why = (
-        "its output is not stored by TMA (16-bit, rows a multiple of 16 bytes, read by nothing else)"
-        if store != "tma"
-        else "persistent=False" if not persistent
-        else "pingpong=True" if pingpong
-        else "epilogue='role'" if role
-        else "it has more than one output" if len(fusion.outputs) > 1
-        else None
-    )
+    rules = [
+        (
+            store != "tma",
+            "its output is not stored by TMA (16-bit, rows a multiple of 16 bytes, read by nothing else)",
+        ),
+        (not persistent, "persistent=False"),
+        (pingpong, "pingpong=True"),
+        (role, "epilogue='role'"),
+        (len(fusion.outputs) > 1, "it has more than one output"),
+    ]
+    why = next((text for broken, text in rules if broken), None)
     if why is not None:
         raise CircbufError(
             f"{peers[0].name} is stored to peer GPUs ({peers[0].peer_store.kind}), which needs the "
