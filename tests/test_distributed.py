@@ -242,3 +242,36 @@ def test_the_loopback_example_passes_circbuf_check():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "ran on cpu: ok" in r.stdout
     assert "circbuf_matmul" in r.stdout and "circbuf_flag_wait" in r.stdout, r.stdout[-3000:]
+
+
+def test_the_packed_arguments_match_the_executors(monkeypatch):
+    """The layer's own argument packing (peer views and flags are parameters
+    the executor does not know) gives each parameter the bytes the compile
+    driver's plan gives it: tensors, a scalar, tensor maps (their encoding
+    faked: no driver here)."""
+    import ctypes
+
+    from circbuf.distributed import _pack
+    from circbuf.runtime import tensormap
+    from tests.test_gpu_matmul import mm_fusion
+
+    monkeypatch.setattr(
+        tensormap,
+        "encode",
+        lambda spec, t, name: bytes([spec.param + 1]) * 64 + t.data_ptr().to_bytes(8, "little") * 8,
+    )
+    fd = mm_fusion("linear", epilogue="scale")
+    x, w = torch.randn(300, 256, dtype=BF), torch.randn(520, 256, dtype=BF)
+    inputs = [x, w, 0.5]
+    ex = fd._get_executor()
+    ck = ex.compile(inputs, arch="sm_90a")
+    info, _ = ex._bind(inputs, need_cuda=False)
+    plan = ex._build_plan(ck, info, torch.device("cpu"))
+    outs = plan.new_outputs(inputs)
+    plan.write_args(inputs, outs)
+    k = ck.kernel
+    buf, ptrs, _ = _pack(k, [x, w, *outs], [0.5])
+    sizes = [24] * len(k.tensor_params) + [8] * len(k.scalar_params) + [128] * len(k.tensor_maps)
+    assert len(ptrs) == len(sizes) == len(plan.argptrs)
+    for i, n in enumerate(sizes):
+        assert ctypes.string_at(ptrs[i], n) == ctypes.string_at(plan.argptrs[i], n), i
