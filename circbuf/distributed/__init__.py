@@ -17,7 +17,7 @@ writes are complete (:mod:`circbuf.lowering.peer_stores`). The consumer
 side is a small kernel that waits on this rank's flags (acquire) with a
 timeout: a tile that never arrives raises :class:`DistributedTimeout`
 naming the tile and the rank, it does not hang the job. The reduce-scatter
-then sums the ``world`` partials of its row block (a circbuf reduction).
+then sums the ``world`` partials of its row block (a circbuf pointwise fusion).
 
 :func:`loopback` runs the same kernels with every rank on one device (the
 "peers" are extra buffers there, the flags ordinary memory), on a GPU or,
@@ -282,13 +282,19 @@ def _timeout_error(err, rank, tiles, kind, world, target, stores, timeout):
     )
 
 
-def _reduce_fd(dtype):
+def _reduce_fd(dtype, world):
+    """The owner's sum of the ``world`` partials of its row block: slot 0 +
+    slot 1 + ... in fp32, in that order (deterministic), one rounding. A
+    pointwise fusion of the slots (views of the staging buffer): it streams
+    them once at the memory's bandwidth."""
     import circbuf as cb
 
     with cb.FusionDefinition() as fd:
-        s = fd.define_tensor([-1, -1, -1], dtype=_DT[dtype])
-        y = fd.ops.sum(fd.ops.cast(s, cb.DataType.Float), [0])
-        fd.add_output(fd.ops.cast(y, _DT[dtype]))
+        slots = [fd.define_tensor([-1, -1], dtype=_DT[dtype]) for _ in range(world)]
+        acc = fd.ops.cast(slots[0], cb.DataType.Float)
+        for t in slots[1:]:
+            acc = fd.ops.add(acc, fd.ops.cast(t, cb.DataType.Float))
+        fd.add_output(fd.ops.cast(acc, _DT[dtype]))
     return fd
 
 
@@ -350,12 +356,12 @@ def loopback(kind, xs, ws, target=None, check=None, poison=True, mutate=None):
             raise e
     if kind == "all_gather":
         return bufs
-    fd = _reduce_fd(dt)
+    fd = _reduce_fd(dt, world)
     if interpret:
         from ..interpret import interpret as run
 
-        return [run(fd, [b])[0] for b in bufs]
-    return [fd.execute([b])[0] for b in bufs]
+        return [run(fd, list(b.unbind(0)))[0] for b in bufs]
+    return [fd.execute(list(b.unbind(0)))[0] for b in bufs]
 
 
 # ---------------------------------------------------------------- multi-GPU
@@ -391,7 +397,7 @@ class _Layer:
         self.flags = [hf.get_buffer(p, (self.gemm.nflags,), torch.int32) for p in range(world)]
         self.err = torch.zeros(4, dtype=torch.int32, device=dev)
         self.waiter = _Waiter(world)
-        self.reduce = _reduce_fd(x.dtype) if kind == "reduce_scatter" else None
+        self.reduce = _reduce_fd(x.dtype, world) if kind == "reduce_scatter" else None
         self.epoch = 0
         torch.cuda.synchronize(dev)
         dist.barrier(group=group)  # every rank's flags are zero before anyone signals
@@ -416,7 +422,7 @@ class _Layer:
         own = bufs[self.rank]
         if self.kind == "all_gather":
             return own
-        return self.reduce.execute([own])[0]
+        return self.reduce.execute(list(own.unbind(0)))[0]
 
 
 _LAYERS: dict = {}
