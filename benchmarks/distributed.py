@@ -194,6 +194,7 @@ def bench_case(kind, m, n, k, world, rank, iters):
     fused(kind, xr, wr)  # compile, rendezvous, check
     y = torch.nn.functional.linear(xr, wr)
     t_fused = timed(lambda: fused(kind, xr, wr, check=False), iters)
+    t_stores = timed(gemm_with_peer_stores(kind, xr, wr), iters)
     fused(kind, xr, wr, check=True)  # raises if a timed call timed out
     t_gemm = timed(lambda: torch.nn.functional.linear(xr, wr), iters)
     t_cb = timed(circbuf_gemm(xr, wr), iters)
@@ -207,9 +208,26 @@ def bench_case(kind, m, n, k, world, rank, iters):
     overlap = (t_gemm + t_coll - t_fused) / t_coll if t_coll > 0 else float("nan")
     return dict(
         kind=kind, shape=f"{m}x{n}x{k}", world=world, fused_ms=t_fused, unfused_ms=t_unfused,
+        peer_store_gemm_ms=t_stores,
         cublas_gemm_ms=t_gemm, circbuf_gemm_ms=t_cb, nccl_ms=t_coll,
         speedup=t_unfused / t_fused, overlap=overlap,
     )  # fmt: skip
+
+
+def gemm_with_peer_stores(kind, xr, wr):
+    """The fused call's GEMM kernel alone (its peer stores and flags, no
+    flag wait, no sum): what the stores cost the GEMM, apart from the tail.
+    Every rank runs as many, so the flags stay in step (the epoch counts them)."""
+    from circbuf.distributed import _layer
+
+    lay = _layer(kind, xr, wr, None)
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def run():
+        lay.epoch += 1
+        lay.gemm.run(xr, wr, lay.rank, lay.bufs[lay.epoch % 2], lay.flags, stream=stream)
+
+    return run
 
 
 def worker_bench(rank, world, initfile, cases, iters, out):
@@ -225,7 +243,8 @@ def worker_bench(rank, world, initfile, cases, iters, out):
                 print(
                     f"{kind:15s} {m}x{n}x{k} world {world}: fused {row['fused_ms']:.3f} ms | unfused "
                     f"{row['unfused_ms']:.3f} (cuBLAS {row['cublas_gemm_ms']:.3f} + NCCL {row['nccl_ms']:.3f}) | "
-                    f"circbuf GEMM alone {row['circbuf_gemm_ms']:.3f} | speedup {row['speedup']:.3f}x | "
+                    f"circbuf GEMM alone {row['circbuf_gemm_ms']:.3f}, with peer stores "
+                    f"{row['peer_store_gemm_ms']:.3f} | speedup {row['speedup']:.3f}x | "
                     f"overlap {row['overlap']:.2f}",
                     flush=True,
                 )
