@@ -402,8 +402,9 @@ class _Layer:
         torch.cuda.synchronize(dev)
         dist.barrier(group=group)  # every rank's flags are zero before anyone signals
 
-    def __call__(self, x, w, check=True, stages=None):
-        """``stages``: a dict to which the call adds its CUDA events."""
+    def __call__(self, x, w, check=True):
+        """One call: the GEMM (stores and flags), this rank's flag wait, and
+        for a reduce-scatter the sum; ``check``: wait and raise a timeout."""
         self.epoch += 1
         bufs = self.bufs[self.epoch % 2]
         stream = torch.cuda.current_stream(x.device).cuda_stream
