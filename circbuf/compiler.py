@@ -480,11 +480,13 @@ class FusionExecutor:
             self.last = CompiledFusion(SegmentedFusion(self.fusion, []), [])
             return self.last
         ra = self._realign(info)
+        self.realigned = ()
         if ra:  # the kernels of the copies' signature (the copies are torch's, not kernels of ours)
             from .realign import substitute
 
+            ck = self.compile(substitute(inputs, ra, copy=False), arch, target)
             self.realigned = tuple(self.fusion.inputs[j].name for j in ra)
-            return self.compile(substitute(inputs, ra, copy=False), arch, target)
+            return ck
         sk = self._split_k(info)
         if sk is not None:
             self.last = self._split_runner().compile(sk, inputs, arch, target)
@@ -739,6 +741,7 @@ class FusionExecutor:
 
         self._check_outputs()
         ra = self._realign(self._bind(inputs, need_cuda=False)[0])
+        self.realigned = ()
         if ra:  # operands copied to rows a tensor map describes first (scheduler/realign.py)
             from .realign import RealignPlan
 
@@ -1019,16 +1022,19 @@ def _shape_scalar_positions(fusion: Fusion) -> list[int]:
 def _layout_of(sizes, strides) -> tuple:
     """(memory order, contiguity) of a tensor with these sizes and strides,
     as the kernel is specialized for: row-major when the axes of size > 1
-    are in row-major stride order, else size-1 axes outermost (they hold no
-    extent; innermost, a batch of 1 led a K-major operand's TMA box), then
-    the others by decreasing stride; an axis is contiguous when its stride
-    is the next inner axis' stride times that axis' size (size-1 axes
-    always are).
+    are in row-major stride order, else every axis by decreasing stride, a
+    size-1 axis by its own stride too (ties keep the axes' order); an axis is
+    contiguous when its stride is the next inner axis' stride times that
+    axis' size (size-1 axes always are). (Size-1 axes went innermost once: a
+    batch of one then led a K-major operand's TMA box; and outermost: then an
+    M of 1 with unit stride, the contiguous axis the matmul picked, did not.)
 
     >>> _layout_of((2, 3, 4, 5), (60, 1, 15, 3))   # channels-last
     ((0, 2, 3, 1), (True, True, True, True))
     >>> _layout_of((1, 64, 256), (16384, 1, 64))   # a batch of one K-major B
     ((0, 2, 1), (True, True, True))
+    >>> _layout_of((2, 1, 64), (8, 1, 16))         # M = 1, unit stride: the contiguous axis
+    ((2, 0, 1), (True, True, True))
     """
     n = len(sizes)
     big = [d for d in range(n) if sizes[d] > 1]
@@ -1036,7 +1042,7 @@ def _layout_of(sizes, strides) -> tuple:
     if by_stride == big:
         order = tuple(range(n))
     else:
-        order = tuple([d for d in range(n) if sizes[d] <= 1] + by_stride)
+        order = tuple(sorted(range(n), key=lambda d: -strides[d]))  # (stable: ties in axis order)
     contig = [True] * n
     expect = 1
     for d in reversed(order):

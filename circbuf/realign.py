@@ -30,10 +30,11 @@ class RealignPlan:
     """The launch plan for one input signature: copy the operands at
     ``positions``, then run the executor's plan for the copies' signature."""
 
-    __slots__ = ("ex", "positions", "scalar_slots", "inner")
+    __slots__ = ("ex", "positions", "scalar_slots", "inner", "names")
 
     def __init__(self, ex, positions, scalar_slots):
         self.ex, self.positions, self.scalar_slots = ex, positions, scalar_slots
+        self.names = tuple(ex.fusion.inputs[j].name for j in positions)  # what ex.realigned says after a run
         self.inner = None  # the plan of the realigned signature, once made
 
     def run(self, inputs, finish=True):
@@ -42,7 +43,9 @@ class RealignPlan:
         new = substitute(inputs, self.positions)
         if self.inner is None:
             self.inner = self.ex._plan(new)
-            self.ex.realigned = tuple(self.ex.fusion.inputs[j].name for j in self.positions)
         if isinstance(self.inner, SegmentedPlan):
-            return self.inner.run(new)  # (a segmented plan finishes its outputs itself)
-        return self.inner.run(new, finish)
+            out = self.inner.run(new)  # (a segmented plan finishes its outputs itself)
+        else:
+            out = self.inner.run(new, finish)
+        self.ex.realigned = self.names  # (after the run: a compile on the way resets it)
+        return out

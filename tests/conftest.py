@@ -45,6 +45,8 @@ _LOST_SIGNS = (
     "unspecified launch failure",
     "illegal memory access",
     "illegal instruction",
+    "misaligned address",
+    "device-side assert triggered",
 )
 
 

@@ -476,3 +476,25 @@ def test_reduce_overhead_without_a_gpu_runs_uncaptured():
     assert calls == [1, 1, 1]
     assert rec.cuda_graph in ("not captured: no CUDA device", "not captured: an input is not a CUDA tensor")
     assert "CUDA graph: not captured" in str(rec)
+
+
+def test_reduce_overhead_hands_outputs_back_as_the_graph_made_them():
+    """After a replay: an input returned as is is the caller's tensor, a view of
+    an input the same view of the caller's tensor, the same tensor twice one
+    clone, and a view of another output is refused at capture."""
+    from circbuf.dynamo.explain import GraphRecord
+    from circbuf.dynamo.graphs import GraphedCallable
+
+    g = GraphedCallable(lambda args: args, GraphRecord("inference", False))
+    p = torch.nn.Parameter(torch.arange(4.0))
+    xs = torch.arange(6.0)  # the static copy of the caller's x
+    t = torch.ones(3)
+    g.static_in, g.static_out = [p, xs], [xs, xs[2:], t, t, p, 7]
+    assert g._plan_outputs() is None
+    x = torch.arange(6.0) + 10
+    out = g._outputs([p, x])
+    assert out[0] is x and out[4] is p and out[5] == 7
+    assert out[1].data_ptr() == x[2:].data_ptr() and torch.equal(out[1], x[2:])
+    assert out[2] is out[3] and out[2] is not t and torch.equal(out[2], t)
+    g.static_out = [t, t[1:]]
+    assert g._plan_outputs() == "an output is a view of another output"

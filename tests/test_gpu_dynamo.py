@@ -190,6 +190,11 @@ def test_reduce_overhead_replays_a_cuda_graph(dtype):
         for x, out in zip(xs, outs):
             torch.testing.assert_close(out, plain(x), rtol=0, atol=0)
     torch.testing.assert_close(again, outs[0], rtol=0, atol=0)  # not overwritten by later replays
+    with torch.no_grad():  # fresh inputs, each freed before the next: torch reuses their memory
+        for _ in range(3):
+            x = torch.randn(4, 64, 256, device="cuda", dtype=dtype)
+            torch.testing.assert_close(compiled(x), plain(x), rtol=0, atol=0)
+            del x
     # a parameter updated in place is copied into the graph again
     with torch.no_grad():
         model.fc.weight.mul_(0.5)
@@ -199,21 +204,26 @@ def test_reduce_overhead_replays_a_cuda_graph(dtype):
 
 
 def test_reduce_overhead_training_step():
-    """Forward and backward graphs captured; the gradients match the uncaptured run's."""
+    """Forward and backward graphs captured; over steps with an SGD update in
+    between, the gradients match the uncaptured run's."""
     torch.manual_seed(0)
     model = LlamaMLP(256, 512).cuda().to(torch.bfloat16)
     plain_model = copy.deepcopy(model)
     compiled = torch.compile(model, backend=cd.backend, mode="reduce-overhead")
     plain = torch.compile(plain_model, backend=cd.backend)
     with cd.capture() as graphs:
-        for step in range(3):
-            x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16, generator=None)
+        for step in range(4):
+            x = torch.randn(4, 64, 256, device="cuda", dtype=torch.bfloat16)
             for m in (model, plain_model):
                 m.zero_grad(set_to_none=True)
             compiled(x).float().pow(2).mean().backward()
             plain(x).float().pow(2).mean().backward()
             for (n, p), q in zip(model.named_parameters(), plain_model.parameters()):
                 torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=f"step {step}: {n}")
+            with torch.no_grad():  # an SGD step on both: the captured graphs read the new weights
+                for p, q in zip(model.parameters(), plain_model.parameters()):
+                    p -= 0.1 * p.grad
+                    q -= 0.1 * q.grad
     states = {g.kind: g.cuda_graph for g in graphs if g.cuda_graph is not None}
     assert set(states) == {"forward", "backward"}, states
     assert all(s.startswith("captured") for s in states.values()), states

@@ -171,3 +171,26 @@ def test_gpu_hypothesis_odd_shapes_and_offsets(m, n, k, a_off, b_off, kind, dtyp
     (out,) = fd.execute([a, b])  # outputs NaN-poisoned before the launch (conftest)
     assert fd.last_params().simt is None
     gpu_check(out, ref(a, b, kind))
+
+
+def test_an_operand_returned_is_not_copied():
+    """An input also returned as is stays the caller's tensor (only B is copied)."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.matmul(x, w))
+        fd.add_output(x)
+    a, b = operands(70, 67, 67, "matmul", BF, empty=True)
+    fd.compile([a, b], arch="sm_90a")
+    assert fd._get_executor().realigned == ("T1",)
+
+
+def test_checker_and_launch_args_take_realigned_inputs():
+    """circbuf.interpret.check / launch_args compile for the copies and launch on them."""
+    from circbuf.interpret import check, launch_args
+
+    fd = mm_fusion("matmul")
+    a, b = operands(130, 70, 67, "matmul", BF)
+    check(fd, [a, b], schedules=2)
+    _k, tensors, _s, _g, _b = launch_args(fd, [a, b])
+    assert [t.stride() for t in tensors[:2]] == [(72, 1), (72, 1)]

@@ -103,9 +103,23 @@ def _compile(ex, inputs, target):
     return ck, info
 
 
+def _realigned(ex, inputs) -> list:
+    """``inputs`` with the matmul operands a tensor map cannot describe
+    copied to aligned rows, as ``fd.execute`` runs them (circbuf.realign)."""
+    if ex.fusion.outputs:
+        ra = ex._realign(ex._bind(inputs, need_cuda=False)[0])
+        if ra:
+            from ..realign import substitute
+
+            return substitute(inputs, ra)
+    return inputs
+
+
 def _executor_launch(ex, inputs, target=None):
     """The plan of a compiled (sm_90a) executor for these inputs: the
-    kernel, its tensors (outputs NaN-poisoned), scalars, geometry."""
+    kernel, its tensors (outputs NaN-poisoned), scalars, geometry (the
+    inputs realigned first, as the kernel was compiled for them)."""
+    inputs = _realigned(ex, inputs)
     ck, info = _compile(ex, inputs, target)
     k = ck.kernel
     plan = ex._build_plan(ck, info, torch.device("cpu"))
@@ -180,12 +194,7 @@ def interpreted_plan(ex):
 def interpret_executor(ex, inputs, finish=True, seed=0, check=False, check_stores=True, target=None):
     """:func:`interpret` for a FusionExecutor; ``finish=False``: the tensors the
     kernel wrote, as a segment hands them to the next one."""
-    if ex.fusion.outputs:  # operands a tensor map cannot describe run as aligned copies
-        ra = ex._realign(ex._bind(inputs, need_cuda=False)[0])
-        if ra:
-            from ..realign import substitute
-
-            inputs = substitute(inputs, ra)
+    inputs = _realigned(ex, inputs)
     ck, info = _compile(ex, inputs, target)
     if getattr(ck, "split_k", None) is not None:  # partial products, then their reduction
 

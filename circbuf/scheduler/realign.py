@@ -55,7 +55,8 @@ def choose(fusion: Fusion, info, overrides: dict) -> tuple:
     """Positions among the fusion's inputs of the matmul operands to copy
     into a realigned buffer for these inputs; () when none (a tensor map
     describes each operand, the fusion is no tensor-core matmul, an operand
-    is written in place or defined contiguous, or a fill was asked for)."""
+    is written in place, returned (as is or as a view) or defined
+    contiguous, or a fill was asked for)."""
     from .matmul import _mma_structure, _operand_layout, _operands
     from .utils import contractions
 
@@ -67,14 +68,18 @@ def choose(fusion: Fusion, info, overrides: dict) -> tuple:
     cs = contractions(fusion)
     if len(cs) != 1 or _mma_structure(fusion, cs[0]):
         return ()
+    # inputs written in place, or returned as they are or as views: the caller's tensor
+    # itself must be what is written or returned, not a copy of it
     written = set(fusion.aliases.values())
+    written |= {k for kind, k in fusion.returns if kind == "input"}
+    written |= {j for j, _ in fusion.input_views}
     out = []
     for x in _operands(cs[0])[:2]:
         if x not in fusion.inputs:
             continue
         j = fusion.inputs.index(x)
         t = info.tensors[j]
-        if t is None or j in written or j in out or x in fusion.outputs or any(s == 0 for s in t.sizes):
+        if t is None or j in written or j in out or any(s == 0 for s in t.sizes):
             continue
         if _operand_layout(t)[1] is None:
             continue
