@@ -1034,7 +1034,7 @@ def _layout_of(sizes, strides) -> tuple:
     >>> _layout_of((1, 64, 256), (16384, 1, 64))   # a batch of one K-major B
     ((0, 2, 1), (True, True, True))
     >>> _layout_of((2, 1, 64), (8, 1, 16))         # M = 1, unit stride: the contiguous axis
-    ((2, 0, 1), (True, True, True))
+    ((2, 0, 1), (False, True, True))
     """
     n = len(sizes)
     big = [d for d in range(n) if sizes[d] > 1]
