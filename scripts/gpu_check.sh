@@ -18,7 +18,10 @@ if [[ $what == tests || $what == all ]]; then
   # SHARDS pytest processes side by side (kernel compiles are CPU-bound), each
   # with its own log; a kernel that traps only takes its own shard down
   n=${SHARDS:-8}
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l); ((ngpu > 0)) || ngpu=1
   for ((i = 0; i < n; i++)); do
+    # on a machine of several GPUs, the shards take turns (a shard sees one GPU)
+    CUDA_VISIBLE_DEVICES=$((i % ngpu)) \
     CIRCBUF_SHARD=$i/$n CIRCBUF_DEBUG_HANG=${CIRCBUF_DEBUG_HANG:-2000000} timeout ${TEST_TIMEOUT:-480} \
       python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} > "$OUT/pytest_$i.log" 2>&1 &
   done
