@@ -201,6 +201,57 @@ def test_the_checker_names_each_injected_bug(bug, error, match):
         loopback("all_gather", xs, ws, target=ONE_SM, check=4, mutate=bug)
 
 
+# ------------------------------------------------------------ TMA coordinates
+def _guarded_stores(kernel):
+    found = []
+    kir.walk(
+        kernel.body,
+        lambda n, s: (
+            found.append((n, s))
+            if isinstance(n, kir.IfThenElse) and isinstance(n.then[0], PeerTmaStore)
+            else None
+        ),
+    )
+    return found
+
+
+def stores_at_negative_rows(kernel):
+    """Issue 22's first reduce-scatter: every box stored to every peer at row
+    ``r - p * M/world``, the rows of other blocks left to TMA's clipping (the
+    GEMM died with CUDA_ERROR_ILLEGAL_INSTRUCTION on an H100)."""
+    guard = kernel.peer["guard_rows"]
+    for n, _ in _guarded_stores(kernel):
+        store = n.then[0]
+        store.coords = [c - guard if d == 1 else c for d, c in enumerate(store.coords)]
+        holder = kir.parent_list(kernel.body, n)
+        holder[holder.index(n)] = store
+
+
+def test_a_reduce_scatter_stores_no_box_before_its_peers_rows():
+    """Each box goes only to the peers whose row block it overlaps, after the
+    slot's ``guard`` scratch rows: no coordinate is negative, which the
+    interpreter enforces for every bulk tensor copy (the hardware's rule,
+    :func:`circbuf.runtime.tensormap.check_coords`)."""
+    fd = peer_fd("reduce_scatter", 2)
+    ck = fd.compile([torch.randn(136, 64, dtype=BF), torch.randn(200, 64, dtype=BF)], arch="sm_90a")
+    k = ck.kernel
+    assert k.peer["guard_rows"] == 64  # the store box's rows
+    guarded = _guarded_stores(k)
+    assert sorted(n.then[0].peer for n, _ in guarded) == [0, 1]
+    assert "(i0 / 2) < (j6_1 + 64)" in str(k) and "((j6_1 - (i0 / 2)) + 64)" in str(k)
+    xs, ws = operands("reduce_scatter", 2, 136, 200, 64, seed=3)
+    with pytest.raises(CircbufError, match=r"tensor map for P\d: coordinate 1 of a bulk tensor copy is -\d+"):
+        loopback("reduce_scatter", xs, ws, target=ONE_SM, mutate=stores_at_negative_rows)
+
+
+def test_tma_coordinates_before_the_tensor_are_refused():
+    from circbuf.runtime.tensormap import check_coords
+
+    check_coords("T", [0, 192])  # past the end: clipped, fine
+    with pytest.raises(CircbufError, match="coordinate 1 of a bulk tensor copy is -8: no box may start"):
+        check_coords("T", [64, -8])
+
+
 # ------------------------------------------------------------ bad input
 def test_bad_input_names_the_problem():
     x, w = torch.randn(64, 64, dtype=BF), torch.randn(64, 64, dtype=BF)

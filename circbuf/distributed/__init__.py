@@ -140,6 +140,7 @@ class _Gemm:
             raise CircbufError(f"linear_{kind}: the matmul kernel did not take the peer stores")
         self.tiles = int(evaluate(peer["tiles"], env))
         self.stores_per_tile = peer["stores_per_tile"]
+        self.guard = peer["guard_rows"]
         self.nflags = world * self.tiles
         self.m, self.n = x.shape[0], w.shape[0]
         self._loaded = None
@@ -153,8 +154,21 @@ class _Gemm:
         if self.kind == "all_gather":
             peers = [b[:, rank * n : (rank + 1) * n] for b in bufs]
         else:
-            peers = [b[rank] for b in bufs]  # [M/world, N]: slot ``rank`` of each peer's staging
+            peers = [b[rank] for b in bufs]  # [guard + M/world, N]: slot ``rank`` of each peer's staging
         return [x, w, out, *peers, *flags]
+
+    def buffer_shape(self):
+        """Each rank's buffer: an all-gather's ``[M, N * world]`` output; a
+        reduce-scatter's ``[world, guard + M/world, N]`` staging, slot ``r``
+        rank ``r``'s partial of this rank's rows after ``guard`` scratch rows
+        (:mod:`circbuf.lowering.peer_stores`: a box straddling two row blocks
+        lands partly there, so no TMA store coordinate is negative)."""
+        m, n, world = self.m, self.n, self.world
+        return (m, n * world) if self.kind == "all_gather" else (world, self.guard + m // world, n)
+
+    def slots(self, buf):
+        """A reduce-scatter buffer's ``world`` partials, ``[M/world, N]`` each."""
+        return list(buf[:, self.guard :].unbind(0))
 
     def run(self, x, w, rank, bufs, flags, stream=None, check=0):
         ts = self.tensors(x, w, rank, bufs, flags)
@@ -332,9 +346,8 @@ def loopback(kind, xs, ws, target=None, check=None, poison=True, mutate=None):
             g.cubin = compile_cuda(codegen(g.kernel), _device_target().arch)
     if check is None:
         check = knobs.check_schedules() if interpret else 0
-    m, n = g.m, g.n
     dt = xs[0].dtype
-    shape = (m, n * world) if kind == "all_gather" else (world, m // world, n)
+    shape = g.buffer_shape()
     bufs = [torch.empty(shape, dtype=dt, device=dev) for _ in range(world)]
     if poison:
         for b in bufs:
@@ -360,8 +373,8 @@ def loopback(kind, xs, ws, target=None, check=None, poison=True, mutate=None):
     if interpret:
         from ..interpret import interpret as run
 
-        return [run(fd, list(b.unbind(0)))[0] for b in bufs]
-    return [fd.execute(list(b.unbind(0)))[0] for b in bufs]
+        return [run(fd, g.slots(b))[0] for b in bufs]
+    return [fd.execute(g.slots(b))[0] for b in bufs]
 
 
 # ---------------------------------------------------------------- multi-GPU
@@ -378,8 +391,7 @@ class _Layer:
         self.group = group
         dev = x.device
         self.gemm = _Gemm(kind, world, x, w)
-        m, n = self.gemm.m, self.gemm.n
-        shape = (m, n * world) if kind == "all_gather" else (world, m // world, n)
+        shape = self.gemm.buffer_shape()
         gname = group.group_name if group is not None else dist.group.WORLD.group_name
         if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before torch 2.9, a no-op after
             symm_mem.enable_symm_mem_for_group(gname)
@@ -423,7 +435,7 @@ class _Layer:
         own = bufs[self.rank]
         if self.kind == "all_gather":
             return own
-        return self.reduce.execute(list(own.unbind(0)))[0]
+        return self.reduce.execute(self.gemm.slots(own))[0]
 
 
 _LAYERS: dict = {}

@@ -63,11 +63,15 @@ class MapGeometry:
 
     def global_index(self, coords) -> list:
         """The global element offset of each box element at ``coords``, or -1
-        where it lies outside the tensor."""
+        where it lies outside the tensor. Coordinates the hardware refuses
+        raise (:func:`circbuf.runtime.tensormap.check_coords`)."""
+        from ..runtime.tensormap import check_coords
+
         if len(coords) != len(self.dims):
             raise CircbufError(
                 f"tensor map of {self.name}: {len(coords)} coordinates for {len(self.dims)} dims"
             )
+        check_coords(self.name, coords)
         base = sum(c * s for c, s in zip(coords, self.strides))
         if all(c >= 0 and c + b <= d for c, b, d in zip(coords, self.box, self.dims)):
             return [base + r for r in self.rel]

@@ -9,8 +9,10 @@ symmetric memory maps the peers' buffers into this GPU's address space):
   rank's ``[M, N]`` buffer;
 - ``"reduce_scatter"``: row-parallel ``linear``: this rank's ``[M, N]``
   partial sum is cut into ``world`` row blocks of ``M/world`` rows; block
-  ``d`` goes to slot ``rank`` of rank ``d``'s ``[world, M/world, N]``
-  staging buffer, which rank ``d`` sums in slot order.
+  ``d`` goes to slot ``rank`` of rank ``d``'s ``[world, G + M/world, N]``
+  staging buffer (after ``G`` scratch rows: no TMA store starts before a
+  slot, :mod:`circbuf.lowering.peer_stores`), which rank ``d`` sums in slot
+  order.
 
 It is a fact about the tensor (like nvFuser's device-mesh sharding), not a
 schedule: the matmul scheduler and the lowering read it.

@@ -9,10 +9,17 @@ the same staged shared memory, one per peer buffer ``P<p>`` (a tensor map per
 peer, all encoded by the runtime from torch's symmetric-memory views; peer
 ``rank`` is this GPU's own buffer), inside the same bulk group. The TMA unit
 is the communication engine: the MMA warpgroups go on to the next tile while
-the copies cross NVLink. For a reduce-scatter the row coordinate of peer
-``d``'s store is shifted by ``d * M / world`` (its buffer holds rows
-``[d * M/world, (d+1) * M/world)`` of this rank's partial), so TMA clips the
-rows that belong to other peers.
+the copies cross NVLink. For a reduce-scatter, peer ``d``'s slot holds rows
+``[d * M/world, (d+1) * M/world)`` of this rank's partial after ``G`` scratch
+rows (``G``: the store box's rows, ``kernel.peer["guard_rows"]``): a box goes
+to peer ``d`` only if it overlaps that block, at row ``r - d * M/world + G``.
+So no coordinate is negative (a box straddling two blocks puts its first
+rows into the scratch rows; TMA clips only the rows past the slot's end):
+issue 22's first kernel stored every box to every peer at ``r - d * M/world``
+and relied on TMA clipping the rows before the block too, and died with
+CUDA_ERROR_ILLEGAL_INSTRUCTION on an H100 (see
+:func:`circbuf.runtime.tensormap.check_coords`, which the interpreter applies
+to every bulk tensor copy).
 
 It runs after the sync pass: the TMA stores' fences, barriers and bulk-group
 waits are in place, and no ring or barrier pass sees the peer stores.
@@ -39,8 +46,9 @@ After::
     PEER_TILE prev = -1
     FOR j6 in blockIdx.x..T step grid
       ... MMAs ...
-      FOR sub-tiles: ... IF elect: TMA_STORE P0 tmap2{c, r - 0*M/W} <- T6
-                                   TMA_STORE P1 tmap3{c, r - 1*M/W} <- T6; BULK_COMMIT_GROUP
+      FOR sub-tiles: ... IF elect: IF r < M/W:              TMA_STORE P0 tmap2{c, r + G} <- T6
+                                   IF M/W < r + G && r < 2M/W: TMA_STORE P1 tmap3{c, r - M/W + G} <- T6
+                                   BULK_COMMIT_GROUP   (a reduce-scatter's; an all-gather's stores are whole)
       IF elect: PEER_SIGNAL prev (wait_group G), prev = j6
     IF elect: BULK_WAIT_GROUP 0
     IF elect: PEER_SIGNAL prev (wait_group 0)
@@ -50,7 +58,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir import CircbufError, Const, DataType, IterDomain, TensorView, Var, simplify
+from ..ir import Bin, CircbufError, Const, DataType, IterDomain, TensorView, Var, simplify
 from .kir import (
     BlockSync,
     BulkCommitGroup,
@@ -258,6 +266,8 @@ def peer_stores(kernel: Kernel) -> Kernel:
     if spec.kind == "reduce_scatter" and (nd != 2 or rows is None):
         raise CircbufError(f"{out.name}: a reduce-scatter output must be a 2-D [M, N] tensor")
     m_per = out.domain.no_reductions()[0].extent // world if spec.kind == "reduce_scatter" else None
+    # a reduce-scatter's row block ``p`` starts ``guard`` rows into peer ``p``'s slot (see the module doc)
+    guard = base.dims[rows][1] if m_per is not None else 0
     rank = Var("cb_rank", dtype=DataType.Int32)
     kernel.scalar_params.append(rank)
     # the storing lanes, their tile loop and the bulk groups per tile
@@ -277,19 +287,7 @@ def peer_stores(kernel: Kernel) -> Kernel:
         loops.setdefault(id(loop), (loop, elect, branch, groups, stack))
         k = holder.index(store)
         holder[k : k + 1] = [
-            PeerTmaStore(
-                store.src,
-                maps[p],
-                [
-                    c - p * m_per if (m_per is not None and d == rows) else c
-                    for d, c in enumerate(store.coords)
-                ],
-                store.box_bytes,
-                store.out,
-                peer=p,
-                tile=loop.index,
-            )
-            for p in range(world)
+            _peer_store(store, maps[p], p, loop.index, rows, m_per, guard) for p in range(world)
         ]
         assert isinstance(holder[k + world], BulkCommitGroup), "a peer store's group is committed after it"
     for loop, elect, branch, groups, _stack in loops.values():
@@ -306,9 +304,29 @@ def peer_stores(kernel: Kernel) -> Kernel:
         peers=[first + p for p in range(world)],
         flags=[first + world + p for p in range(world)],
         stores_per_tile=_stores_per_tile(kernel, found),
+        guard_rows=guard,
         tiles=loops and next(iter(loops.values()))[0].extent,
     )
     return kernel
+
+
+def _peer_store(store, map_index, p, tile, rows, m_per, guard):
+    """Store ``store``'s box to peer ``p``. An all-gather's box goes whole to
+    every peer. A reduce-scatter's goes to peer ``p`` only where it overlaps
+    row block ``p`` (``[p * m_per, (p+1) * m_per)``), at row ``r - p * m_per +
+    guard`` of the peer's slot, whose first ``guard`` (the box's rows) rows are
+    scratch: the coordinate is at least 1, never negative
+    (:func:`circbuf.runtime.tensormap.check_coords`); the rows past the block
+    are clipped at the slot's end."""
+    if m_per is None:
+        return PeerTmaStore(
+            store.src, map_index, list(store.coords), store.box_bytes, store.out, peer=p, tile=tile
+        )
+    r = store.coords[rows]
+    coords = [r - p * m_per + guard if d == rows else c for d, c in enumerate(store.coords)]
+    node = PeerTmaStore(store.src, map_index, coords, store.box_bytes, store.out, peer=p, tile=tile)
+    overlaps = simplify(Bin("&&", (p * m_per).lt(r + guard), r.lt((p + 1) * m_per)))
+    return IfThenElse(overlaps, [node])
 
 
 def _stores_per_tile(kernel, found) -> int:

@@ -78,6 +78,28 @@ def check_map(name, ptr, dims, gstrides, box, itemsize):
         raise CircbufError(f"tensor map for {name}: the innermost dimension must be contiguous")
 
 
+def check_coords(name, coords):
+    """Raise a CircbufError if a bulk tensor copy's coordinates (innermost
+    first) start its box before the tensor. They are the instruction's
+    operands, not the map's parameters, so no encoder sees them.
+
+    Boxes that run past a tensor's end, partly or wholly, are clipped (not
+    written, or read as zero): every ragged GEMM's last tile does that on the
+    H100. A box that starts at a negative coordinate is never issued: issue
+    22's reduce-scatter stored each box to every peer at row ``r - p * M/world``
+    and relied on the clipping of the rows before peer ``p``'s block; its GEMM
+    died with CUDA_ERROR_ILLEGAL_INSTRUCTION on an H100 where the all-gather
+    kernel, identical but for those coordinates and the tile order, ran.
+    """
+    for d, c in enumerate(coords):
+        if c < 0:
+            raise CircbufError(
+                f"tensor map for {name}: coordinate {d} of a bulk tensor copy is {c}: no box may "
+                "start before the tensor (a reduce-scatter's negative TMA store rows died with "
+                "CUDA_ERROR_ILLEGAL_INSTRUCTION on an H100)"
+            )
+
+
 def encode(spec, tensor, name: str) -> bytes:
     """The 128 opaque bytes of a tensor map for ``tensor`` (tiled, with the
     shared side's swizzle, out-of-range elements read as zero)."""
