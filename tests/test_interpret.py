@@ -633,10 +633,12 @@ import torch
 from tests.util import manual_ws_exp
 
 fd = manual_ws_exp(128, 3)
+torch.manual_seed(0)
 x = torch.randn(5, 296, dtype=torch.bfloat16)
 {mutate}
 (y,) = fd.execute([x])
-print("max error", (y.double() - x.double().exp()).abs().max().item())
+ref = x.double().exp()
+print("max error", ((y.double() - ref).abs() / ref).max().item())  # relative: bf16 keeps 2^-9
 """
 
 _DROP_RELEASE = """

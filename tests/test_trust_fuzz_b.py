@@ -95,9 +95,9 @@ def _linear_beside_its_bias(fd, m=4, k=10, n=6, seed=709):
     grid over [n] alone: "no path takes it" at compile. can_schedule now asks
     the reduction scheduler about the decomposition, so the segmenter gives
     the [n] output a kernel of its own. K = 10 bf16 (20-byte rows) is no
-    tensor map's: the SIMT path ran it until issue 18; now the producer's
-    threads fill the operand ring with 4-byte cp.asyncs (the kernel
-    interpreter runs it)."""
+    tensor map's: the SIMT path ran it until issue 18; now its operands are
+    copied to aligned rows and the TMA path runs (the kernel interpreter
+    runs it)."""
     x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
     w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
     bias = fd.define_tensor([-1], dtype=D.BFloat16)
@@ -163,10 +163,10 @@ def test_compiles_and_runs(name):
     if name == "709:174-tensor-cores":
         assert any(k.params.__class__.__name__ == "MatmulParams" and k.params.simt is None for k in kernels)
         return  # wgmma and TMA: the GPU test runs it
-    if name == "709:174":  # the linear on the SIMT path (the cp.async fill is opt-in: CIRCBUF_CP_ASYNC)
-        assert any(
-            k.params.__class__.__name__ == "MatmulParams" and k.params.simt is not None for k in kernels
-        )
+    if name == "709:174":  # the linear's segment: its operands (rows of 20 bytes) are copied
+        # to aligned rows (circbuf.realign) and the tensor cores read them by TMA
+        mm = [k.params for k in kernels if k.params.__class__.__name__ == "MatmulParams"]
+        assert mm and mm[0].simt is None and mm[0].fill == ("tma", "tma")
         out = interpret(fd, xs)
     else:
         assert all(_plain(k) for k in kernels), name

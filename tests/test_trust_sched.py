@@ -171,7 +171,11 @@ def test_matmul_of_an_expanded_operand_takes_no_tensor_map(which, monkeypatch):
         fd.add_output(fd.ops.linear(a, b))
     A, B = torch.randn(64, 64, dtype=torch.half), torch.randn(16, 64, dtype=torch.half)
     A, B = (A[:1].expand(64, 64), B) if which == "a" else (A, B[:1].expand(16, 64))
-    assert fd.compile([A, B], arch="sm_90a").kernels[0].params.simt is not None  # the default
+    p = fd.compile([A, B], arch="sm_90a").kernels[0].params  # the default: copied to aligned rows
+    assert p.simt is None and p.fill == ("tma", "tma")
+    assert fd._get_executor().realigned == (("T0",) if which == "a" else ("T1",))
+    (out,) = interpret(fd, [A, B])
+    assert_close(out, (A.double() @ B.double().T).half())
     monkeypatch.setenv("CIRCBUF_CP_ASYNC", "1")  # the cp.async fill (opt-in)
     ck = fd.compile([A, B], arch="sm_90a")
     p = ck.kernels[0].params
@@ -205,7 +209,8 @@ def test_matmul_of_a_one_column_operand_in_k_major_layout(monkeypatch):
         b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
         fd.add_output(fd.ops.matmul(a, b))
     A, B = torch.randn(64, 64, dtype=torch.bfloat16), torch.randn(1, 64, dtype=torch.bfloat16).permute(1, 0)
-    assert fd.compile([A, B], arch="sm_90a").kernels[0].params.simt is not None  # the default
+    p = fd.compile([A, B], arch="sm_90a").kernels[0].params  # the default: B copied to aligned rows
+    assert p.simt is None and p.fill == ("tma", "tma") and fd._get_executor().realigned == ("T1",)
     monkeypatch.setenv("CIRCBUF_CP_ASYNC", "1")  # the cp.async fill (opt-in)
     ck = fd.compile([A, B], arch="sm_90a")
     p = ck.kernels[0].params
