@@ -46,6 +46,7 @@ class Target:
     peak_bandwidth: float  # DRAM, from the datasheet (or memory clock x bus width)
     copy_bandwidth: float  # a device-to-device copy, measured (what a streaming kernel can reach)
     max_grid_yz: int = 65535  # gridDim.y and gridDim.z
+    max_cluster_size: int = 8  # CTAs of a thread-block cluster (8: the portable limit on sm_90)
 
     @property
     def bandwidth_per_sm(self) -> float:
