@@ -38,6 +38,7 @@ from .kir import (
     BlockSync,
     BulkCommitGroup,
     BulkWaitGroup,
+    ClusterSync,
     Comment,
     CpAsyncArrive,
     CpAsyncBox,
@@ -52,7 +53,6 @@ from .kir import (
     MBarrierAlloc,
     MBarrierArrive,
     MBarrierArriveExpectTx,
-    ClusterSync,
     MBarrierInit,
     MBarrierInval,
     MBarrierRef,
@@ -309,7 +309,7 @@ class CudaCodegen:
             return
         cs = self.k.cluster[0] * self.k.cluster[1]
         mask = " | ".join(self.cluster_mask(a) for a in n.peers)
-        self.emit(f"// released in every CTA whose slices land in this one's stage (this one's included)")
+        self.emit("// released in every CTA whose slices land in this one's stage (this one's included)")
         self.emit(f"for (unsigned cta = 0, peers = {mask}; cta < {cs}; ++cta) {{")
         self.emit(f"  if ((peers >> cta) & 1u) cb::mbar_arrive_cluster({self.bar(n.bar)}, cta);")
         self.emit("}")
