@@ -558,11 +558,12 @@ def _check_cluster(cluster, tiles_m, tiles_n, tile, a_major, b_major, ov, fa, fb
             f"{where}: the cluster must divide the tile grid ({tiles_m} x {tiles_n} tiles of {bm}x{bn}); "
             "ragged clusters are not built"
         )
-    for name, what in (("epilogue", "role"), ("fill", "cp.async")):
+    for name, what, why in (
+        ("epilogue", "role", "clusters are built for the inline epilogue only"),
+        ("fill", "cp.async", "a multicast fill is a TMA copy (fill='tma')"),
+    ):
         if ov.get(name) == what:
-            raise CircbufError(
-                f"{where}, {name}={what!r}: clusters multicast TMA operand tiles with the inline epilogue only"
-            )
+            raise CircbufError(f"schedule(cluster={cluster}, {name}={what!r}): {why}")
     if "cp.async" in (fa, fb):
         raise CircbufError(f"{where}: an operand TMA cannot describe (cp.async fill) cannot be multicast")
     for op, ext, major, c in (("A", bm, a_major, cy), ("B", bn, b_major, cx)):
