@@ -360,7 +360,7 @@ class FusionExecutor:
             repr(env),
             repr(info.target),
             arch,
-            repr((knobs.debug_hang(), knobs.fast_math(), knobs.cp_async())),
+            repr((knobs.debug_hang(), knobs.fast_math(), knobs.cp_async(), knobs.matmul_cluster())),
             repr([s[0].name for s in registry.SCHEDULERS]),
         )
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()

@@ -55,7 +55,8 @@ def _id(c):
 # ------------------------------------------------------------ params
 def _params(m, n, k, **ov):
     fd, ins, _ = _mm("matmul", m, n, k)
-    fd.fusion.schedule(**ov)  # (epilogue= is _mm's fusion epilogue, not the override)
+    if ov:
+        fd.fusion.schedule(**ov)  # (epilogue= is _mm's fusion epilogue, not the override)
     return fd.compile(ins, arch="sm_90a").kernels[0].params
 
 
@@ -66,8 +67,14 @@ def _params(m, n, k, **ov):
         (dict(cluster=(1, 2)), r"the cluster must divide the tile grid \(4 x 3 tiles of 128x256\)"),
         (dict(cluster=(1, 3)), r"A's 128-row tile splits into 3 slices of 42 rows, not a multiple of 8"),
         (dict(cluster=(4, 4)), r"16 CTAs exceed the 8 of a portable cluster"),
-        (dict(cluster=(2, 1), epilogue="role"), r"cluster=\(2, 1\), epilogue='role'\): clusters are built for the inline epilogue only"),
-        (dict(cluster=(2, 1), fill="cp.async"), r"cluster=\(2, 1\), fill='cp.async'\): a multicast fill is a TMA copy"),
+        (
+            dict(cluster=(2, 1), epilogue="role"),
+            r"cluster=\(2, 1\), epilogue='role'\): clusters are built for the inline epilogue only",
+        ),
+        (
+            dict(cluster=(2, 1), fill="cp.async"),
+            r"cluster=\(2, 1\), fill='cp.async'\): a multicast fill is a TMA copy",
+        ),
         (dict(cluster=(2,)), r"must be \(cx, cy\), two ints >= 1"),
         (dict(cluster=(0, 1)), r"two ints >= 1"),
     ],
@@ -82,8 +89,22 @@ def test_cluster_params_and_the_heuristic_default():
     p = _params(512, 1024, 256, cluster=(2, 2), persistent=True)
     assert p.cluster == (2, 2) and "cluster: (2, 2)" in str(p)
     # a persistent grid of whole clusters
-    assert _params(4096, 4096, 256, cluster=(2, 2)).grid % 4 == 0
+    # a persistent grid of whole clusters that are resident at once (Target.cluster_slots)
+    assert _params(4096, 4096, 256, cluster=(2, 2)).grid == 128
     assert _params(4096, 4096, 256, cluster=(2, 1)).grid == 132
+    assert _params(4096, 4096, 256, cluster=(1, 1)).grid == 132
+
+
+def test_the_heuristic_cluster_knob(monkeypatch):
+    """CIRCBUF_MATMUL_CLUSTER picks the heuristic's cluster (the lead's switch once
+    clusters measure faster); a tile grid it does not fit gets none, an override wins."""
+    monkeypatch.setenv("CIRCBUF_MATMUL_CLUSTER", "2x1")
+    assert _params(512, 1024, 256).cluster == (2, 1)
+    assert _params(384, 1024, 256).cluster == (1, 1)  # 3 M tiles: no 2x1 cluster
+    assert _params(512, 1024, 256, cluster=(1, 2)).cluster == (1, 2)
+    monkeypatch.setenv("CIRCBUF_MATMUL_CLUSTER", "2by1")
+    with pytest.raises(cb.CircbufError, match=r"CIRCBUF_MATMUL_CLUSTER='2by1': expected CXxCY"):
+        _params(512, 1024, 256)
 
 
 def test_a_slice_must_hold_whole_swizzle_atoms():
@@ -177,7 +198,12 @@ def _nodes(k, cls):
         (_no_start_barrier, r"before its initialization is visible|not allocated|not initialized"),
         (_local_copy, r"deadlock in the cluster of CTAs .*T\d+_T\d+_full"),
     ],
-    ids=["release-only-own-stage", "no-exit-cluster-barrier", "no-start-cluster-barrier", "copy-not-multicast"],
+    ids=[
+        "release-only-own-stage",
+        "no-exit-cluster-barrier",
+        "no-start-cluster-barrier",
+        "copy-not-multicast",
+    ],
 )
 @pytest.mark.parametrize("pingpong", [False, True], ids=["coop", "pingpong"])
 def test_checker_catches_broken_cluster_protocol(mutate, message, pingpong):
@@ -186,3 +212,26 @@ def test_checker_catches_broken_cluster_protocol(mutate, message, pingpong):
     mutate(k)
     with pytest.raises(cb.CircbufError, match=message):
         check_kernel(k, tensors, scalars, grid, block, schedules=3)
+
+
+@pytest.mark.parametrize(
+    "layout, cluster, pingpong",
+    [("linear", (2, 2), False), ("linear", (2, 1), True), ("a_m_major", (2, 2), False)],
+)
+def test_cluster_operand_layouts_in_the_interpreter(layout, cluster, pingpong):
+    """B K-major (a linear's [N, K] weight: slices of rows) and A M-major (a
+    transposed view: slices of 64-wide column boxes) multicast too."""
+    if layout == "linear":
+        fd, ins, ref = _mm("linear", 256, 512, 256, cluster=cluster, pingpong=pingpong)
+        out = interpret(fd, ins, target=_target(4))[0]
+        want = ref()
+    else:
+        from tests.test_gpu_matmul import mm_fusion
+
+        fd = mm_fusion("matmul")
+        fd.fusion.schedule(cluster=cluster, pingpong=pingpong)
+        a = torch.randn(256, 256, dtype=BF).t()  # [M, K], M contiguous
+        b = torch.randn(256, 512, dtype=BF)
+        out = interpret(fd, [a, b], target=_target(4))[0]
+        want = a.double() @ b.double()
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)

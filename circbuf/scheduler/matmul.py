@@ -446,7 +446,9 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     if raster not in ("M", "N"):
         raise CircbufError(f"schedule(raster={raster!r}): must be 'M' or 'N'")
     tiles_m, tiles_n = -(-m // bm), -(-n // bn)
-    cluster = ov.get("cluster", (1, 1))
+    # the heuristic's cluster: CIRCBUF_MATMUL_CLUSTER (default 1x1 until clusters are measured)
+    asked = "cluster" in ov
+    cluster = ov["cluster"] if asked else knobs.matmul_cluster()
     if not (
         isinstance(cluster, (tuple, list))
         and len(cluster) == 2
@@ -455,7 +457,12 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         raise CircbufError(f"schedule(cluster={cluster!r}): must be (cx, cy), two ints >= 1")
     cluster = tuple(cluster)
     if cluster != (1, 1):
-        _check_cluster(cluster, tiles_m, tiles_n, tile, a_major, b_major, ov, fa, fb, info.target)
+        try:
+            _check_cluster(cluster, tiles_m, tiles_n, tile, a_major, b_major, ov, fa, fb, info.target)
+        except CircbufError:
+            if asked:
+                raise
+            cluster = (1, 1)  # the knob's cluster does not fit this fusion: none
     # bands of cluster tiles (a cluster's CTAs take a [cx x cy] block of neighbouring tiles)
     along = tiles_m // cluster[0] if raster == "M" else tiles_n // cluster[1]
     group = ov.get("group", _default_group(along))
@@ -506,8 +513,9 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     grid = min(tiles, info.target.sm_count) if persistent else tiles
     csize = cluster[0] * cluster[1]
     if persistent and csize > 1:
-        # whole clusters: every CTA of one walks the same tile slots (t % csize is its rank)
-        grid = max(grid // csize, 1) * csize
+        # whole clusters, all resident at once: every CTA of one walks the same tile
+        # slots (t % csize is its rank)
+        grid = max(min(tiles, info.target.cluster_slots(csize)) // csize, 1) * csize
     vec = _pair_loads(fusion, e, info, n)
     if loaded:  # read from shared memory, not in pairs from global
         vec = tuple(v and not t for v, t in zip(vec, loaded)) if vec else ()
