@@ -235,3 +235,17 @@ def test_cluster_operand_layouts_in_the_interpreter(layout, cluster, pingpong):
         out = interpret(fd, [a, b], target=_target(4))[0]
         want = a.double() @ b.double()
     torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_cluster_beside_a_residual_ring():
+    """gelu(linear + residual): the operands' ring is multicast, the residual's
+    (loaded by the same producer lane) stays a local TMA ring."""
+    from tests.test_gpu_matmul import epilogue_input
+
+    fd, ins, ref = epilogue_input("residual", 256, 256, 256)
+    fd.fusion.schedule(cluster=(2, 1))
+    out = interpret(fd, ins, target=_target(2))[0]
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
+    k, tensors, scalars, grid, block = launch_args(fd, ins, target=_target(2))
+    assert [r.fill for r in k.rings] == ["multicast", "tma"]
+    check_kernel(k, tensors, scalars, grid, block, schedules=2)
