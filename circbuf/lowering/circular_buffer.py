@@ -83,6 +83,20 @@ generic proxy wrote)::
         CP_ASYNC_ARRIVE.NOINC X_full[load_stage]; ADVANCE X_load
       CP_ASYNC_COMMIT_GROUP; CP_ASYNC_WAIT_GROUP 0; RETURN
 
+Fill ``multicast`` (a thread-block cluster's CTAs share an operand tile: its
+box is split into slices bound to a cluster axis, ``TmaLoad.multicast``): each
+CTA's elected lane loads its slice into the stage of every CTA that shares the
+tile, completing on each one's full barrier, whose ``expect_tx`` still counts
+the whole stage; a consumer release arrives on the stage's empty barrier in
+every CTA whose slices land in its own (``MBarrierArrive.peers``), so an empty
+barrier counts the releases of that many CTAs; the producer stays to the exit
+cluster barrier (no early return)::
+
+    ROLE producer: ... WAIT X_empty[load_stage] ^ 1
+                       EXPECT_TX X_full[load_stage] bytes=A + B (the whole stage)
+                       TMA_LOAD A -> stage; TMA_LOAD B[slice cidx] -> stage multicast along cidx
+    ROLE consumers: ... ARRIVE X_empty[s] in every CTA multicasting to this one
+
 A reader's position is found by mapping its loops onto the producer's: the
 i-th serial loop around the reads corresponds to the i-th loop of the
 producer's nest, with the same trip count; a reader loop that starts
