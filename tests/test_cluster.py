@@ -128,6 +128,8 @@ def test_cluster_cuda_and_sass(shape):
     sass = k.sass()
     assert "UTMALDG.2D.MULTICAST" in sass
     assert "UCGABAR_ARV" in sass and "UCGABAR_WAIT" in sass
+    use = k.resource_usage()
+    assert use["LOCAL"] == 0 and use["STACK"] == 0  # the release loop spills nothing
     ring = k.kernel.rings[0]
     assert ring.fill == "multicast"
     # each empty barrier waits for the releases of every CTA its slices land in
