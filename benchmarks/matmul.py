@@ -9,6 +9,7 @@
     PYTHONPATH=. python benchmarks/matmul.py --breakdown # where the epilogue's time goes
     PYTHONPATH=. python benchmarks/matmul.py --decode [--variants]
                                                         # M = 1..64 linears: TF/s, GB/s, path (and schedules)
+    PYTHONPATH=. python benchmarks/matmul.py --odd       # shapes TMA cannot describe (the cp.async fill)
 
 TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
 for each shape (torch._dynamo.reset(), dynamic=False).
@@ -124,6 +125,14 @@ def table():
         )
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print(f"geomean vs cuBLAS: {geo:.3f}x; min {min(ratios):.3f}x")
+    rows += odd()
+    write_json("bench_matmul.json", rows)
+
+
+def odd() -> list:
+    """Shapes TMA cannot describe (rows not 16-byte aligned, a pointer one element
+    off), against cuBLAS and circbuf's own path at the nearest aligned shape."""
+    rows = []
     print("\nodd shapes (issue 18: each >= 2.5x cuBLAS and >= 0.75x circbuf at the nearest aligned shape)")
     print(
         f"{'shape':>24s} {'kind':>6s} {'cuBLAS':>8s} {'circbuf':>8s} {'ratio':>6s} {'aligned':>8s} {'vs TMA':>6s}  path"
@@ -138,6 +147,8 @@ def table():
         t_torch = bench_ms(lambda f=fn, a=a, b=b: f(a, b))
         t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
         p = fd.last_params()
+        copied = fd._get_executor().realigned
+        how = fill_path(p) + (f", {'+'.join(copied)} realigned (copied)" if copied else "")
         a2, b2 = inputs(*twin, kind)
         fd2 = mm_fusion(kind)
         fd2.execute([a2, b2])
@@ -146,15 +157,15 @@ def table():
         tag = f"{m}x{n}x{k}" + (f"+{a_off}" if a_off else "")
         print(
             f"{tag:>24s} {kind:>6s} {tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} "
-            f"{t_torch / t_cb:6.3f} {tflops(*twin, t_twin):8.1f} {own:6.3f}  {fill_path(p)} (err {err:.1e})"
+            f"{t_torch / t_cb:6.3f} {tflops(*twin, t_twin):8.1f} {own:6.3f}  {how} (err {err:.1e})"
         )
         rows.append(
             dict(
                 m=m, n=n, k=k, kind=kind, a_offset=a_off, torch_ms=t_torch, circbuf_ms=t_cb,
-                aligned=list(twin), aligned_ms=t_twin, path=fill_path(p), params=p.brief(), err=err,
+                aligned=list(twin), aligned_ms=t_twin, path=how, params=p.brief(), err=err,
             )
         )  # fmt: skip
-    write_json("bench_matmul.json", rows)
+    return rows
 
 
 def path(fd) -> str:
@@ -433,5 +444,8 @@ if __name__ == "__main__":
         breakdown()
     elif "--decode" in sys.argv:
         decode()
+    elif "--odd" in sys.argv:
+        print(f"GPU: {gpu_name()}  bf16, do_bench median, TFLOP/s")
+        write_json("bench_matmul_odd.json", odd())
     else:
         table()

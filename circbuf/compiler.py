@@ -40,7 +40,9 @@ from .ir import (
     DataType,
     Fusion,
     LinearOp,
+    LoadStoreOp,
     MatmulOp,
+    MemoryType,
     ParallelType,
     ReshapeOp,
     TensorView,
@@ -97,6 +99,7 @@ class FusionExecutor:
             x.name for x in fusion.inputs if isinstance(x, Var) and x.name not in shape_names
         }
         self._split_run = None  # circbuf.split_k.SplitKRun once a call splits K
+        self.realigned = ()  # names of the operands the last plan copied (circbuf.realign)
         self.may_split_k = True  # False for the steps of a split-K run (never split again)
         self.last: CompiledKernel | CompiledFusion | None = None
 
@@ -383,9 +386,11 @@ class FusionExecutor:
                     # a matmul lowers only through the matmul scheduler's MMA (or SIMT) translation
                     raise CircbufError(
                         f"{type(e).__name__[:-2].lower()} {e.out.name}: manual scheduling of a fusion with a "
-                        "matmul is not supported (its schedule comes from the matmul scheduler); leave its "
-                        "tensors untransformed, or tune it with fd.fusion.schedule(tile=..., stages=...)"
+                        "matmul needs its MMA form first: call circbuf.scheduler.mma_form(fd.fusion) before "
+                        "transforming (examples/gemm_ladder/), or leave its tensors untransformed and tune it "
+                        "with fd.fusion.schedule(tile=..., stages=...)"
                     )
+                _check_manual_staging(e)
                 if isinstance(e, ReshapeOp) and not e.concrete:
                     raise CircbufError(
                         f"{e}: a manually scheduled fusion needs reshapes of fixed sizes "
@@ -474,6 +479,12 @@ class FusionExecutor:
             self._finish(info.extents)  # a view's sizes are checked here
             self.last = CompiledFusion(SegmentedFusion(self.fusion, []), [])
             return self.last
+        ra = self._realign(info)
+        if ra:  # the kernels of the copies' signature (the copies are torch's, not kernels of ours)
+            from .realign import substitute
+
+            self.realigned = tuple(self.fusion.inputs[j].name for j in ra)
+            return self.compile(substitute(inputs, ra, copy=False), arch, target)
         sk = self._split_k(info)
         if sk is not None:
             self.last = self._split_runner().compile(sk, inputs, arch, target)
@@ -490,6 +501,16 @@ class FusionExecutor:
             ck = self._compile_segments(inputs, info.extents, arch, target)
         self.last = ck
         return ck
+
+    # ------------------------------------------------------- realign
+    def _realign(self, info: InputInfo) -> tuple:
+        """Inputs (positions) to copy into rows a tensor map can describe before
+        the matmul runs (circbuf.scheduler.realign), or ()."""
+        if self.fusion.manual_schedule or not self.fusion.outputs or not contractions(self.fusion):
+            return ()
+        from .scheduler.realign import choose
+
+        return choose(self.fusion, info, self.fusion.schedule_overrides)
 
     # ------------------------------------------------------- split-K
     def _split_k(self, info: InputInfo):
@@ -717,6 +738,12 @@ class FusionExecutor:
         import torch
 
         self._check_outputs()
+        ra = self._realign(self._bind(inputs, need_cuda=False)[0])
+        if ra:  # operands copied to rows a tensor map describes first (scheduler/realign.py)
+            from .realign import RealignPlan
+
+            scalars = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
+            return RealignPlan(self, ra, scalars)
         if knobs.interpret() and not any(getattr(x, "is_cuda", False) for x in inputs):
             from .interpret import interpreted_plan
 
@@ -1001,12 +1028,16 @@ def _shape_scalar_positions(fusion: Fusion) -> list[int]:
 def _layout_of(sizes, strides) -> tuple:
     """(memory order, contiguity) of a tensor with these sizes and strides,
     as the kernel is specialized for: row-major when the axes of size > 1
-    are in row-major stride order, else those axes by decreasing stride and
-    size-1 axes innermost; an axis is contiguous when its stride is the next
-    inner axis' stride times that axis' size (size-1 axes always are).
+    are in row-major stride order, else size-1 axes outermost (they hold no
+    extent; innermost, a batch of 1 led a K-major operand's TMA box), then
+    the others by decreasing stride; an axis is contiguous when its stride
+    is the next inner axis' stride times that axis' size (size-1 axes
+    always are).
 
     >>> _layout_of((2, 3, 4, 5), (60, 1, 15, 3))   # channels-last
     ((0, 2, 3, 1), (True, True, True, True))
+    >>> _layout_of((1, 64, 256), (16384, 1, 64))   # a batch of one K-major B
+    ((0, 2, 1), (True, True, True))
     """
     n = len(sizes)
     big = [d for d in range(n) if sizes[d] > 1]
@@ -1014,7 +1045,7 @@ def _layout_of(sizes, strides) -> tuple:
     if by_stride == big:
         order = tuple(range(n))
     else:
-        order = tuple(by_stride + [d for d in range(n) if sizes[d] <= 1])
+        order = tuple([d for d in range(n) if sizes[d] <= 1] + by_stride)
     contig = [True] * n
     expect = 1
     for d in reversed(order):
@@ -1035,27 +1066,15 @@ def _strides_in_order(shape, order) -> tuple:
 
 
 def _check_contiguity(label, d: TensorView, x) -> None:
-    """The tensor's strides keep the definition's promises: each axis declared
-    contiguous (contiguity is in stride order, outermost first) has the next
-    inner axis' stride times that axis' size (1 for the innermost).
-    Expanded (stride-0) axes hold no memory and are skipped, as nvFuser's
-    contiguity ``[True, None]`` for a column expanded to rows says."""
-    if x.numel() == 0:  # no element to address: any strides keep the promise
-        return
-    order = d.domain.allocation_order()
-    contig = d.domain.contiguity
-    expect = 1
-    for pos in range(len(order) - 1, -1, -1):
-        a = order[pos]
-        size = x.shape[a]
-        if contig[pos] is True and size > 1 and x.stride(a) != expect:
-            where = f" (contiguity[{pos}], in stride order)" if d.domain.stride_order is not None else ""
-            raise CircbufError(
-                f"{label}: axis {a} is defined contiguous but its stride is {x.stride(a)}, "
-                f"not {expect}{where}"
-            )
-        if size > 1 and x.stride(a) != 0:
-            expect = x.stride(a) * size
+    """The tensor's strides keep the definition's promises
+    (:meth:`TensorDomain.broken_contiguity`)."""
+    broken = d.domain.broken_contiguity(tuple(x.shape), x.stride())
+    if broken is not None:
+        a, stride, expect, pos = broken
+        where = f" (contiguity[{pos}], in stride order)" if d.domain.stride_order is not None else ""
+        raise CircbufError(
+            f"{label}: axis {a} is defined contiguous but its stride is {stride}, not {expect}{where}"
+        )
 
 
 def _default_arch() -> str:
@@ -1084,3 +1103,29 @@ def _default_target() -> Target:
 
 
 __all__ = ["FusionExecutor"]
+
+
+def _check_manual_staging(e) -> None:
+    """Rules of shared-memory staging the lowering relies on and that only a
+    hand schedule can break (the schedulers keep them): a TMA-filled buffer
+    rotates through a ring (``circular_buffer``), whose mbarriers its copies
+    complete on; an MMA reads operands that TMA or cp.async copies wrote (the
+    wgmmas read shared memory through the async proxy, and no fence or barrier
+    is placed after the threads' own stores into a buffer they read)."""
+    if isinstance(e, LoadStoreOp) and e.kind == "tma" and e.out.memory_type == MemoryType.Shared:
+        if not e.out.circular:
+            raise CircbufError(
+                f"{e.out.name}: a buffer filled by TMA needs a ring for its copies to complete on: "
+                f"call {e.out.name}.circular_buffer(stages, ...) (at least 2 stages)"
+            )
+    if getattr(e, "op_name", None) == "mma":
+        for x in e.tv_inputs():
+            d = x.definition
+            if x.memory_type == MemoryType.Shared and not (
+                isinstance(d, LoadStoreOp) and d.kind in ("tma", "cp.async")
+            ):
+                raise CircbufError(
+                    f"{e.out.name} = mma(...): its operand {x.name} is written to shared memory by the threads' "
+                    "own stores, which the wgmmas (the async proxy) may not see: stage it with "
+                    "cache_after(op='tma') through a WarpSpecialized ring (circbuf.scheduler.mma_form does)"
+                )

@@ -82,9 +82,8 @@ def debug_hang() -> int:
 
 def cp_async() -> bool:
     """``CIRCBUF_CP_ASYNC``: 1 lets the matmul heuristic fill the rings of operands
-    TMA cannot describe with cp.async (the default, 0, runs them on the SIMT path
-    unless ``schedule(fill="cp.async")`` asks): that fill passes the interpreter and
-    the protocol checker but hung on an H100 in one case (NOTES, issue 18)."""
+    TMA cannot describe with cp.async (the default, 0, copies them into aligned
+    rows first and runs the TMA path: faster on an H100, NOTES issue 18)."""
     raw = os.environ.get("CIRCBUF_CP_ASYNC", "").strip()
     if raw not in ("", "0", "1"):
         from .ir import CircbufError

@@ -6,6 +6,12 @@ transformers is a test-only dependency (``pip install transformers==4.57.6``).
   RMSNorm, SiLU-gated MLP, rotary embeddings.
 - ``gpt2(...)``: GPT2LMHeadModel: LayerNorm, fused qkv (Conv1D), GELU-tanh MLP;
   dropout 0 (dropout is random: it stays eager).
+- ``vit(...)``: ViTForImageClassification: a patch embedding (a strided
+  convolution: eager), LayerNorm, exact-GELU MLP, a [CLS] classifier head.
+
+``model_inputs(name, model, batch, seq, device, labels)`` gives each its
+keyword arguments: token ids (and labels: the ids) for the language models,
+images of ``seq`` patches (and class labels) for the ViT.
 """
 
 from __future__ import annotations
@@ -46,7 +52,41 @@ def gpt2(hidden=64, layers=2, heads=4, vocab=256, positions=1024):
     return GPT2LMHeadModel(cfg)
 
 
-MODELS = {"llama": llama, "gpt2": gpt2}
+def vit(hidden=64, layers=2, heads=4, intermediate=128, image=32, patch=8, classes=10):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        image_size=image,
+        patch_size=patch,
+        num_labels=classes,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        attn_implementation="sdpa",
+    )
+    return ViTForImageClassification(cfg)
+
+
+MODELS = {"llama": llama, "gpt2": gpt2, "vit": vit}
+
+
+def model_inputs(name, model, batch, seq, device="cpu", labels=False, seed=0) -> dict:
+    """Keyword arguments for ``model``: ``seq`` tokens per sequence (a ViT
+    takes images of the config's size instead)."""
+    cfg = model.config
+    if name == "vit":
+        g = torch.Generator().manual_seed(seed)
+        side = cfg.image_size
+        px = torch.randn(batch, cfg.num_channels, side, side, generator=g).to(device, model.dtype)
+        out = {"pixel_values": px}
+        if labels:
+            out["labels"] = torch.randint(0, cfg.num_labels, (batch,), generator=g).to(device)
+        return out
+    ids = tokens(batch, seq, cfg.vocab_size, device, seed)
+    return {"input_ids": ids, "labels": ids} if labels else {"input_ids": ids}
 
 
 def tokens(batch, seq, vocab, device="cpu", seed=0):

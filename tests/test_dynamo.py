@@ -452,3 +452,27 @@ def test_entry_point_resolves_through_torch(tmp_path):
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     assert "resolved=compiled" in p.stdout
+
+
+def test_reduce_overhead_without_a_gpu_runs_uncaptured():
+    """mode="reduce-overhead" on CPU tensors: nothing to capture; the graph runs
+    as compiled, and its record says why it was not captured."""
+    import circbuf.dynamo.graphs as graphs_mod
+    from circbuf.dynamo.explain import GraphRecord
+
+    calls = []
+
+    def fn(args):
+        calls.append(len(args))
+        return [args[0] * 2]
+
+    rec = GraphRecord("inference", False)
+    g = graphs_mod.GraphedCallable(fn, rec)
+    assert rec.cuda_graph.startswith("not yet captured")
+    x = torch.ones(3)
+    for _ in range(3):
+        (out,) = g([x])
+        torch.testing.assert_close(out, x * 2)
+    assert calls == [1, 1, 1]
+    assert rec.cuda_graph in ("not captured: no CUDA device", "not captured: an input is not a CUDA tensor")
+    assert "CUDA graph: not captured" in str(rec)

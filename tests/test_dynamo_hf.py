@@ -22,7 +22,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is a test-only dependency: pip install transformers==4.57.6"
 )
 
-from tests.hf_models import MODELS, tokens  # noqa: E402
+from tests.hf_models import MODELS, model_inputs  # noqa: E402
 
 OPTIONS = {"compile_only": True, "strict": True}
 BATCH, SEQ = 2, 16
@@ -89,6 +89,31 @@ EXPECTED = {
             "aten.embedding_dense_backward.default",
         },
     },
+    # the patch embedding is a strided convolution (eager); the [CLS] token is selected
+    ("vit", "inference"): {
+        "graphs": [("inference", 4, 5)],
+        "eager": {
+            "aten.convolution.default",
+            "aten.cat.default",
+            "aten.select.int",
+            "aten._scaled_dot_product_flash_attention_for_cpu.default",
+        },
+    },
+    ("vit", "training"): {
+        "graphs": [("forward", 4, 6), ("backward", 17, 7)],
+        "eager": {
+            "aten.convolution.default",
+            "aten.convolution_backward.default",
+            "aten.cat.default",
+            "aten.select.int",
+            "aten.select_backward.default",
+            "aten.slice.Tensor",
+            "aten.nll_loss_forward.default",
+            "aten.nll_loss_backward.default",
+            "aten._scaled_dot_product_flash_attention_for_cpu.default",
+            "aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
+        },
+    },
 }
 
 
@@ -96,27 +121,26 @@ def _run(name, training):
     torch.manual_seed(0)
     model = MODELS[name]().to(torch.bfloat16)
     ref = copy.deepcopy(model)
-    vocab = model.config.vocab_size
-    ids = tokens(BATCH, SEQ, vocab)
+    kw = model_inputs(name, model, BATCH, SEQ, labels=training)
     compiled = torch.compile(model, backend=cd.backend, options=OPTIONS)
     with cd.capture() as graphs:
         if training:
-            out = compiled(ids, labels=ids)
+            out = compiled(**kw)
             out.loss.backward()
         else:
             model.eval()
             ref.eval()
             with torch.no_grad():
-                out = compiled(ids)
+                out = compiled(**kw)
     if training:
-        want = ref(ids, labels=ids)
+        want = ref(**kw)
         want.loss.backward()
         torch.testing.assert_close(out.loss, want.loss, rtol=1e-2, atol=1e-2)
         for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
             assert _rel(p.grad, q.grad) <= GRAD_TOL, (n, _rel(p.grad, q.grad))
     else:
         with torch.no_grad():
-            want = ref(ids)
+            want = ref(**kw)
     # compile-only: the graphs ran eagerly, so the logits are eager's (up to AOT's decompositions)
     assert _rel(out.logits, want.logits) <= LOGIT_TOL
     return graphs

@@ -34,7 +34,11 @@ REGRESSIONS = [
     ("307:50", *K),  # an in-place output read by a later segment was declared dense (its input's strides)
     ("307:50", "full", "interp"),
     ("304:19", *K),  # an expanded (stride-0) input staged by TMA
-    ("610:77", "interp", "interp"),  # a size passed to a segment as a scalar was bound again from a tensor (NVRTC)
+    (
+        "610:77",
+        "interp",
+        "interp",
+    ),  # a size passed to a segment as a scalar was bound again from a tensor (NVRTC)
     ("500:115", *K),  # a K-major [K, 1] operand: its size-1 axis is innermost in memory order
     ("501:143", *K),  # an empty input defined contiguous (torch's strides of a 0-size tensor)
     ("301:27", *K),  # a size-1 input axis of a reshape merged into its neighbour (squeezed now)
@@ -83,9 +87,12 @@ GPU_REGRESSIONS = [  # wrong results found on the GPU (H100), since fixed
     ("103:1", "full", "cuda"),  # Double with a Python-float scalar (the judge rounded it to float32)
     ("0:151", "full", "cuda"),  # a [1, K] operand whose size-1 axis has stride 1: a tensor map refused it
     ("302:222", "full", "cuda"),  # a view of an input written in place was an alias: it showed the new values
-    ("910:6", "interp", "cuda"),  # (found on the CPU interpreter) a 0-dim input written in place before a read
+    (
+        "910:6",
+        "interp",
+        "cuda",
+    ),  # (found on the CPU interpreter) a 0-dim input written in place before a read
 ]
-
 
 
 def _known(res):
@@ -150,7 +157,9 @@ def test_interp_no_new_bugs():
 def _run_one(repro, profile, mode):
     seed, index = (int(x) for x in repro.split(":"))
     (res,) = fuzz.run(seed=seed, indices=[index], mode=mode, profile=profile)
-    assert res.outcome in ("ok", "refused"), f"{res.outcome}: {res.signature}\n{res.detail}\n{res.case.source()}"
+    assert res.outcome in ("ok", "refused"), (
+        f"{res.outcome}: {res.signature}\n{res.detail}\n{res.case.source()}"
+    )
 
 
 @pytest.mark.parametrize("repro,profile,mode", REGRESSIONS, ids=[r[0] for r in REGRESSIONS])

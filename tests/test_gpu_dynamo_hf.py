@@ -22,7 +22,7 @@ transformers = pytest.importorskip(
     "transformers", reason="transformers is a test-only dependency: pip install transformers==4.57.6"
 )
 
-from tests.hf_models import MODELS, tokens  # noqa: E402
+from tests.hf_models import MODELS, model_inputs  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -30,6 +30,7 @@ FLOOR_OUT, FLOOR_GRAD = 8e-3, 2e-2
 SIZES = {
     "llama": dict(hidden=256, layers=2, heads=4, kv_heads=2, intermediate=688, vocab=1024),
     "gpt2": dict(hidden=256, layers=2, heads=4, vocab=1024),
+    "vit": dict(hidden=256, layers=2, heads=4, intermediate=688, image=64, patch=8, classes=100),
 }
 BATCH, SEQ = 2, 128
 
@@ -60,13 +61,14 @@ def _all_ran(graphs):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_hf_model_inference_logits(name):
     model, eager, ref = _models(name)
-    ids = tokens(BATCH, SEQ, model.config.vocab_size, "cuda")
+    kw = model_inputs(name, model, BATCH, SEQ, "cuda")
+    kw64 = {k: v.double() if v.is_floating_point() else v for k, v in kw.items()}
     for m in (model, eager, ref):
         m.eval()
     with torch.no_grad(), cd.capture() as graphs:
-        out = torch.compile(model, backend=cd.backend, options={"strict": True})(ids).logits
-        want = eager(ids).logits
-        want64 = ref(ids).logits
+        out = torch.compile(model, backend=cd.backend, options={"strict": True})(**kw).logits
+        want = eager(**kw).logits
+        want64 = ref(**kw64).logits
     _all_ran(graphs)
     assert not torch.isnan(out).any()
     e_cb, e_eager = _max_err(out, want64), _max_err(want, want64)
@@ -76,15 +78,16 @@ def test_hf_model_inference_logits(name):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_hf_model_training_step_gradients(name):
     model, eager, ref = _models(name)
-    ids = tokens(BATCH, SEQ, model.config.vocab_size, "cuda")
+    kw = model_inputs(name, model, BATCH, SEQ, "cuda", labels=True)
+    kw64 = {k: v.double() if v.is_floating_point() else v for k, v in kw.items()}
     with cd.capture() as graphs:
-        out = torch.compile(model, backend=cd.backend, options={"strict": True})(ids, labels=ids)
+        out = torch.compile(model, backend=cd.backend, options={"strict": True})(**kw)
         out.loss.backward()
     _all_ran(graphs)
     assert {"forward", "backward"} <= {g.kind for g in graphs}
-    want = eager(ids, labels=ids)
+    want = eager(**kw)
     want.loss.backward()
-    want64 = ref(ids, labels=ids)
+    want64 = ref(**kw64)
     want64.loss.backward()
     for what, a, b, c in (
         ("loss", out.loss, want.loss, want64.loss),

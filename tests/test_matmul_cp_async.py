@@ -90,7 +90,7 @@ def test_fill_per_operand(shape, kind, a_off, b_off, fill, vector, store):
     p = params_of(*shape, kind, a_off, b_off).params
     assert p.simt is None
     assert (p.fill, p.copy_vector, (p.store, p.store_vector)) == (fill, vector, store)
-    assert p.registers == ((48, 232) if "cp.async" in fill else (40, 232))
+    assert p.registers == ((56, 224) if "cp.async" in fill else (40, 232))
 
 
 def test_fill_override():

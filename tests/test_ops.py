@@ -400,7 +400,9 @@ def _prod_fusion(rank, dim, dt=D.Float):
 def test_prod_through_each_scheduler_compiles(shape, dim, sched):
     ck = _prod_fusion(len(shape), dim).compile([torch.zeros(shape)], arch="sm_90a")
     assert ck.name == f"circbuf_{sched}"
-    assert re.search(r"(T\d+(?:\[[^\]]*\])?) = \1 \* ", ck.cuda)  # acc = acc * x (a scalar or an array element)
+    assert re.search(
+        r"(T\d+(?:\[[^\]]*\])?) = \1 \* ", ck.cuda
+    )  # acc = acc * x (a scalar or an array element)
     assert ("cb::MulOp()" in ck.cuda) == (sched != "reduction")  # thread partials combined
 
 

@@ -107,14 +107,16 @@ def _options(options) -> dict:
 
 def backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
     """The torch.compile backend: ``torch.compile(fn, backend=circbuf.dynamo.backend)``.
-    ``mode`` is accepted and ignored (circbuf has no CUDA-graph mode yet)."""
+    ``mode="reduce-overhead"`` replays each aten graph as a CUDA graph from its
+    second call (:mod:`circbuf.dynamo.graphs`); other modes change nothing."""
     from torch._dynamo.backends.common import aot_autograd
 
     opts = _options(options)
+    graphed = mode == "reduce-overhead" and not opts["compile_only"]
 
     def compiler(kind):
         def circbuf_aten_compiler(gm, example_inputs):
-            return compile_aten_graph(gm, example_inputs, kind, opts)
+            return compile_aten_graph(gm, example_inputs, kind, opts, cuda_graph=graphed)
 
         return circbuf_aten_compiler
 
@@ -126,9 +128,12 @@ def backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None):
     )(gm, example_inputs)
 
 
-def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs, kind="inference", options=None):
+def compile_aten_graph(
+    gm: torch.fx.GraphModule, example_inputs, kind="inference", options=None, cuda_graph=False
+):
     """Partition one aten graph, put each fusion behind a ``CircbufFusion``
-    module, and return the boxed callable AOTAutograd runs."""
+    module, and return the boxed callable AOTAutograd runs (with
+    ``cuda_graph``, one that replays it as a CUDA graph: ``graphs.py``)."""
     from torch._functorch.aot_autograd import make_boxed_func
 
     opts = _options(options)
@@ -168,6 +173,10 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs, kind="inference
         gm.graph.lint()
         gm.recompile()
     record(rec)
+    if cuda_graph:
+        from .graphs import GraphedCallable
+
+        return GraphedCallable(make_boxed_func(gm.forward), rec)
     return make_boxed_func(gm.forward)
 
 

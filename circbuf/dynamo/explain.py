@@ -84,6 +84,7 @@ class GraphRecord:
     fusions: list = field(default_factory=list)
     fallbacks: list = field(default_factory=list)
     views: list = field(default_factory=list)
+    cuda_graph: str | None = None  # mode="reduce-overhead": whether it was captured, or why not
 
     def __str__(self) -> str:
         mode = (
@@ -101,6 +102,8 @@ class GraphRecord:
             lines.append(f"  eager {op}{f' x{len(names)}' if len(names) > 1 else ''}: {why}")
         if self.views:
             lines.append(f"  {len(self.views)} views left to torch at fusion boundaries (no copy)")
+        if self.cuda_graph is not None:
+            lines.append(f"  CUDA graph: {self.cuda_graph}")
         return "\n".join(lines)
 
 

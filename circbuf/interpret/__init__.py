@@ -180,6 +180,12 @@ def interpreted_plan(ex):
 def interpret_executor(ex, inputs, finish=True, seed=0, check=False, check_stores=True, target=None):
     """:func:`interpret` for a FusionExecutor; ``finish=False``: the tensors the
     kernel wrote, as a segment hands them to the next one."""
+    if ex.fusion.outputs:  # operands a tensor map cannot describe run as aligned copies
+        ra = ex._realign(ex._bind(inputs, need_cuda=False)[0])
+        if ra:
+            from ..realign import substitute
+
+            inputs = substitute(inputs, ra)
     ck, info = _compile(ex, inputs, target)
     if getattr(ck, "split_k", None) is not None:  # partial products, then their reduction
 

@@ -596,13 +596,15 @@ class CTA:
                     f"{len(got)} of its {members} threads setting {sorted(vals)}"
                 )
             total += vals.pop()[0] * members
-        if total > budget:
+        pool = default * self.nthreads  # what the launch gave the CTA; setmaxnreg moves only these
+        if total > pool:
             per = ", ".join(
                 f"warpgroup {wg}: {next(iter(v.values()))[0]}" for wg, v in sorted(self.regs.items())
             )
             raise CircbufError(
                 f"{self.kernel_name}: the warp roles ask for {total} registers ({per}, 128 threads each) "
-                f"but a CTA has {budget} ({tgt.registers_per_sm} per SM / {blocks} CTAs): setmaxnreg.inc would wait forever"
+                f"but the CTA was launched with {pool} ({self.nthreads} threads x {default}): "
+                "setmaxnreg.inc would wait forever"
             )
 
     # ---------------------------------------------------------- report context

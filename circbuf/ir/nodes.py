@@ -90,6 +90,34 @@ class TensorDomain:
             return list(range(n))
         return sorted(range(n), key=lambda d: -self.stride_order[d])
 
+    def broken_contiguity(self, sizes, strides) -> tuple | None:
+        """The first promise of ``contiguity`` that a tensor of these sizes and
+        strides breaks, ``(axis, stride, expected, position)``; None when it
+        keeps them all. Each axis declared contiguous (contiguity is in stride
+        order, outermost first) has the next inner axis' stride times that
+        axis' size (1 for the innermost); expanded (stride-0) axes hold no
+        memory and are skipped, as nvFuser's ``[True, None]`` for a column
+        expanded to rows says.
+
+        >>> from circbuf.ir.scalar import Const
+        >>> d = TensorDomain([IterDomain(Const(2))] * 2, contiguity=[True, True])
+        >>> d.broken_contiguity((5, 7), (8, 1))   # rows padded to 8
+        (0, 8, 7, 0)
+        """
+        if any(n == 0 for n in sizes):  # no element to address: any strides keep the promise
+            return None
+        order = self.allocation_order()
+        contig = self.contiguity
+        expect = 1
+        for pos in range(len(order) - 1, -1, -1):
+            a = order[pos]
+            size = sizes[a]
+            if contig[pos] is True and size > 1 and strides[a] != expect:
+                return a, strides[a], expect, pos
+            if size > 1 and strides[a] != 0:
+                expect = strides[a] * size
+        return None
+
     def view_transforms(self) -> list:
         """The exact splits and merges from root to logical axes, in order (empty
         unless ``has_root``)."""

@@ -421,7 +421,7 @@ class CudaCodegen:
         self.emit(f"{{  // {tv.name} <- {g.name}: a box of {nch * v} elements, {how}, over {thr} threads")
         self.ind += 1
         full = nch % thr == 0
-        # chunks in flight per thread within the producer's 48 registers: 4 cp.asyncs,
+        # chunks in flight per thread within the producer's 56 registers: 4 cp.asyncs,
         # 2 x 16 bytes loaded through registers (4 spilled, SASS for sm_90a)
         self.emit(f"#pragma unroll {4 if n.is_async else 2}")
         self.emit(f"for (index_t cb_i = 0; cb_i < {-(-nch // thr)}; ++cb_i) {{")

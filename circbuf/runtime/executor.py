@@ -388,9 +388,13 @@ class MapSlot:
 
 
 def check_hang(plan, record):
-    """CIRCBUF_DEBUG_HANG: wait for the kernel; a trapped barrier wait becomes a CircbufError."""
+    """CIRCBUF_DEBUG_HANG: wait for the kernel; a trapped barrier wait becomes a CircbufError.
+    Not while the stream captures a CUDA graph (nothing runs then, and a
+    synchronize would end the capture)."""
     import torch
 
+    if torch.cuda.is_current_stream_capturing():
+        return
     try:
         torch.cuda.synchronize()
     except RuntimeError as e:

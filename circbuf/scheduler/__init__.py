@@ -1,6 +1,7 @@
 """Schedulers: heuristics -> params -> transforms on TensorViews."""
 
 from .info import InputInfo, TensorInfo
+from .manual import mma_form
 from .params import Params, PointwiseParams, ReductionParams
 from .registry import compute_params, schedule
 from .utils import propagate_transforms
@@ -14,4 +15,5 @@ __all__ = [
     "compute_params",
     "schedule",
     "propagate_transforms",
+    "mma_form",
 ]

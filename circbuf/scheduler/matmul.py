@@ -140,9 +140,10 @@ class MatmulScheduler:
             params = _mma_params(fusion, e, info, overrides)
             if params is not None:
                 return params
-        if overrides:
+        asked = sorted(k for k in overrides if k != "realign")  # (realign=False asks for this path)
+        if asked:
             raise CircbufError(
-                f"schedule({', '.join(sorted(overrides))}): this matmul runs on the SIMT path "
+                f"schedule({', '.join(asked)}): this matmul runs on the SIMT path "
                 f"({why or 'the tensor-core path cannot take it'}), which takes no matmul overrides"
             )
         from .reduction import ReductionScheduler
@@ -234,11 +235,13 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo, overrides=None) -> str 
         t = info.tensors[fusion.inputs.index(x)]
         if any(s == 0 for s in t.sizes):
             return f"{x.name} is empty"
-    # strides or a pointer a tensor map cannot describe: the producer threads can fill
-    # the operand's ring with cp.async (_operand_fill), when asked for: that fill passes
-    # the interpreter and the protocol checker, but hung on an H100 (fuzz case 784:30,
-    # NOTES) and is not the default until it runs right on a GPU
-    if (overrides or {}).get("fill") not in ("cp.async", "tma") and not knobs.cp_async():
+    # strides or a pointer a tensor map cannot describe: the runtime copies such an operand
+    # into aligned rows before scheduling (scheduler/realign.py); one it may not copy (defined
+    # contiguous, written in place) has its ring filled by the producer threads' cp.asyncs
+    # (_operand_fill: 0.07-0.25 of the TMA path on an H100, slower than the copy);
+    # realign=False without a fill asks for the SIMT path
+    ov = overrides or {}
+    if ov.get("realign") is False and ov.get("fill") is None and not knobs.cp_async():
         # (fill="tma": _mma_params names why not)
         for x in (a, b):
             why = _operand_layout(info.tensors[fusion.inputs.index(x)])[1]
@@ -469,7 +472,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     if not isinstance(group, int) or group < 1:
         raise CircbufError(f"schedule(group={group!r}): must be an int >= 1")
     threads = cta_threads(role)
-    entry, per_sm = _entry_registers(info.target, threads), info.target.registers_per_sm
+    entry = _entry_registers(info.target, threads)
     if role:
         # ptxas compiles every role under __launch_bounds__(512): 128 registers a thread,
         # which setmaxnreg cannot raise for it; so no role asks for more (or less)
@@ -484,8 +487,10 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     else:
         # a producer whose threads compute the addresses of cp.async copies needs more than
         # the 40 registers of one issuing TMA: 40 spilled a 16-byte cp.async fill's loop
-        # (SASS, NVRTC for sm_90a), 48 (the most beside 2 x 232) did not
-        registers = ov.get("registers", (48, 232) if "cp.async" in (fa, fb) else (40, 232))
+        # (SASS, NVRTC for sm_90a). The roles share the CTA's registers of the launch
+        # (168 x 384): 56 + 2 x 224 fills them exactly; 48 + 2 x 232 is 1024 over, and
+        # the second consumer's setmaxnreg.inc waited forever on an H100 (fuzz 784:30)
+        registers = ov.get("registers", (56, 224) if "cp.async" in (fa, fb) else (40, 232))
         try:  # the operand rings are warp specialized with these: WarpSpecialized's rule
             WarpSpecialized(on=ParallelType.TIDy, registers=registers)
         except CircbufError:
@@ -496,10 +501,12 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
                 f"consumers take them: producer <= {entry} <= consumers ({threads} threads start with "
                 f"{entry} each)"
             )
-        if (registers[0] + 2 * registers[1]) * 128 > per_sm:
+        if (registers[0] + 2 * registers[1]) * 128 > entry * threads:
             raise CircbufError(
                 f"schedule(registers={tuple(registers)}): producer + 2 x consumer registers x 128 threads "
-                f"exceed the {per_sm} registers of an SM"
+                f"= {(registers[0] + 2 * registers[1]) * 128} exceed the CTA's {entry * threads} "
+                f"({threads} threads x {entry} at launch): setmaxnreg.inc takes registers only from "
+                "the CTA's pool and would wait forever"
             )
         budget_regs = registers[1]
     acc_regs = (bm // warpgroups) * bn // 128

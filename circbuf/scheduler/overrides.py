@@ -117,6 +117,7 @@ NORM_TMA = "normalization:tma"
 RED = "reduction:plain"
 OUTER = "outer_reduction:tma ring"
 MM = "matmul:tensor cores"
+MM_SIMT = "matmul:simt"
 
 _RING_STAGES = _int(2, 32)
 _RING_PREFETCH = _int(1, 31)
@@ -204,7 +205,9 @@ MATMUL = _table(
     Override("epilogue_tile", used_by=(MM,), doc="output sub-tile: 64 rows by a multiple of 8 dividing bn",
              **_ints(2, ("rows", "cols"))),
     Override("fill", used_by=(MM,), doc="operand ring fill: 'tma' (tensor maps) or 'cp.async' (producer threads); "
-             "default: tma where a tensor map can describe the operand, else the SIMT path (CIRCBUF_CP_ASYNC=1: cp.async)", **_choice("tma", "cp.async")),
+             "default: tma, an operand a tensor map cannot describe copied to aligned rows first (realign; CIRCBUF_CP_ASYNC=1: cp.async)", **_choice("tma", "cp.async")),
+    Override("realign", used_by={True: (MM,), False: (MM, MM_SIMT)}, doc="copy an operand a tensor map cannot describe into 16-byte-aligned rows "
+             "before the kernel (default True; False: the SIMT path unless fill is given)", **_BOOL),
     Override("split_k", used_by=(MM,), doc="chunks of K run as partial products, summed in a fixed order "
              "(deterministic); at most the k steps of 64", **_int(1)),
 )  # fmt: skip
