@@ -549,7 +549,8 @@ class CudaCodegen:
         cluster = ""
         if (cx, cy) != (1, 1):
             cluster = f"__cluster_dims__({cx * cy}, 1, 1) "
-            self.emit(f"// this CTA's coordinates in its {cx}x{cy} cluster (rank = cidx * {cy} + cidy)")
+            rank = f" (rank = cidx * {cy} + cidy)" if cx > 1 and cy > 1 else ""
+            self.emit(f"// this CTA's coordinates in its {cx}x{cy} cluster{rank}")
             if cx > 1:
                 self.emit(
                     f"const index_t cidx = (index_t)(cb::cluster_ctarank(){f' / {cy}' if cy > 1 else ''});"
