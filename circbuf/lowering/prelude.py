@@ -433,7 +433,7 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, unsi
 }
 
 // ---- thread-block clusters (sm_90): multicast copies, remote arrivals, cluster barriers ----
-// this CTA's rank in its cluster (%cluster_ctarank: blockIdx.x % cluster size for a 1-D cluster)
+// this CTA's rank in its cluster (%cluster_ctarank: for a 1-D cluster, the CTA's x index modulo the cluster size)
 __device__ __forceinline__ unsigned cluster_ctarank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
