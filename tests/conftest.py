@@ -40,7 +40,12 @@ def pytest_collection_modifyitems(config, items):
 # context, so the one real failure stands out (scripts/gpu_check.sh runs shards as
 # separate processes: the other shards go on).
 _LOST = []
-_LOST_SIGNS = ("CUDA context is unusable", "unspecified launch failure", "illegal memory access")
+_LOST_SIGNS = (
+    "CUDA context is unusable",
+    "unspecified launch failure",
+    "illegal memory access",
+    "illegal instruction",
+)
 
 
 @pytest.hookimpl(hookwrapper=True)

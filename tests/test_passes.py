@@ -97,6 +97,19 @@ def _matmul(kind="matmul", epilogue=None, **ov):
     return build
 
 
+def _peer_store(kind):
+    """A linear whose output goes to peer GPUs (issue 22: the peer_stores and peer_order passes)."""
+
+    def build():
+        from circbuf.ir.peer import PeerStore
+
+        fd = mm_fusion("linear")
+        fd.fusion.outputs[0].peer_store = PeerStore(kind, 2)
+        return fd, [torch.randn(1000, 520, dtype=BF), torch.randn(1032, 520, dtype=BF)]
+
+    return build
+
+
 def _manual_ws():
     return manual_ws_exp(128, 4), [torch.randn(256, 512, dtype=BF)]
 
@@ -118,6 +131,8 @@ CORPUS = [
     ("matmul_bias_gelu", "MatmulParams", _matmul("linear", "gelu")),
     ("matmul_pingpong", "MatmulParams", _matmul(pingpong=True, tile=(64, 256, 64))),
     ("matmul_not_persistent", "MatmulParams", _matmul(persistent=False)),
+    ("matmul_all_gather", "MatmulParams", _peer_store("all_gather")),
+    ("matmul_reduce_scatter", "MatmulParams", _peer_store("reduce_scatter")),
     ("manual_ws_setmaxnreg", None, _manual_ws),
 ]
 
@@ -330,7 +345,7 @@ def test_the_package_docstring_shows_the_contracts():
 _IR_FACTS = {
     "loop_nest", "allocated", "indexed", "approximated", "vectorized", "predicated", "wgmma_synced",
     "role_switch", "turns", "tma_stores_synced", "pipelined", "mbarriers_allocated", "simplified", "hoisted",
-    "synced",
+    "synced", "peer_stores", "peer_order",
 }  # fmt: skip
 
 

@@ -53,6 +53,7 @@ from ..ir.scalar import _eval_op, as_scalar
 from ..lowering import kir
 from ..lowering.kir import barrier_name, is_block_wide
 from .memory import GlobalMemory
+from .peer import HANDLERS as _PEER_HANDLERS
 from .race import Accum, Agent, Checker
 from .sched import Deadlock, Scheduler
 from .sync import (
@@ -1607,6 +1608,7 @@ _HANDLERS = {
     kir.WgmmaCommit: (None, _wgmma_commit),
     kir.WgmmaWait: (None, _wgmma_wait),
 }
+_HANDLERS.update(_PEER_HANDLERS)  # issue 22's peer stores and flags
 _YIELDING = tuple(t for t, (gen, plain) in _HANDLERS.items() if plain is None and t is not kir.RoleSwitch) + (
     kir.RoleSwitch,
 )

@@ -183,6 +183,7 @@ class TensorView:
         # the fusion though no expr relates them: a broadcast of a broadcast
         # rewritten as one broadcast keeps the inner one's new axes this way
         self.joined_axes: list[tuple[IterDomain, IterDomain]] = []
+        self.peer_store = None  # ir.peer.PeerStore: also stored into peer GPUs' buffers
 
     # ------------------------------------------------------------ shape
     @property

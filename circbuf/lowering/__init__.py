@@ -40,13 +40,18 @@ after, so they require it)::
                     provides: pipelined, rings
     mbarriers       requires: rings, turns, turn_orders, launch
                     provides: mbarriers_allocated
-    simplify        requires: indexed, predicated, turns, tma_stores_synced, pipelined, mbarriers_allocated
+    simplify        requires: indexed, predicated, turns, tma_stores_synced, pipelined,
+                              mbarriers_allocated
                     provides: simplified
     hoist           requires: simplified
                     provides: hoisted
     sync            requires: predicated, tma_stores_synced, pipelined, named_barriers,
                               mbarriers_allocated
                     provides: synced, named_barriers
+    peer_stores     requires: tma_stores_synced, role_switch, tensor_maps, synced
+                    provides: peer_stores, peer, tensor_params, scalar_params, tensor_maps
+    peer_order      requires: peer_stores, peer, scalar_params, hoisted, synced
+                    provides: peer_order
 
 ``approximated`` (fast_math): the fp32 transcendentals whose error no output
 shows marked for their fast variants (``Assign.fast``).
@@ -65,7 +70,9 @@ describing them;
 ``mbarriers_allocated`` every registered mbarrier allocated, initialized and
 invalidated; ``simplified`` indices and conditions simplified; ``hoisted`` each
 run-time loop's index arithmetic named once per iteration; ``synced``
-block syncs for shared-memory hazards. ``codegen`` prints the result and
+block syncs for shared-memory hazards; ``peer_stores`` an output's TMA stores
+sent to every peer GPU with per-tile flags (issue 22); ``peer_order`` a
+reduce-scatter's tile loops rotated by rank. ``codegen`` prints the result and
 sets ``hang_record``.
 """
 
@@ -83,6 +90,8 @@ from .kir import Kernel
 from .loop_nest import generate_loop_nest
 from .mbarriers import setup_mbarriers
 from .passes import Pass, check_order
+from .peer_order import peer_order
+from .peer_stores import peer_stores
 from .predicate import insert_predicates
 from .roles import assign_roles
 from .simplify_indices import simplify_indices
@@ -157,6 +166,18 @@ PASSES = [
         insert_syncs,
         requires=("predicated", "tma_stores_synced", "pipelined", "named_barriers", "mbarriers_allocated"),
         provides=("synced", "named_barriers"),
+    ),
+    Pass(
+        "peer_stores",
+        peer_stores,
+        requires=("tma_stores_synced", "role_switch", "tensor_maps", "synced"),
+        provides=("peer_stores", "peer", "tensor_params", "scalar_params", "tensor_maps"),
+    ),
+    Pass(
+        "peer_order",
+        peer_order,
+        requires=("peer_stores", "peer", "scalar_params", "hoisted", "synced"),
+        provides=("peer_order",),
     ),
 ]
 

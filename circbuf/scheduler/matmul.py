@@ -403,6 +403,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         for o in fusion.outputs
     )
     store = "tma" if tma_ok else "direct"
+    _check_peer_store(fusion, store, persistent, pingpong, role)
     # two staging buffers per warpgroup when a tile has an even number of
     # sub-tiles: a sub-tile is written while the last one's TMA store still reads
     # epilogue inputs the producer loads by TMA (cooperative, TMA-stored outputs): a
@@ -593,6 +594,32 @@ def _check_cluster(cluster, tiles_m, tiles_n, tile, a_major, b_major, ov, fa, fb
             raise CircbufError(
                 f"{where}: {op}'s tile of {ext // 64} 64-wide column boxes does not split into {c} slices"
             )
+
+
+def _check_peer_store(fusion, store, persistent, pingpong, role):
+    """An output stored into peer GPUs' buffers (``TensorView.peer_store``,
+    issue 22): the lowering ships each TMA-stored sub-tile to every peer and
+    signals a tile after its persistent loop iteration, so it needs the
+    cooperative persistent kernel with the TMA-store epilogue."""
+    peers = [o for o in fusion.outputs if o.peer_store is not None]
+    if not peers:
+        return
+    rules = [
+        (
+            store != "tma",
+            "its output is not stored by TMA (16-bit, rows a multiple of 16 bytes, read by nothing else)",
+        ),
+        (not persistent, "persistent=False"),
+        (pingpong, "pingpong=True"),
+        (role, "epilogue='role'"),
+        (len(fusion.outputs) > 1, "it has more than one output"),
+    ]
+    why = next((text for broken, text in rules if broken), None)
+    if why is not None:
+        raise CircbufError(
+            f"{peers[0].name} is stored to peer GPUs ({peers[0].peer_store.kind}), which needs the "
+            f"cooperative persistent kernel with a TMA-stored output; here {why}"
+        )
 
 
 def input_stages(bn: int, en: int) -> int:
