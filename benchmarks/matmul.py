@@ -2,7 +2,8 @@
 (cuBLAS) in the same run, bf16, random inputs, triton's do_bench median.
 
     PYTHONPATH=. python benchmarks/matmul.py            # the issue's table
-    PYTHONPATH=. python benchmarks/matmul.py --sweep    # heuristic vs override sets
+    PYTHONPATH=. python benchmarks/matmul.py --sweep    # heuristic vs override sets, then clusters
+    PYTHONPATH=. python benchmarks/matmul.py --clusters # cluster (2,1)/(1,2)/(2,2) vs (1,1) only
     PYTHONPATH=. python benchmarks/matmul.py --epilogue [--variants] [--only silu]
                                                         # linear + bias + act / + residual vs eager, compile
     PYTHONPATH=. python benchmarks/matmul.py --breakdown # where the epilogue's time goes
@@ -278,6 +279,49 @@ def sweep():
             except Exception as e:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
                 line.append(f"{tag} n/a({type(e).__name__}: {str(e)[:60]})")
         print(f"{m}x{n}x{k} {kind}: " + " | ".join(line))
+    clusters()
+
+
+# thread-block clusters with TMA multicast (issue 21): each cluster shape against (1, 1) with the
+# heuristic's other choices, and against the cooperative 128x256 and ping-pong 128x128 kernels
+CLUSTER_SHAPES = [(4096, 4096, 4096, "matmul"), (8192, 8192, 8192, "matmul"), (8192, 8192, 1024, "matmul")]
+CLUSTERS = [(1, 1), (2, 1), (1, 2), (2, 2)]
+CLUSTER_BASES = {
+    "heuristic": {},
+    "coop 128x256": dict(tile=(128, 256, 64)),
+    "pp 128x128": dict(pingpong=True, tile=(128, 128, 64)),
+}
+
+
+def clusters():
+    print(
+        f"GPU: {gpu_name()}  clusters (TMA multicast), TFLOP/s; (x) = / cluster (1, 1) of the same base, same run"
+    )
+    rows = []
+    for m, n, k, kind in CLUSTER_SHAPES:
+        a, b = inputs(m, n, k, kind)
+        t_torch = bench_ms(lambda a=a, b=b: a @ b)
+        ref = (a.float() @ b.float()).double()
+        line = [f"cuBLAS {tflops(m, n, k, t_torch):.0f}"]
+        for base, ov in CLUSTER_BASES.items():
+            one = None
+            for cl in CLUSTERS:
+                fd = mm_fusion(kind)
+                try:
+                    fd.fusion.schedule(**ov, cluster=cl)
+                    (out,) = fd.execute([a, b])
+                    err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+                    t = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
+                except Exception as e:  # noqa: BLE001 - a variant that does not fit is reported, not fatal
+                    line.append(f"{base} {cl} n/a({type(e).__name__}: {str(e)[:60]})")
+                    continue
+                one = t if cl == (1, 1) else one
+                rel = f" ({one / t:.3f})" if one and cl != (1, 1) else ""
+                bad = "" if err < 2e-2 else f" WRONG (rel err {err:.1e})"
+                line.append(f"{base} {cl[0]}x{cl[1]} {tflops(m, n, k, t):.0f}{rel}{bad}")
+                rows.append(dict(m=m, n=n, k=k, base=base, cluster=cl, ms=t, torch_ms=t_torch, err=err))
+        print(f"{m}x{n}x{k} {kind}:\n  " + "\n  ".join(line), flush=True)
+    write_json("bench_matmul_clusters.json", rows)
 
 
 EPILOGUES = ("relu", "gelu", "tanh_gelu", "silu", "residual")
@@ -392,6 +436,8 @@ if __name__ == "__main__":
     require_cuda()
     if "--sweep" in sys.argv:
         sweep()
+    elif "--clusters" in sys.argv:
+        clusters()
     elif "--epilogue" in sys.argv:
         epilogue()
     elif "--breakdown" in sys.argv:

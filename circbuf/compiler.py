@@ -363,7 +363,7 @@ class FusionExecutor:
             repr(env),
             repr(info.target),
             arch,
-            repr((knobs.debug_hang(), knobs.fast_math(), knobs.cp_async())),
+            repr((knobs.debug_hang(), knobs.fast_math(), knobs.cp_async(), knobs.matmul_cluster())),
             repr([s[0].name for s in registry.SCHEDULERS]),
         )
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
@@ -825,6 +825,15 @@ class FusionExecutor:
         p.empty = _all_outputs_empty(out_shapes) or 0 in p.grid
         if max(p.grid[1:]) > info.target.max_grid_yz or p.grid[0] > _INT32_LIMIT:
             raise CircbufError(f"grid {p.grid} exceeds the launch limits")
+        # a kernel compiled with __cluster_dims__(cs, 1, 1): whole clusters of CTAs
+        cs = 1
+        for pt in (ParallelType.CIDx, ParallelType.CIDy):
+            cs *= _launch_dim(k.launch.get(pt), ev)
+        if cs > 1 and (cs > info.target.max_cluster_size or p.grid[0] % cs):
+            raise CircbufError(
+                f"{ck.name}: grid {p.grid} is not a whole number of clusters of {cs} CTAs "
+                f"(at most {info.target.max_cluster_size} per cluster)"
+            )
         knobs.dump("launch", f"{ck.name}: grid {p.grid} block {p.block} smem {p.smem}")
         # argument buffer: each tensor param is {T* data; index_t size[N]; index_t stride[N]}
         ifmt = "i" if k.index_type == DataType.Int32 else "q"

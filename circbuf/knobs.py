@@ -92,6 +92,22 @@ def cp_async() -> bool:
     return raw == "1"
 
 
+def matmul_cluster() -> tuple:
+    """``CIRCBUF_MATMUL_CLUSTER``: the thread-block cluster the matmul heuristic picks
+    when ``schedule(cluster=...)`` does not ask, as ``CXxCY`` (``2x1``: two CTAs along M
+    share B's tile by TMA multicast); default ``1x1`` until clusters are measured (NOTES,
+    issue 21). A cluster the fusion's tile grid cannot take falls back to 1x1."""
+    raw = os.environ.get("CIRCBUF_MATMUL_CLUSTER", "").strip().lower()
+    if raw in ("", "1x1"):
+        return (1, 1)
+    parts = raw.split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        from .ir import CircbufError
+
+        raise CircbufError(f"CIRCBUF_MATMUL_CLUSTER={raw!r}: expected CXxCY, e.g. 2x1 (the default is 1x1)")
+    return (int(parts[0]), int(parts[1]))
+
+
 def fast_math() -> bool:
     """``CIRCBUF_FAST_MATH``: 1 (the default, also when unset or empty) or 0."""
     raw = os.environ.get("CIRCBUF_FAST_MATH", "").strip()

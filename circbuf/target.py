@@ -46,6 +46,18 @@ class Target:
     peak_bandwidth: float  # DRAM, from the datasheet (or memory clock x bus width)
     copy_bandwidth: float  # a device-to-device copy, measured (what a streaming kernel can reach)
     max_grid_yz: int = 65535  # gridDim.y and gridDim.z
+    max_cluster_size: int = 8  # CTAs of a thread-block cluster (8: the portable limit on sm_90)
+    # (cluster size, CTAs of such clusters resident at once): a cluster's CTAs share one GPC,
+    # and the H100 SXM's 8 GPCs of 16 or 18 SMs hold 66 clusters of 2, 32 of 4 (128 CTAs) and
+    # 15 of 8 (120; accel-sim's SM->GPC map of an H100); not measured here: checked against
+    # cuOccupancyMaxActiveClusters by tests/test_gpu_cluster.py
+    cluster_residency: tuple = ((2, 132), (4, 128), (8, 120))
+
+    def cluster_slots(self, size: int) -> int:
+        """CTAs of clusters of ``size`` that can run at once: a persistent grid's cap
+        (a cluster past it would wait for a whole cluster to finish, a second wave)."""
+        whole = self.sm_count // size * size
+        return min(whole, dict(self.cluster_residency).get(size, whole))
 
     @property
     def bandwidth_per_sm(self) -> float:

@@ -3,8 +3,7 @@ the step claims; every step runs on the CPU kernel interpreter at a small
 shape against torch; step 10 is the heuristic's kernel; on a GPU every step
 runs at a real shape against torch.
 
-Step 9 (a 2-CTA cluster with TMA multicast) fails here until thread-block
-clusters land (branch wip-cluster): ``schedule(cluster=(2, 1))`` is refused.
+Step 9 is a 2-CTA cluster with TMA multicast (``schedule(cluster=(2, 1))``).
 """
 
 import dataclasses

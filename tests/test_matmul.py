@@ -239,7 +239,7 @@ def test_linear_bias_epilogues_do_not_spill(epilogue):
             r"a warpgroup's 256 accumulator registers per thread do not fit",
         ),
         (dict(cluster=(3, 1)), r"the cluster must divide the tile grid"),
-        (dict(cluster=(2, 1)), r"clusters \(TMA multicast\) are not built yet"),
+        (dict(cluster=(4, 4)), r"16 CTAs exceed the 8 of a portable cluster"),
         (dict(cluster=(0, 1)), r"two ints >= 1"),
         (dict(raster="Z"), r"raster='Z'\): must be 'M' or 'N'"),
         (dict(group=0), r"group=0\): must be an int >= 1"),

@@ -184,6 +184,7 @@ VALID_SETS = [
     ),  # fmt: skip
     ("matmul", dict(persistent=False, tile=(128, 256, 64), stages=3)),
     ("matmul", dict(epilogue="role", tile=(128, 128, 64), stages=3, raster="N")),
+    ("matmul", dict(cluster=(2, 2), pingpong=True)),
 ]
 
 
@@ -274,8 +275,8 @@ def test_valid_values_compile_and_show_in_params(sched, ov):
         ),
         (
             "matmul",
-            dict(cluster=(2, 1)),
-            r"^schedule\(cluster=\(2, 1\)\): thread-block clusters .* not built yet",
+            dict(cluster=(3, 1)),
+            r"^schedule\(cluster=\(3, 1\)\): the cluster must divide the tile grid \(\d+ x \d+ tiles",
         ),
     ],
 )

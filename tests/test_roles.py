@@ -185,7 +185,7 @@ def test_a_role_that_syncs_needs_whole_warps():
 
 
 def test_ring_fill_kinds_and_printing():
-    with pytest.raises(cb.CircbufError, match="fill 'dma' is not tma, threads or cp.async"):
+    with pytest.raises(cb.CircbufError, match="fill 'dma' is not tma, threads, cp.async or multicast"):
         Ring("X", 2, 1, ["X"], fill="dma")
     r = Ring("X", 2, 1, ["X"], fill="threads", empty_arrivals=4)
     r.has_empty = False

@@ -367,6 +367,24 @@ class Launch:
             name = kernel.tensor_params[spec.param].tv.name
             self.maps.append(MapGeometry(spec, t.shape, t.stride(), t.element_size(), name))
         self.steps = 0
+        self.cluster = kernel.cluster  # (cx, cy): its CTAs run together, sharing one scheduler
+        self.csize = self.cluster[0] * self.cluster[1]
+        if self.csize > 1 and self.grid[0] % self.csize:
+            raise CircbufError(
+                f"{kernel.name}: grid {self.grid} is not a whole number of {self.cluster} clusters"
+            )
+
+    def whole_clusters(self, ctas) -> list:
+        """``ctas`` with the rest of each one's cluster, in launch order."""
+        if self.csize == 1:
+            return list(ctas)
+        out = []
+        for x, y, z in ctas:
+            for r in range(self.csize):
+                b = (x - x % self.csize + r, y, z)
+                if b not in out:
+                    out.append(b)
+        return out
 
     def ctas(self):
         gx, gy, gz = self.grid
@@ -380,24 +398,56 @@ class Launch:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            for k, b in enumerate(self.ctas() if ctas is None else ctas):
-                cta = CTA(self, b, seed=hash((seed, k)) & 0xFFFFFFFF)
-                cta.run()
-                self.steps += cta.sched.steps
+            order = self.whole_clusters(self.ctas() if ctas is None else ctas)
+            for k in range(0, len(order), self.csize):
+                sched = Scheduler(hash((seed, k)) & 0xFFFFFFFF)
+                group = [CTA(self, b, sched=sched) for b in order[k : k + self.csize]]
+                for c in group:
+                    c.peers = group
+                _run_ctas(group)
+                self.steps += sched.steps
             self.glob.write_back()
         finally:
             torch.set_num_threads(threads)
 
 
 # ------------------------------------------------------------ a CTA
+def _run_ctas(ctas):
+    """Run one CTA, or the CTAs of one cluster together (one scheduler: their
+    threads interleave, copies multicast between them, arrivals cross them)."""
+    head = ctas[0]
+    try:
+        head.sched.run()
+    except Deadlock as d:
+        raise CircbufError(head._deadlock(d.blocked)) from None
+    if head.sched.in_flight and head.checker is not None:
+        op = head.sched.in_flight[0]
+        raise CircbufError(
+            f"{head.kernel_name}: CTA {op.cta.bidx} ends with {op.who()} still in flight (no wait for it "
+            "before the threads exit: its shared memory goes with the CTA)"
+        )
+    head.sched.finish_all()
+    for c in ctas:
+        c._check_registers()
+        c._check_exit()
+
+
 class CTA:
-    def __init__(self, launch: Launch, bidx, seed=0):
+    def __init__(self, launch: Launch, bidx, seed=0, sched=None):
         self.launch, self.prog, self.k = launch, launch.prog, launch.k
         self.kernel_name = launch.k.name
         self.bidx = bidx
         self.glob = launch.glob
         self.checker = Checker(self) if launch.check else None
-        self.sched = Scheduler(seed)
+        self.sched = Scheduler(seed) if sched is None else sched
+        self.peers = [self]  # the CTAs of its cluster, by rank
+        self.rank = bidx[0] % launch.csize
+        self.cidx, self.cidy = divmod(self.rank, launch.cluster[1])
+        # a peer's accesses to this CTA (arrivals on its barriers, copies into its
+        # stages): component -> (latest clock, what), each to happen before every
+        # thread of this CTA exits
+        self.remote: dict = {}
+        self.cluster_bar = None
         self.shared: dict = {}
         self.shadow: dict = {}
         self.alloc: dict = {}  # shared tv name -> (base byte, element size, stage elements, stages)
@@ -414,6 +464,7 @@ class CTA:
         self.nthreads = bx * by * bz
         env = dict(launch.env)
         env["blockIdx.x"], env["blockIdx.y"], env["blockIdx.z"] = bidx
+        env["cidx"], env["cidy"] = self.cidx, self.cidy
         self.threads = []
         lin = 0
         for z in range(bz):
@@ -421,7 +472,7 @@ class CTA:
                 for x in range(bx):
                     e = dict(env)
                     e["threadIdx.x"], e["threadIdx.y"], e["threadIdx.z"] = x, y, z
-                    t = Thread(self, (x, y, z), lin, e)
+                    t = Thread(self, (x, y, z), lin, e, cid=lin + self.rank * self.nthreads)
                     self.threads.append(t)
                     self.sched.add(t)
                     lin += 1
@@ -459,20 +510,41 @@ class CTA:
 
     # ---------------------------------------------------------- running
     def run(self):
-        try:
-            self.sched.run()
-        except Deadlock as d:
-            raise CircbufError(self._deadlock(d.blocked)) from None
-        if self.sched.in_flight and self.checker is not None:
-            op = self.sched.in_flight[0]
+        _run_ctas(self.peers)
+
+    @property
+    def gone(self) -> bool:
+        """Every thread has exited: its shared memory and barriers are gone."""
+        return self.exited == self.nthreads
+
+    def peer(self, th, rank: int, what: str):
+        """CTA ``rank`` of this one's cluster, which ``th`` accesses (``what``)."""
+        dest = self.peers[rank]
+        if dest.gone:
             raise CircbufError(
-                f"{self.kernel_name}: CTA {self.bidx} ends with {op.who()} still in flight (no wait for it "
-                "before the threads exit: its shared memory goes with the CTA)"
+                f"{self.kernel_name}: {th.who()} of CTA {self.bidx} {what} CTA {dest.bidx} of its cluster, "
+                "which has exited (no cluster barrier before exit: a CTA must not exit while its peers may "
+                "still write to its shared memory or arrive on its barriers)"
             )
-        self.sched.finish_all()
-        self._check_registers()
+        return dest
+
+    def remote_access(self, comp, clk, what: str):
+        if self.checker is not None and clk > self.remote.get(comp, (0, ""))[0]:
+            self.remote[comp] = (clk, what)
+
+    def _check_exit(self):
+        """Every peer's access to this CTA happens before each of its threads exits."""
+        for comp, (clk, what) in self.remote.items():
+            for t in self.threads:
+                if not t.sees(comp, clk):
+                    raise CircbufError(
+                        f"{self.kernel_name}: {t.who()} of CTA {self.bidx} may exit before {what} "
+                        "(no cluster barrier before exit: a CTA must not exit while its peers may still "
+                        "write to its shared memory or arrive on its barriers)"
+                    )
 
     def _deadlock(self, blocked) -> str:
+        many = len(self.peers) > 1
         groups: dict = {}
         for t in blocked:
             w = t.waiting
@@ -481,7 +553,8 @@ class CTA:
                 got = _ring_need(t, w.obj, *self.prog.ring_of_bar[w.obj.name])
                 if got is not None:
                     desc += f" for {got[1]}, which completes phase {got[0]}"
-            groups.setdefault((t.role_label(), desc), []).append(t)
+            role = f"CTA {t.cta.bidx} {t.role_label()}" if many else t.role_label()
+            groups.setdefault((role, desc), []).append(t)
         parts = []
         for (role, desc), ts in groups.items():
             n = len(ts)
@@ -490,9 +563,15 @@ class CTA:
             if n > 1 and desc.startswith("waits"):
                 desc = "wait" + desc[5:]
             parts.append(f"{role}: {n} thread{'s' if n > 1 else ''} (e.g. thread {first.tid}{where}) {desc}")
-        done = f"; {self.exited} threads have returned" if self.exited else ""
+        exited = sum(c.exited for c in self.peers)
+        done = f"; {exited} threads have returned" if exited else ""
+        where = (
+            f"the cluster of CTAs {', '.join(str(c.bidx) for c in self.peers)}"
+            if many
+            else f"CTA {self.bidx}"
+        )
         return (
-            f"{self.kernel_name}: deadlock in CTA {self.bidx}: every live thread waits and no copy is in "
+            f"{self.kernel_name}: deadlock in {where}: every live thread waits and no copy is in "
             f"flight: " + "; ".join(parts) + done
         )
 
@@ -556,14 +635,14 @@ class CTA:
 class Thread(Agent):
     is_thread = True
 
-    def __init__(self, cta: CTA, tid, lin: int, env: dict):
+    def __init__(self, cta: CTA, tid, lin: int, env: dict, cid=None):
         self.cta, self.prog = cta, cta.prog
         self.tid, self.lin, self.env = tid, lin, env
         self.lane, self.warp, self.wg = lin % 32, lin // 32, lin // 128
         self.local: dict = {}
         self.role = None
         self.group = 0
-        self.cid, self.clk, self.vc = lin, 1, {}
+        self.cid, self.clk, self.vc = (lin if cid is None else cid), 1, {}
         self.fences: list = []
         self.bulk = BulkState()
         self.cp = CpAsyncState()
@@ -752,6 +831,16 @@ def _return(th, n):
     raise _Return()
 
 
+def _cluster_sync(th, n):
+    """barrier.cluster.arrive.release + wait.acquire: every thread of every CTA of the cluster."""
+    head = th.cta.peers[0]
+    if head.cluster_bar is None:
+        head.cluster_bar = Barrier(head, "the cluster barrier (barrier.cluster)")
+    w = head.cluster_bar.arrive(th, sum(c.nthreads for c in th.cta.peers))
+    th.tick()
+    yield w
+
+
 def _block_sync(th, n):
     bid, threads = n.barrier
     if is_block_wide(n.barrier):
@@ -848,6 +937,17 @@ def _mbar_inval(th, n):
 
 
 def _mbar_arrive(th, n):
+    if n.peers:  # in every CTA whose copies land in this one's (mapa + arrive.shared::cluster)
+        cta = th.cta
+        for r in kir.cluster_peers(th.cta.launch.cluster, n.peers, cta.cidx, cta.cidy):
+            dest = cta.peer(th, r, "arrives on a barrier of")
+            bar = dest.mbarrier(th, n.bar)
+            if dest is not cta:
+                dest.remote_access(th.cid, th.clk, f"{th.who()} of CTA {cta.bidx} arrives on its {bar.label}")
+            bar.arrive(th)
+        th.tick()
+        yield None
+        return
     bar = th.cta.mbarrier(th, n.bar)
     turn = th.prog.turn_of_bar.get(bar.name)
     if turn is not None:
@@ -1033,14 +1133,24 @@ class TmaLoadOp(_Op):
     def __init__(self, cta, th, geo, gidx, buf, sidx, bar):
         super().__init__(cta, th)
         self.geo, self.gidx, self.buf, self.sidx, self.bar = geo, gidx, buf, sidx, bar
-        self.cid = ("tma", bar.label)
+        self.cid = ("tma", cta.rank, bar.label)
         self.clk = 0
 
     def who(self, clk=None):
-        return f"the TMA copy into {self.buf} (completing on {self.bar.label}) issued by {self.th.who(self.issued_clk)}"
+        into = f" of CTA {self.cta.bidx}" if self.th.cta is not self.cta else ""
+        by = f" of CTA {self.th.cta.bidx}" if into else ""
+        return (
+            f"the TMA copy into {self.buf}{into} (completing on {self.bar.label}) issued by "
+            f"{self.th.who(self.issued_clk)}{by}"
+        )
 
     def complete(self):
         cta = self.cta
+        if cta.gone:
+            raise CircbufError(
+                f"{cta.kernel_name}: {self.who()} lands in CTA {cta.bidx}, which has exited (no cluster "
+                "barrier before exit: a CTA must not exit while its peers may still write to its shared memory)"
+            )
         vals, off, _ = cta.glob.data(self.geo.name)
         zero = _zero(cta.alloc[self.buf][4])
         buf = cta.shared[self.buf]
@@ -1052,6 +1162,8 @@ class TmaLoadOp(_Op):
             cta.checker.async_write_done(self, cta.shadow[self.buf], self.sidx)
         self.done = True
         self.bar.complete_tx(self, self.geo.nbytes)
+        if self.th.cta is not cta:  # a peer's multicast slice
+            cta.remote_access(self.cid, self.clk, f"{self.who()} lands in its {self.buf}")
 
 
 class TmaStoreOp(_Op):
@@ -1060,7 +1172,7 @@ class TmaStoreOp(_Op):
     def __init__(self, cta, th, geo, gidx, buf, sidx, seq):
         super().__init__(cta, th)
         self.geo, self.gidx, self.buf, self.sidx = geo, gidx, buf, sidx
-        self.cid, self.clk = ("bulk", th.lin), seq
+        self.cid, self.clk = ("bulk", th.cid), seq
 
     def who(self, clk=None):
         return f"the TMA store of {self.buf} (bulk group {self.clk}) issued by {self.th.who(self.issued_clk)}"
@@ -1110,13 +1222,27 @@ def _tma_load(th, n):
     if geo.nbytes != n.box_bytes:
         raise CircbufError(f"{cta.kernel_name}: TMA load of {geo.nbytes} bytes announced as {n.box_bytes}")
     coords = [th.prog.sc(c)(th.env) for c in n.coords]
-    bar = cta.mbarrier(th, n.bar)
     sidx = _smem_box(th, n, n.dst, geo)
-    op = TmaLoadOp(cta, th, geo, geo.global_index(coords), n.dst.tv.name, sidx, bar)
-    if cta.checker is not None:
-        cta.checker.async_write_issue(op, cta.shadow[op.buf], sidx)
+    gidx = geo.global_index(coords)
+    # a multicast slice lands at the same offset in each CTA that shares the tile
+    ranks = (
+        kir.cluster_peers(cta.launch.cluster, (n.multicast,), cta.cidx, cta.cidy)
+        if n.multicast
+        else [cta.rank]
+    )
+    for r in ranks:
+        dest = cta.peer(th, r, "multicasts into") if n.multicast else cta
+        bar = dest.mbarrier(th, n.bar)
+        if n.dst.tv.name not in dest.shared:
+            raise CircbufError(
+                f"{cta.kernel_name}: {th.who()} multicasts into {n.dst.tv.name} of CTA {dest.bidx}, "
+                "which is not allocated there yet (no cluster barrier after the barriers' initialization)"
+            )
+        op = TmaLoadOp(dest, th, geo, gidx, n.dst.tv.name, sidx, bar)
+        if dest.checker is not None:
+            dest.checker.async_write_issue(op, dest.shadow[op.buf], sidx)
+        cta.sched.start(op)
     th.tick()
-    cta.sched.start(op)
     yield None
 
 
@@ -1157,7 +1283,7 @@ def _bulk_wait(th, n):
         g = b.groups[upto - 1]
         ep = g.ep
         if ep is None:
-            ep = g.ep = {("bulk", th.lin): g.seq}
+            ep = g.ep = {("bulk", th.cid): g.seq}
         th.acquire(ep)
 
 
@@ -1172,7 +1298,7 @@ class CpAsyncOp(_Op):
     def __init__(self, cta, th, gname, gidx, buf, sidx, valid):
         super().__init__(cta, th)
         self.gname, self.gidx, self.buf, self.sidx, self.valid = gname, gidx, buf, sidx, valid
-        self.cid, self.clk = ("cp.async", th.lin), 0
+        self.cid, self.clk = ("cp.async", th.cid), 0
         self.watchers: list = []
 
     def who(self, clk=None):
@@ -1307,7 +1433,7 @@ class WgmmaOp(_Op):
     def __init__(self, cta, wg, vc, reads, role):
         self.cta, self.wg, self.vc, self.reads, self.role = cta, wg, vc, reads, role
         cta.wg_clock[wg] = self.clk = cta.wg_clock.get(wg, 0) + 1
-        self.cid = ("wgmma", wg)
+        self.cid = ("wgmma", cta.rank, wg)
         self.ep = {self.cid: self.clk}
         self.retired = False
 
@@ -1457,6 +1583,7 @@ _HANDLERS = {
     kir.Comment: (None, _comment),
     kir.Return: (None, _return),
     kir.BlockSync: (_block_sync, None),
+    kir.ClusterSync: (_cluster_sync, None),
     kir.BlockReduce: (_block_reduce, None),
     kir.MBarrierAlloc: (None, _mbar_alloc),
     kir.MBarrierInit: (None, _mbar_init),

@@ -43,6 +43,16 @@ class ParallelType(Enum):
     # covered by one MMA instruction (wgmma): no loop; on its output these
     # are the per-thread fragment registers, on its K axis the instruction's k
     Mma = "MMA"
+    # the CTA's coordinates in its thread-block cluster (cluster=(cx, cy)): an axis
+    # bound to one is split between the cluster's CTAs; a shared buffer's box axis
+    # bound to one is loaded in slices, each CTA loading one and multicasting it to
+    # the CTAs that differ from it only along that coordinate (they share the tile)
+    CIDx = "cidx"
+    CIDy = "cidy"
+
+    @property
+    def is_cluster(self):
+        return self in (ParallelType.CIDx, ParallelType.CIDy)
 
     @property
     def is_block(self):

@@ -83,6 +83,20 @@ generic proxy wrote)::
         CP_ASYNC_ARRIVE.NOINC X_full[load_stage]; ADVANCE X_load
       CP_ASYNC_COMMIT_GROUP; CP_ASYNC_WAIT_GROUP 0; RETURN
 
+Fill ``multicast`` (a thread-block cluster's CTAs share an operand tile: its
+box is split into slices bound to a cluster axis, ``TmaLoad.multicast``): each
+CTA's elected lane loads its slice into the stage of every CTA that shares the
+tile, completing on each one's full barrier, whose ``expect_tx`` still counts
+the whole stage; a consumer release arrives on the stage's empty barrier in
+every CTA whose slices land in its own (``MBarrierArrive.peers``), so an empty
+barrier counts the releases of that many CTAs; the producer stays to the exit
+cluster barrier (no early return)::
+
+    ROLE producer: ... WAIT X_empty[load_stage] ^ 1
+                       EXPECT_TX X_full[load_stage] bytes=A + B (the whole stage)
+                       TMA_LOAD A -> stage; TMA_LOAD B[slice cidx] -> stage multicast along cidx
+    ROLE consumers: ... ARRIVE X_empty[s] in every CTA multicasting to this one
+
 A reader's position is found by mapping its loops onto the producer's: the
 i-th serial loop around the reads corresponds to the i-th loop of the
 producer's nest, with the same trip count; a reader loop that starts
@@ -135,6 +149,7 @@ from .kir import (
     TensorRef,
     TmaLoad,
     Wgmma,
+    cluster_peers,
     enclosing,
     insert_after,
     insert_before,
@@ -193,7 +208,7 @@ def _clone_loads(nodes, mapping, stage_off=None, bar=None):
                 out.append(CpAsyncBox(dst, n.src, dims, n.vector, n.threads, b, n.through_registers))
                 continue
             coords = [substitute(x, mapping) for x in n.coords]
-            out.append(TmaLoad(dst, n.map_index, coords, n.box_bytes, b))
+            out.append(TmaLoad(dst, n.map_index, coords, n.box_bytes, b, n.multicast))
     return out
 
 
@@ -406,6 +421,8 @@ def _pipeline(kernel, alloc, key, setup):
             "still read (use WarpSpecialized, which releases after wgmma.wait_group)"
         )
     buf = _Buffer(alloc, loads)
+    if any(_multicasts([buf])):
+        raise CircbufError(f"{name}: a multicast (cluster) ring must be warp-specialized")
     # thread 0 fills (one expect_tx arrival); every thread releases a stage it has read
     ring = Ring(name, S, P, [name], full_arrivals=1, empty_arrivals=kernel.max_threads)
     ring.has_empty = kind.war == "mbarrier"
@@ -515,6 +532,10 @@ def _warp_specialize(kernel, allocs, names):
             levels = [(producer_nest[0], None)] + levels[1:]
         # the producer's expect_tx arrival fills a TMA stage; cp.async copies arrive per thread
         threads_fill = any(_by_threads(b) for b in bufs)  # the fill kind cp.async
+        # slices of tiles the cluster's CTAs share, each multicast to those that share it
+        peers = tuple(dict.fromkeys(m for m in _multicasts(bufs) if m))
+        if peers and threads_fill:
+            raise CircbufError(f"{label}: a cp.async fill cannot be multicast to the cluster's CTAs")
         ring = Ring(
             label,
             S,
@@ -522,8 +543,9 @@ def _warp_specialize(kernel, allocs, names):
             list(members),
             producer_role.name,
             [consumer_role.name],
-            fill="cp.async" if threads_fill else "tma",
+            fill="cp.async" if threads_fill else "multicast" if peers else "tma",
             full_arrivals=_cp_async_arrivals(bufs, producer_role.threads) if threads_fill else 1,
+            peers=peers,
         )
         kernel.rings.append(ring)
         made.append((ring, bufs, levels, label))
@@ -551,12 +573,15 @@ def _warp_specialize(kernel, allocs, names):
         for ring, bufs, levels, _ in made:
             levels[-1][0].body = _issue(ring, bufs, None, None, gap_wait=True)
         warp0 = Var("threadIdx.x").lt(32)
+        # a cluster's producer stays to the exit cluster barrier (its peers' consumers
+        # arrive on its empty barriers until the end): no early return
+        multicast = any(r.fill == "multicast" for r, *_ in made)
         switch.bodies[k_prod] += [
             ElectOne(
                 warp0,
                 [Comment("the elected producer lane"), *[RingInit(r.load) for r, *_ in made], *producer_nest],
             ),
-            Return(),
+            *([] if multicast else [Return()]),
         ]
 
     # consumers: wait for each position, release it after its last read
@@ -573,8 +598,45 @@ def _warp_specialize(kernel, allocs, names):
             )
         if ring.fill == "cp.async" and any(x.is_async for x in _boxes(bufs)):
             _fence_after_full_waits(body, ring)
+        if ring.peers:
+            _release_to_peers(kernel, body, ring)
     switch.bodies[k_cons] = head + body
     return kernel
+
+
+def _multicasts(bufs) -> list:
+    """The cluster axes each TMA copy of ``bufs`` is multicast along (() for a local one)."""
+    out = []
+    walk(
+        [n for b in bufs for n in b.loads],
+        lambda n, _s: out.append(n.multicast) if isinstance(n, TmaLoad) else None,
+    )
+    return out
+
+
+def _release_to_peers(kernel, body, ring):
+    """A multicast ring (fill ``multicast``): a stage of this CTA is written by every
+    CTA whose slices it receives, so each consumer release arrives on the stage's
+    empty barrier in each of them (its own included), and an empty barrier waits
+    for the releases of every CTA its own producer's slices land in: the
+    arrivals per CTA times that many CTAs (the same for every CTA of the cluster:
+    its row and column of the cluster, for A's and B's slices)::
+
+        before: ARRIVE T_empty[s]
+        after:  ARRIVE T_empty[s] in every CTA multicasting to this one (mapa + arrive.shared::cluster)
+    """
+    n = 0
+
+    def f(node, _s):
+        nonlocal n
+        if isinstance(node, MBarrierArrive) and node.bar.name == ring.empty:
+            node.peers = ring.peers
+            n += 1
+
+    walk(body, f)
+    assert n, ring.name  # a ring whose stages are never released would have deadlocked
+    ctas = len(cluster_peers(kernel.cluster, ring.peers, 0, 0))
+    ring.empty_arrivals = ring.empty_arrivals * ctas
 
 
 def _fuse_under(top, other, bufs, levels, label, body):

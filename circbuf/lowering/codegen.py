@@ -38,6 +38,7 @@ from .kir import (
     BlockSync,
     BulkCommitGroup,
     BulkWaitGroup,
+    ClusterSync,
     Comment,
     CpAsyncArrive,
     CpAsyncBox,
@@ -69,6 +70,7 @@ from .kir import (
     WgmmaFence,
     WgmmaWait,
     barrier_name,
+    cluster_ctas,
     is_block_wide,
     walk,
 )
@@ -292,8 +294,31 @@ class CudaCodegen:
     def visit_MBarrierArriveExpectTx(self, n: MBarrierArriveExpectTx):
         self.emit(f"cb::mbar_arrive_expect_tx({self.bar(n.bar)}, (unsigned)({self.scalar(n.bytes)}));")
 
+    def cluster_mask(self, along: tuple) -> str:
+        """The ranks of :func:`cluster_ctas` for this CTA as a C bit mask: a constant
+        pattern shifted to this CTA's row or column of the cluster."""
+        shape = self.k.cluster
+        base = sum(1 << r for r in cluster_ctas(shape, along, 0, 0))
+        shift = []
+        if ParallelType.CIDx not in along and shape[0] > 1:
+            shift.append(f"cidx * {shape[1]}" if shape[1] > 1 else "cidx")
+        if ParallelType.CIDy not in along and shape[1] > 1:
+            shift.append("cidy")
+        return f"({hex(base)}u << ({' + '.join(shift)}))" if shift else f"{hex(base)}u"
+
     def visit_MBarrierArrive(self, n: MBarrierArrive):
-        self.emit(f"cb::mbar_arrive({self.bar(n.bar)});")
+        if not n.peers:
+            self.emit(f"cb::mbar_arrive({self.bar(n.bar)});")
+            return
+        cs = self.k.cluster[0] * self.k.cluster[1]
+        mask = " | ".join(self.cluster_mask(a) for a in n.peers)
+        self.emit("// released in every CTA whose slices land in this one's stage (this one's included)")
+        self.emit(f"for (unsigned cta = 0, peers = {mask}; cta < {cs}; ++cta) {{")
+        self.emit(f"  if ((peers >> cta) & 1u) cb::mbar_arrive_cluster({self.bar(n.bar)}, cta);")
+        self.emit("}")
+
+    def visit_ClusterSync(self, n: ClusterSync):
+        self.emit(f"cb::cluster_sync();  // {n.why}" if n.why else "cb::cluster_sync();")
 
     def visit_MBarrierWait(self, n: MBarrierWait):
         parity = f"(unsigned)({self.scalar(n.parity)})"
@@ -373,6 +398,12 @@ class CudaCodegen:
 
     def visit_TmaLoad(self, n: TmaLoad):
         coords = ", ".join(f"(int)({self.scalar(c)})" for c in n.coords)
+        if n.multicast:
+            mask = f"(unsigned short){self.cluster_mask(n.multicast)}"
+            self.emit(
+                f"cb::tma_load_multicast(&{self.ref(n.dst)}, &tmap{n.map_index}, {self.bar(n.bar)}, {mask}, {coords});"
+            )
+            return
         self.emit(f"cb::tma_load(&{self.ref(n.dst)}, &tmap{n.map_index}, {self.bar(n.bar)}, {coords});")
 
     def visit_CpAsyncBox(self, n: CpAsyncBox):
@@ -517,6 +548,20 @@ class CudaCodegen:
         for purpose, (first, count) in k.named_barriers.items():
             groups = f": ids {first}..{first + count - 1}, one per sync group" if count > 1 else ""
             self.emit(f"constexpr int {barrier_name(purpose)} = {first};  // {purpose}{groups}")
+        cx, cy = k.cluster
+        cluster = ""
+        if (cx, cy) != (1, 1):
+            cluster = f"__cluster_dims__({cx * cy}, 1, 1) "
+            rank = f" (rank = cidx * {cy} + cidy)" if cx > 1 and cy > 1 else ""
+            self.emit(f"// this CTA's coordinates in its {cx}x{cy} cluster{rank}")
+            if cx > 1:
+                self.emit(
+                    f"const index_t cidx = (index_t)(cb::cluster_ctarank(){f' / {cy}' if cy > 1 else ''});"
+                )
+            if cy > 1:
+                self.emit(
+                    f"const index_t cidy = (index_t)(cb::cluster_ctarank(){f' % {cy}' if cx > 1 else ''});"
+                )
         for n in k.body:
             self.node(n)
         body = self.lines
@@ -528,7 +573,7 @@ class CudaCodegen:
             f"typedef {index_t} index_t;",
             PRELUDE,
             *self.helpers.values(),
-            f'extern "C" __global__ void __launch_bounds__({max(k.max_threads, 1)}{", " + str(k.min_blocks) if k.min_blocks else ""}) {k.name}(',
+            f'extern "C" __global__ void {cluster}__launch_bounds__({max(k.max_threads, 1)}{", " + str(k.min_blocks) if k.min_blocks else ""}) {k.name}(',
             "    " + ",\n    ".join(params) + ") {",
         ]
         return "\n".join(head + smem + body + ["}", ""])

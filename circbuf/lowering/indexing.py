@@ -247,7 +247,11 @@ class _Indexer:
                 )
             expect *= box_extent(ax)
         m, coords, nbytes = self._map(g, dims, out)
-        return TmaLoad(dst, m, coords, nbytes)
+        # a slice of a tile the cluster's CTAs share: multicast along those axes
+        along = tuple(
+            p for p in (ParallelType.CIDx, ParallelType.CIDy) if any(a.parallel_type == p for a in out.loop)
+        )
+        return TmaLoad(dst, m, coords, nbytes, multicast=along)
 
     def cp_async_box(self, node) -> CpAsyncBox:
         """The box a TMA load of the same buffer would copy, copied by the

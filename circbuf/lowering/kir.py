@@ -235,10 +235,15 @@ class TmaLoad(Node):
     coords: list  # innermost first
     box_bytes: int
     bar: object = None  # MBarrierRef, set by the circular-buffer pass
+    # the cluster axes (ParallelType.CIDx/CIDy) its box is a slice along: the copy lands
+    # at the same offset in every CTA of the cluster that differs from this one only
+    # along them (cluster_ctas), completing on each one's ``bar``; (): this CTA only
+    multicast: tuple = ()
 
     def lines(self, ind):
         c = ", ".join(str(x) for x in self.coords)
-        return ["  " * ind + f"TMA_LOAD {self.dst} <- tmap{self.map_index}{{{c}}} on {self.bar}"]
+        mc = f" multicast along {'/'.join(p.value for p in self.multicast)}" if self.multicast else ""
+        return ["  " * ind + f"TMA_LOAD {self.dst} <- tmap{self.map_index}{{{c}}} on {self.bar}{mc}"]
 
 
 @dataclass(eq=False)
@@ -440,10 +445,54 @@ class MBarrierArriveExpectTx(Node):
 
 @dataclass(eq=False)
 class MBarrierArrive(Node):
+    """One arrival on ``bar``; with ``peers`` (a multicast ring's: the cluster axes of
+    each of its multicast buffers) one on ``bar`` in every CTA of the cluster whose
+    copies land in this one (``mapa`` + ``mbarrier.arrive.shared::cluster``), this
+    CTA included."""
+
     bar: MBarrierRef
+    peers: tuple = ()
 
     def lines(self, ind):
+        if self.peers:
+            along = ", ".join("/".join(p.value for p in a) for a in self.peers)
+            return [
+                "  " * ind
+                + f"MBARRIER_ARRIVE {self.bar} in every CTA multicasting to this one (along {along})"
+            ]
         return ["  " * ind + f"MBARRIER_ARRIVE {self.bar}"]
+
+
+@dataclass(eq=False)
+class ClusterSync(Node):
+    """``barrier.cluster.arrive.release`` + ``barrier.cluster.wait.acquire``: every
+    thread of every CTA of the cluster (a block-wide sync too)."""
+
+    why: str = ""
+
+    def lines(self, ind):
+        return ["  " * ind + f"CLUSTER_SYNC  // {self.why}"]
+
+
+def cluster_ctas(shape: tuple, along: tuple, cidx: int, cidy: int) -> list:
+    """Ranks (cidx * cy + cidy) of the CTAs of a ``shape`` = (cx, cy) cluster that
+    differ from CTA (cidx, cidy) only along the cluster axes ``along``.
+
+    >>> cluster_ctas((2, 2), (ParallelType.CIDy,), 1, 0), cluster_ctas((2, 2), (ParallelType.CIDx,), 1, 0)
+    ([2, 3], [0, 2])
+    """
+    cx, cy = shape
+    xs = range(cx) if ParallelType.CIDx in along else [cidx]
+    ys = range(cy) if ParallelType.CIDy in along else [cidy]
+    return [x * cy + y for x in xs for y in ys]
+
+
+def cluster_peers(shape: tuple, peers: tuple, cidx: int, cidy: int) -> list:
+    """The union of :func:`cluster_ctas` over ``peers`` (a tuple of ``along``), in rank order."""
+    out = set()
+    for along in peers:
+        out.update(cluster_ctas(shape, along, cidx, cidy))
+    return sorted(out)
 
 
 @dataclass(eq=False)
@@ -638,10 +687,15 @@ class Ring:
     full_arrivals: object = 1
     empty_arrivals: object = None  # None: no empty barriers
     has_empty: bool = True
+    # fill "multicast": the cluster axes of each multicast buffer; a consumer releases a
+    # stage in every CTA whose copies land in its own (MBarrierArrive.peers)
+    peers: tuple = ()
 
     def __post_init__(self):
-        if self.fill not in ("tma", "threads", "cp.async"):
-            raise CircbufError(f"ring {self.name}: fill {self.fill!r} is not tma, threads or cp.async")
+        if self.fill not in ("tma", "threads", "cp.async", "multicast"):
+            raise CircbufError(
+                f"ring {self.name}: fill {self.fill!r} is not tma, threads, cp.async or multicast"
+            )
         self.load = RingSide(f"{self.name}_load", self.stages)
         self.use = RingSide(f"{self.name}_use", self.stages)
 
@@ -823,6 +877,13 @@ class Kernel:
     fast_math: bool = True  # may the fast_math pass pick approximate transcendentals (CIRCBUF_FAST_MATH)
     peer: dict | None = None  # an output stored to peer GPUs: kind, world, params, tiles (peer_stores pass)
 
+    @property
+    def cluster(self) -> tuple:
+        """(cx, cy): the thread-block cluster, from the extents bound to the CTA's
+        cluster coordinates (1, 1: none)."""
+        cx, cy = (self.launch.get(p, Const(1)) for p in (ParallelType.CIDx, ParallelType.CIDy))
+        return (cx.value, cy.value)
+
     def mbarrier(self, name: str, count: int, arrivals) -> str:
         """Register an array of ``count`` mbarriers, each completing a phase on
         ``arrivals`` arrivals; the mbarriers pass allocates and initializes it."""
@@ -897,6 +958,8 @@ class Kernel:
         head = f"kernel {self.name}({params}) grid({', '.join(grid)}) block({', '.join(block)})"
         if self.smem_bytes:
             head += f" smem({self.smem_bytes})"
+        if self.cluster != (1, 1):
+            head += f" cluster{self.cluster}"
         decls = [f"  role {r.name}: {r.describe()}" for r in self.roles] + [f"  {r}" for r in self.rings]
         decls += [f"  {t}" for t in self.turn_orders]
         return "\n".join([head] + decls + _block(self.body, 1))

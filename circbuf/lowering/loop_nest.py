@@ -142,7 +142,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             pt = ax.parallel_type
             if ax.is_reduction and anchor is None:
                 anchor = (cur, None)
-            if pt.is_grid_or_block:
+            if pt.is_grid_or_block or pt.is_cluster:
                 ext = simplify(ax.loop_extent)
                 if pt in launch and launch[pt] != ext and not ax.is_broadcast:
                     raise CircbufError(

@@ -37,6 +37,7 @@ from ..ir import Const
 from ..ir.scalar import as_scalar
 from .kir import (
     BlockSync,
+    ClusterSync,
     Fence,
     IfThenElse,
     Kernel,
@@ -59,14 +60,29 @@ def setup_mbarriers(kernel: Kernel) -> Kernel:
     thread0 = thread0_cond(kernel)
     refs = [(MBarrierRef(name, Const(s)), arrivals) for name, count, arrivals in arrays for s in range(count)]
     head = [MBarrierAlloc(name, count) for name, count, _ in arrays]
+    cluster = kernel.cluster != (1, 1)
     head += [
         IfThenElse(thread0, [MBarrierInit(r, as_scalar(a)) for r, a in refs] + [Fence("mbarrier_init")]),
-        BlockSync("barriers initialized before any thread uses them"),
+        # a cluster's peers arrive on these barriers and multicast into this CTA's
+        # stages: its barriers initialized (fence.mbarrier_init.release.cluster) first
+        ClusterSync("every CTA of the cluster has initialized its barriers before any peer uses them")
+        if cluster
+        else BlockSync("barriers initialized before any thread uses them"),
     ]
     returns = []
     walk(kernel.body, lambda n, _s: returns.append(n) if isinstance(n, Return) else None)
     tail = []
-    if not returns:  # a role that returned early could not join the last sync
+    if cluster:
+        # a CTA must not exit (its shared memory and barriers gone) while a peer may
+        # still multicast into it or arrive on its barriers
+        assert not returns, f"{kernel.name}: a role returns early in a cluster kernel"
+        tail = [
+            ClusterSync(
+                "no CTA exits while its peers may still write to its stages or arrive on its barriers"
+            ),
+            IfThenElse(thread0, [MBarrierInval(r) for r, _ in refs]),
+        ]
+    elif not returns:  # a role that returned early could not join the last sync
         tail = [
             BlockSync("every wait is done before the barriers go"),
             IfThenElse(thread0, [MBarrierInval(r) for r, _ in refs]),

@@ -450,26 +450,28 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     if raster not in ("M", "N"):
         raise CircbufError(f"schedule(raster={raster!r}): must be 'M' or 'N'")
     tiles_m, tiles_n = -(-m // bm), -(-n // bn)
-    along = tiles_m if raster == "M" else tiles_n
-    group = ov.get("group", _default_group(along))
-    if not isinstance(group, int) or group < 1:
-        raise CircbufError(f"schedule(group={group!r}): must be an int >= 1")
-    cluster = ov.get("cluster", (1, 1))
+    # the heuristic's cluster: CIRCBUF_MATMUL_CLUSTER (default 1x1 until clusters are measured)
+    asked = "cluster" in ov
+    cluster = ov["cluster"] if asked else knobs.matmul_cluster()
     if not (
         isinstance(cluster, (tuple, list))
         and len(cluster) == 2
         and all(isinstance(x, int) and x >= 1 for x in cluster)
     ):
         raise CircbufError(f"schedule(cluster={cluster!r}): must be (cx, cy), two ints >= 1")
-    if cluster[0] * cluster[1] > 1:
-        if tiles_m % cluster[0] or tiles_n % cluster[1]:
-            raise CircbufError(
-                f"schedule(cluster={tuple(cluster)}): the cluster must divide the tile grid "
-                f"({tiles_m} x {tiles_n} tiles of {bm}x{bn})"
-            )
-        raise CircbufError(
-            f"schedule(cluster={tuple(cluster)}): thread-block clusters (TMA multicast) are not built yet; use (1, 1)"
-        )
+    cluster = tuple(cluster)
+    if cluster != (1, 1):
+        try:
+            _check_cluster(cluster, tiles_m, tiles_n, tile, a_major, b_major, ov, fa, fb, info.target)
+        except CircbufError:
+            if asked:
+                raise
+            cluster = (1, 1)  # the knob's cluster does not fit this fusion: none
+    # bands of cluster tiles (a cluster's CTAs take a [cx x cy] block of neighbouring tiles)
+    along = tiles_m // cluster[0] if raster == "M" else tiles_n // cluster[1]
+    group = ov.get("group", _default_group(along))
+    if not isinstance(group, int) or group < 1:
+        raise CircbufError(f"schedule(group={group!r}): must be an int >= 1")
     threads = cta_threads(role)
     entry = _entry_registers(info.target, threads)
     if role:
@@ -517,6 +519,11 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         )
     tiles = batch * tiles_m * tiles_n
     grid = min(tiles, info.target.sm_count) if persistent else tiles
+    csize = cluster[0] * cluster[1]
+    if persistent and csize > 1:
+        # whole clusters, all resident at once: every CTA of one walks the same tile
+        # slots (t % csize is its rank)
+        grid = max(min(tiles, info.target.cluster_slots(csize)) // csize, 1) * csize
     vec = _pair_loads(fusion, e, info, n)
     if loaded:  # read from shared memory, not in pairs from global
         vec = tuple(v and not t for v, t in zip(vec, loaded)) if vec else ()
@@ -548,6 +555,45 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         fill=(fa, fb),
         copy_vector=(va or 0, vb or 0),
     )
+
+
+def _check_cluster(cluster, tiles_m, tiles_n, tile, a_major, b_major, ov, fa, fb, target):
+    """The rules a thread-block cluster (TMA multicast of the operand tiles) must
+    keep, each broken one named: cx CTAs along M share B's tile, cy along N share
+    A's; each CTA loads a slice of each shared tile and multicasts it."""
+    cx, cy = cluster
+    bm, bn, _ = tile
+    where = f"schedule(cluster={cluster})"
+    if cx * cy > target.max_cluster_size:
+        raise CircbufError(
+            f"{where}: {cx * cy} CTAs exceed the {target.max_cluster_size} of a portable cluster on {target.name}"
+        )
+    if tiles_m % cx or tiles_n % cy:
+        # ragged clusters are not built: a cluster's CTAs run one protocol, tile for tile
+        raise CircbufError(
+            f"{where}: the cluster must divide the tile grid ({tiles_m} x {tiles_n} tiles of {bm}x{bn}); "
+            "ragged clusters are not built"
+        )
+    for name, what, why in (
+        ("epilogue", "role", "clusters are built for the inline epilogue only"),
+        ("fill", "cp.async", "a multicast fill is a TMA copy (fill='tma')"),
+    ):
+        if ov.get(name) == what:
+            raise CircbufError(f"schedule(cluster={cluster}, {name}={what!r}): {why}")
+    if "cp.async" in (fa, fb):
+        raise CircbufError(f"{where}: an operand TMA cannot describe (cp.async fill) cannot be multicast")
+    for op, ext, major, c in (("A", bm, a_major, cy), ("B", bn, b_major, cx)):
+        if c == 1:
+            continue
+        if major in ("K",) and (ext // c) % 8:
+            raise CircbufError(
+                f"{where}: {op}'s {ext}-row tile splits into {c} slices of {ext // c} rows, not a multiple "
+                "of 8 (one 1024-byte swizzle atom)"
+            )
+        if major not in ("K",) and ((ext // 64) % c or ext % 64):
+            raise CircbufError(
+                f"{where}: {op}'s tile of {ext // 64} 64-wide column boxes does not split into {c} slices"
+            )
 
 
 def _check_peer_store(fusion, store, persistent, pingpong, role):
@@ -842,6 +888,13 @@ def _tile(tv, roles, params, pingpong_split: bool):
     # bring the tile axes together: [B.., Mo, No, Mi, Ni, K?]
     perm = list(range(nb)) + [nb, nb + 2, nb + 1, nb + 3] + list(range(nb + 4, nb + 4 + rest))
     tv.reorder(perm)
+    cx, cy = params.cluster
+    if (cx, cy) != (1, 1):
+        # a cluster's CTAs take a [cx x cy] block of neighbouring tiles: the cluster's
+        # tile coordinates run innermost of the tile index, so t % (cx * cy) is the rank
+        tv.split(nb, cx)  # [B.., Mo/cx, cx, No, ..]
+        tv.split(nb + 2, cy)  # [B.., Mo/cx, cx, No/cy, cy, ..]
+        tv.reorder(list(range(nb)) + [nb, nb + 2, nb + 1, nb + 3] + list(range(nb + 4, len(tv.loop))))
     g = params.group
     if params.raster == "M":  # bands of g M-tiles: within a band M runs fastest
         tv.split(nb, g)  # [B.., Mog, Mg, No, ..]
@@ -853,7 +906,7 @@ def _tile(tv, roles, params, pingpong_split: bool):
         tv.reorder(
             list(range(nb)) + [nb + 1, nb, nb + 2] + list(range(nb + 3, len(tv.loop)))
         )  # [B.., Nog, Mo, Ng]
-    for _ in range(nb + 2):
+    for _ in range(nb + 2 + (2 if (cx, cy) != (1, 1) else 0)):
         tv.merge(0)  # [T, Mi, Ni, K?]
     if params.persistent:
         tv.split(0, params.grid)  # [T/G, G, ...]
@@ -968,6 +1021,18 @@ def _operand_tile(xs, roles, params, mn_role, major):
         xs.reorder(list(range(pos)) + [ko, kc, mnc, other, k64, mn64])  # [Ko, Kc, MNc, other, K64, MN64]
         xs.axis(pos + 4).parallelize(ParallelType.Bulk)
         xs.axis(pos + 5).parallelize(ParallelType.Bulk)
+    # a tile shared by the CTAs of a cluster along the other operand's side (A's by
+    # the cy CTAs along N, B's by the cx along M): each loads one slice of its rows
+    # (K-major) or column boxes (MN-major) and multicasts it to them
+    cx, cy = params.cluster
+    share, ptype = (cy, ParallelType.CIDy) if mn_role == "M" else (cx, ParallelType.CIDx)
+    if share > 1:
+        mn = pos + 2  # K-major: the box's MN rows; MN-major: the loop over 64-wide boxes
+        ext = simplify(xs.axis(mn).loop_extent)
+        bulk = xs.axis(mn).parallel_type
+        xs.split(mn, ext.value // share)  # [slice{share}, MN / share]
+        xs.axis(mn).parallelize(ptype)
+        xs.axis(mn + 1).parallelize(bulk)
     xs.swizzle(128)
     kind = WarpSpecialized(on=ParallelType.TIDy, registers=params.registers)
     xs.circular_buffer(params.stages, params.prefetch, kind, axis=pos)

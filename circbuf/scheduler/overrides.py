@@ -195,7 +195,7 @@ MATMUL = _table(
              **_choice("inline", "role")),
     Override("tile", used_by=(MM,), doc="bm: 64 per warpgroup (128 or 256 cooperative), bn: 16 to 256 by 16, bk: 64 or 128",
              **_ints(3, ("bm", "bn", "bk"))),
-    Override("cluster", used_by=(MM,), doc="thread-block clusters: only (1, 1) (multicast not built yet)",
+    Override("cluster", used_by=(MM,), doc="thread-block clusters: cx CTAs along M share B's tile, cy along N share A's (TMA multicast); must divide the tile grid",
              **_ints(2, ("cx", "cy"))),
     Override("raster", used_by=(MM,), doc="the tile index that runs fastest inside a band", **_choice("M", "N")),
     Override("group", used_by=(MM,), doc="tiles per band (L2 reuse)", **_int(1)),

@@ -14,15 +14,11 @@ scheduler, which builds the multicast ring fill:
 
     fd.fusion.schedule(cluster=(2, 1))     # new: 2 CTAs along M share each B tile
 
-Not yet buildable by hand, and not yet on this branch: clusters are being
-built in the matmul scheduler and lowering (issue 21, branch ``wip-cluster``);
-until that lands ``schedule(cluster=(2, 1))`` raises ``CircbufError``
-("thread-block clusters (TMA multicast) are not built yet") and so does this
-step (its test in ``tests/test_gemm_ladder.py`` fails until then). The
-hand-written steps have no cluster primitive to call yet (no cluster parallel
-type, no multicast fill kind on ``WarpSpecialized``), so this step goes
-through the scheduler's override on the heuristic's kernel (step 10's
-cooperative kernel), the one place the cluster API is planned.
+The hand-written steps have no cluster primitive of their own to call, so
+this step goes through the scheduler's override on the heuristic's kernel
+(step 10's cooperative kernel): the scheduler binds a slice of B's tile to the
+cluster parallel type ``CIDx`` and the lowering builds the ring's multicast
+fill from it (issue 21, NOTES "Issue 21: clusters and TMA multicast").
 """
 
 from __future__ import annotations
