@@ -100,10 +100,12 @@ def test_matmul_shapes(m, n, k, kind):
     ref = a.double() @ (b.double().T if kind == "linear" else b.double())
     check(out, ref)
     # a tensor map needs 16-byte row strides: A needs K % 8 == 0, B [K, N] N % 8 == 0, [N, K] K % 8 == 0;
-    # else the SIMT path (the cp.async fill that takes them is opt-in: CIRCBUF_CP_ASYNC)
+    # else the operand is copied to aligned rows first (circbuf.realign): never the SIMT path
     p = fd.last_params()
     b_tma = k % 8 == 0 if kind == "linear" else n % 8 == 0
-    assert type(p).__name__ == "MatmulParams" and (p.simt is None) == (k % 8 == 0 and b_tma)
+    assert type(p).__name__ == "MatmulParams" and p.simt is None
+    copied = (("T0",) if k % 8 else ()) + (() if b_tma else ("T1",))
+    assert fd._get_executor().realigned == copied
 
 
 @pytest.mark.parametrize("epilogue", ["gelu", "silu", "relu", "tanh_gelu", "scale", "residual"])

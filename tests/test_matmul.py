@@ -401,3 +401,26 @@ def test_batch_of_one_with_a_k_major_b(monkeypatch):
     assert fd.last_params().simt is None
     ref = x.double() @ w.double()
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_fixed_extents_small_m_ping_pong_stores_every_tile():
+    """ViT's classifier head under torch.compile (static shapes): [2, 256] @
+    W.t() + bias, N = 100, fixed extents, 64x64 ping-pong tiles on a grid of 2.
+    A bounds check on the ping-pong warpgroup's share of the tiles read the tile
+    loop's variable as the share's outer part: tile 1 (columns 64..99) was never
+    stored (NaN on the GPU). The interpreter counts every output element's stores."""
+    M, N, K = 2, 100, 256
+    with cb.FusionDefinition() as fd:
+        b = fd.define_tensor([N], dtype=D.BFloat16)
+        x = fd.define_tensor([M, K], dtype=D.BFloat16)
+        w = fd.define_tensor([K, N], dtype=D.BFloat16)
+        t = fd.ops.cast(fd.ops.matmul(x, w), D.Float)
+        bb = fd.ops.cast(fd.ops.broadcast(b, [True, False]), D.Float)
+        fd.add_output(fd.ops.cast(fd.ops.add(t, bb), D.BFloat16))
+    B = torch.randn(N, dtype=torch.bfloat16)
+    X = torch.randn(M, K, dtype=torch.bfloat16)
+    W = torch.randn(N, K, dtype=torch.bfloat16).t()
+    (out,) = interpret(fd, [B, X, W])
+    p = fd.last_params()
+    assert p.pingpong and p.tile[:2] == (64, 64)
+    check(out, X.double() @ W.double() + B.double())

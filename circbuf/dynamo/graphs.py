@@ -37,9 +37,10 @@ class GraphedCallable:
     """A boxed callable (a list of arguments in, a list of outputs out) replayed
     as a CUDA graph from its second call (see the module doc)."""
 
-    _boxed_call = True
-
     def __init__(self, fn, rec):
+        # on the instance: a wrapper torch puts around the callable (functools.wraps copies
+        # __dict__) must still say it takes a boxed list, or AOTAutograd calls it with *args
+        self._boxed_call = True
         self.fn, self.rec = fn, rec  # rec: the GraphRecord (its cuda_graph says what happened)
         self.calls = 0
         self.graph = None  # None: not tried yet; False: runs uncaptured
@@ -78,8 +79,10 @@ class GraphedCallable:
         self.rec.cuda_graph = f"not captured: {why}"
         return self._run(args)
 
-    def __call__(self, args):
-        args = list(args)
+    def __call__(self, *args):
+        # boxed (one list), as AOTAutograd calls a callable with _boxed_call; or the
+        # arguments one by one, as a wrapper that lost the attribute would
+        args = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
         self.calls += 1
         if self.graph is False or self.calls == 1:
             return self._run(args)

@@ -182,6 +182,14 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             own = _grid_stride(ax)
             if own is not None:
                 index[own[1].id] = loop.index  # the loop runs the split's input index itself
+                # the axes between the two (a ping-pong warpgroup's share of the tiles) get
+                # their indices from the tile index, not from the loop variable read as the
+                # outer part: a bounds check on one read tile 1 as share 2 (fixed extents)
+                val = loop.index
+                for d in reversed(_chain_splits(ax, own[1])):
+                    if d.in_ is not own[1]:
+                        index[d.in_.id] = val
+                    val = simplify(val // d.inner.loop_extent)
             elif chain is not None:
                 # a member without the grid split counts the class's trips
                 index[ax.id] = simplify((loop.index - chain[2]) // chain[3])
@@ -271,6 +279,16 @@ def _check_outputs_split_over_the_grid(fusion: Fusion, launch: dict):
                 f"({', '.join(f'{pt.value}: {ext}' for pt, ext in grid.items())}): every CTA would "
                 f"write all of it; bind one of its axes {o.loop} to the grid or schedule it alike"
             )
+
+
+def _chain_splits(ax, top) -> list:
+    """The splits from ``ax`` (an outer part) up to ``top`` (their first input),
+    innermost first."""
+    out, cur = [], ax
+    while cur is not top:
+        out.append(cur.definition)
+        cur = cur.definition.in_
+    return out
 
 
 def _grid_stride(ax):
