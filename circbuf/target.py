@@ -51,7 +51,9 @@ class Target:
     # and the H100 SXM's 8 GPCs of 16 or 18 SMs hold 66 clusters of 2, 32 of 4 (128 CTAs) and
     # 15 of 8 (120; accel-sim's SM->GPC map of an H100); not measured here: checked against
     # cuOccupancyMaxActiveClusters by tests/test_gpu_cluster.py
-    cluster_residency: tuple = ((2, 132), (4, 128), (8, 120))
+    # CTAs of clusters of that size resident at once; 4: cuOccupancyMaxActiveClusters gave 30
+    # for the 128x256 cooperative kernel on an H100 (tests/test_gpu_cluster.py), not 32
+    cluster_residency: tuple = ((2, 132), (4, 120), (8, 120))
 
     def cluster_slots(self, size: int) -> int:
         """CTAs of clusters of ``size`` that can run at once: a persistent grid's cap

@@ -34,9 +34,8 @@ CASES = [
     ((2, 1), True, True, 256, 256, 256, 2),
     ((1, 2), True, True, 128, 512, 128, 2),
     ((2, 2), True, True, 256, 256, 128, 4),
-    ((2, 1), False, False, 256, 256, 128, 132),
-    ((2, 2), False, False, 512, 512, 128, 132),
 ]
+# (non-persistent cluster kernels are refused: one was not deterministic on an H100)
 
 
 def _target(sms):
@@ -90,7 +89,7 @@ def test_cluster_params_and_the_heuristic_default():
     assert p.cluster == (2, 2) and "cluster: (2, 2)" in str(p)
     # a persistent grid of whole clusters
     # a persistent grid of whole clusters that are resident at once (Target.cluster_slots)
-    assert _params(4096, 4096, 256, cluster=(2, 2)).grid == 128
+    assert _params(4096, 4096, 256, cluster=(2, 2)).grid == 120  # 30 clusters of 4 resident (H100, measured)
     assert _params(4096, 4096, 256, cluster=(2, 1)).grid == 132
     assert _params(4096, 4096, 256, cluster=(1, 1)).grid == 132
 
@@ -251,3 +250,13 @@ def test_cluster_beside_a_residual_ring():
     k, tensors, scalars, grid, block = launch_args(fd, ins, target=_target(2))
     assert [r.fill for r in k.rings] == ["multicast", "tma"]
     check_kernel(k, tensors, scalars, grid, block, schedules=2)
+
+
+def test_non_persistent_clusters_are_refused():
+    """A non-persistent 2x1 cluster kernel gave two launches different bits on an
+    H100 (tests/test_gpu_cluster.py, 1500x2500x200): refused by name until the race
+    is found."""
+    with pytest.raises(
+        cb.CircbufError, match=r"cluster=\(2, 1\), persistent=False\): clusters run on a persistent"
+    ):
+        _params(256, 256, 128, cluster=(2, 1), persistent=False)

@@ -6,6 +6,7 @@ CIRCBUF_DEBUG_HANG raises the named error instead of hanging. Outputs are
 poisoned with NaN before each launch (conftest)."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,8 +21,7 @@ DEV = "cuda"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = [(2, 1), (1, 2), (2, 2)]
 VARIANTS = [
-    dict(),  # cooperative 128x256, persistent
-    dict(persistent=False),
+    dict(),  # cooperative 128x256, persistent (non-persistent clusters are refused)
     dict(pingpong=True, tile=(128, 128, 64)),
     dict(tile=(128, 128, 64), stages=5),
 ]
@@ -122,12 +122,14 @@ BROKEN = textwrap.dedent(
         (
             "if isinstance(n, kir.MBarrierArrive) and n.peers: n.peers = ()",
             "consumers release their own CTA's stage only: the peers' producers wait for ever",
-            "_empty[",
+            "_empty\\[",
         ),
         (
+            # the peers' full barriers wait for ever, so their consumers never release and
+            # a producer's empty wait may give up first (it did on an H100): either is named
             "if isinstance(n, kir.TmaLoad) and n.multicast: n.multicast = ()",
             "the slices land in the issuing CTA only: the peers' full barriers wait for ever",
-            "_full[",
+            "_(full|empty)\\[",
         ),
     ],
     ids=["release-own-stage-only", "slices-not-multicast"],
@@ -140,4 +142,4 @@ def test_broken_multicast_raises_instead_of_hanging(mutation, why, barrier):
     )
     out = r.stdout + r.stderr
     assert "CIRCBUF_ERROR:" in out, out
-    assert barrier in out and "gave up" in out, out
+    assert re.search(barrier, out) and "gave up" in out, out
