@@ -30,7 +30,9 @@ os.environ.setdefault("CIRCBUF_POISON_OUTPUTS", "1")  # the checked launch fills
 
 import torch  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import circbuf as cb  # noqa: E402
+from benchmarks.common import bench_ms  # noqa: E402  (the benchmarks' timing: do_bench median)
 from circbuf import knobs  # noqa: E402
 from circbuf.scheduler import mma_form  # noqa: E402,F401  (the steps import it from here)
 
@@ -206,8 +208,8 @@ def main(build, shape, interp_shape, doc: str, step: int) -> int:
     fd_timed = build(M, N, K, target)
     fd_timed.execute([a, b])
     flop = 2.0 * M * N * K
-    ms = bench_ms(lambda: fd_timed.execute([a, b]), args.rep)
-    ms_ref = bench_ms(lambda: torch.nn.functional.linear(a, b), args.rep)
+    ms = bench_ms(lambda: fd_timed.execute([a, b]), rep=args.rep)
+    ms_ref = bench_ms(lambda: torch.nn.functional.linear(a, b), rep=args.rep)
     tf, tf_ref = flop / ms / 1e9, flop / ms_ref / 1e9
     name = torch.cuda.get_device_name()
     print(f"step {step}: {tf:.1f} TF/s, cuBLAS {tf_ref:.1f} TF/s ({tf / tf_ref:.2f} of cuBLAS) on {name}")
@@ -216,26 +218,6 @@ def main(build, shape, interp_shape, doc: str, step: int) -> int:
         f"frac={tf / tf_ref:.3f} gpu={name.replace(' ', '_')}"
     )
     return 0 if ok else 1
-
-
-def bench_ms(fn, rep: int = 100) -> float:
-    """Median milliseconds of ``fn``: ``triton.testing.do_bench`` (CUDA events
-    around 50 runs after 10 warm-up runs where triton is missing)."""
-    try:
-        from triton.testing import do_bench
-    except ImportError:
-        for _ in range(10):
-            fn()
-        times = []
-        for _ in range(50):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        return sorted(times)[len(times) // 2]
-    return float(do_bench(fn, rep=rep, return_mode="median"))
 
 
 def _loop_domains(fd) -> str:
