@@ -819,6 +819,16 @@ def _finish(c, val):
         CastOp(c, val)
 
 
+def _finish_fp32(fusion, c, val):
+    """:func:`_finish`, then the epilogue's math reads the fp32 ``val``, not ``c``
+    rounded: ``cast(cast(val, bf16), f32)`` -> ``val`` (an output keeps its cast)."""
+    _finish(c, val)
+    for u in list(c.uses):
+        if isinstance(u, CastOp) and u.out.dtype == DataType.Float and u.out not in fusion.outputs:
+            for v in list(u.out.uses):
+                v.replace_input(u.out, val)
+
+
 # ------------------------------------------------------------ MMA path
 def translate(fusion: Fusion, params: MatmulParams):
     """The MMA form of the fusion's matmul: TMA-staged operand tiles with
@@ -862,12 +872,7 @@ def translate(fusion: Fusion, params: MatmulParams):
     val = acc
     if bias is not None:
         val = _add_bias(fusion, acc, bias, DataType.Float)
-    _finish(c, val)
-    # epilogue math on the fp32 value: cast(cast(val, bf16), f32) -> val
-    for u in list(c.uses):
-        if isinstance(u, CastOp) and u.out.dtype == DataType.Float and u.out not in fusion.outputs:
-            for v in list(u.out.uses):
-                v.replace_input(u.out, val)
+    _finish_fp32(fusion, c, val)
     return acc, As, Bs
 
 

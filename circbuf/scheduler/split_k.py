@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 from ..ir import (
     BinaryOp,
-    CastOp,
     CircbufError,
     DataType,
     Fusion,
@@ -202,7 +201,7 @@ def reduce_fusion(fusion: Fusion, tail: bool) -> tuple[Fusion, list]:
     as defined. Returns it and, per its input, where that comes from:
     ``("ws",)``, ``("tail",)`` or ``("input", j)`` (the original's input j).
     ``ws`` [S', *c's shape] and (with ``tail``) ``wt`` [*c's shape] are fp32 inputs."""
-    from .matmul import _add_bias, _detach, _finish, _new, _operands
+    from .matmul import _add_bias, _detach, _finish_fp32, _new, _operands
     from .utils import contractions
 
     f = fusion.clone()
@@ -233,12 +232,7 @@ def reduce_fusion(fusion: Fusion, tail: bool) -> tuple[Fusion, list]:
         sources.append(wt)
     if bias is not None:
         val = _add_bias(f, val, bias, DataType.Float)
-    _finish(c, val)
-    # as the MMA path's epilogue (matmul.translate): math on the fp32 sum, not on c rounded
-    for u in list(c.uses):
-        if isinstance(u, CastOp) and u.out.dtype == DataType.Float and u.out not in f.outputs:
-            for v in list(u.out.uses):
-                v.replace_input(u.out, val)
+    _finish_fp32(f, c, val)  # as the MMA path's epilogue: math on the fp32 sum, not on c rounded
     where = {id(ws): ("ws",)}
     if tail:
         where[id(sources[1])] = ("tail",)
