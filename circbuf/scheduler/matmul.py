@@ -60,6 +60,8 @@ from ..ir import (
     ParallelType,
     ReductionOp,
     TensorView,
+    TernaryOp,
+    UnaryOp,
     WarpSpecialized,
     broadcast_ids,
     evaluate,
@@ -126,7 +128,11 @@ class MatmulScheduler:
             for d, i in enumerate(o.logical):
                 if not (i.is_broadcast or is_const(i.loop_extent, 1)) and lmap.find(i) not in tile:
                     return f"output {o.name}'s axis {d} is no axis of the matmul's {out.name} (a kernel of its own)"
-        return unmapped_axis(fusion, [out, *cs[0].tv_inputs()], lmap) or _simt_refuses(fusion)
+        return (
+            unmapped_axis(fusion, [out, *cs[0].tv_inputs()], lmap)
+            or _split_for_tensor_cores(fusion, cs[0])
+            or _simt_refuses(fusion)
+        )
 
     @staticmethod
     def variant(params) -> str:
@@ -172,6 +178,25 @@ def _operands(e):
     if isinstance(e, MatmulOp):
         return e.inputs[0], e.inputs[1], None
     return e.inputs[0], e.inputs[1], (e.inputs[2] if len(e.inputs) > 2 else None)
+
+
+def _split_for_tensor_cores(fusion: Fusion, e) -> str | None:
+    """Why a 16-bit matmul that the SIMT path would take whole should be cut
+    from its neighbours instead, else None: prologue math on an operand
+    (``linear(rms_norm(x), w)``: the normalized operand, written by a segment
+    of its own and read by TMA, costs one pass over it; the sum of products
+    ran a Llama's MLP projection ~100x slower than the tensor cores, issue 19),
+    or an output beside the matmul's of another shape."""
+    a, b, _ = _operands(e)
+    if a.dtype not in (DataType.BFloat16, DataType.Half) or b.dtype != a.dtype:
+        return None
+    # (an operand that is a view, broadcast or expand of an input stays whole on the
+    # SIMT path: the segmenter hands such a view to the next segment unmaterialized)
+    math = [x for x in (a, b) if isinstance(x.definition, (UnaryOp, BinaryOp, TernaryOp, CastOp))]
+    why = _mma_structure(fusion, e)
+    if why is None or not (math and why.startswith("operand ") or why.startswith("output ")):
+        return None
+    return f"{why}: a segment of its own keeps matmul {e.out.name} on the tensor cores"
 
 
 def _simt_refuses(fusion: Fusion) -> str | None:
