@@ -117,7 +117,36 @@ def _batch_innermost_a(strided):
     return case
 
 
+def _expanded_operand_beside(other):
+    """matmul(expand(a), b) beside another reader of the expand: the segmenter
+    hands the matmul's segment ``a`` itself ([1, K]) as its [70, K] operand (a
+    broadcast of the expanded extent), which the TMA path read as a 1-row
+    tensor and a lowering check refused ("a swizzled circular buffer's stage
+    (128 bytes) ..."). Such an operand takes the SIMT path."""
+
+    def case(fd):
+        a = fd.define_tensor([1, -1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        e = fd.ops.expand(a, [70, -1])
+        fd.add_output(fd.ops.matmul(e, b))
+        fd.add_output(fd.ops.mul(e, 2.0) if other == "mul" else fd.ops.sum(e, [1]))
+
+        def inputs(device):
+            g = seeded(70)
+            return [_bf16(g, 1, 64).to(device), _bf16(g, 64, 40).to(device)]
+
+        def ref(a, b):
+            e = a.expand(70, 64)
+            return [e @ b, e * 2.0 if other == "mul" else e.sum(1)]
+
+        return inputs, ref
+
+    return case
+
+
 CASES = {
+    "expanded operand beside a mul": _expanded_operand_beside("mul"),
+    "expanded operand beside a sum": _expanded_operand_beside("sum"),
     "column-major 128x128x64 (TMA-sized)": _column_major_output(128, 128, 64),
     "column-major 16x130x64 (pairs)": _column_major_output(16, 130, 64),
     "column-major 15x7x64": _column_major_output(15, 7, 64),

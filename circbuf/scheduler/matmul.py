@@ -233,6 +233,10 @@ def _mma_structure(fusion: Fusion, e) -> str | None:
     for x in (a, b):
         if not x.is_input:
             return f"operand {x.name} is computed in the fusion (prologue math is not staged by TMA)"
+        for d, i in enumerate(x.logical):
+            # (a segment's input the segmenter hands over as the expand of a smaller tensor)
+            if i.is_broadcast and i.expanded_extent is not None and not is_const(i.expanded_extent, 1):
+                return f"operand {x.name} is expanded along axis {d} (a broadcast a tensor map cannot step)"
     c = e.out
     if any(i.is_broadcast for i in c.logical[-2:]):
         return "an M or N extent of 1 fixed in the definition"
