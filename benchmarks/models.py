@@ -132,6 +132,9 @@ def breakdown(step, device, steps=3, top=8) -> str:
         f"  GPU time in circbuf kernels: {100 * ours / total:.1f}%, "
         f"in everything else (eager fallbacks, copies): {100 * (total - ours) / total:.1f}%"
     ]
+    ours_top = [(k, t) for k, t in kernels.most_common() if k.startswith("circbuf_")]
+    lines.append("  top circbuf kernels (by name; every matmul is circbuf_matmul):")
+    lines += [f"    {100 * t / total:5.1f}%  {k[:110]}" for k, t in ours_top[:top]]
     rest = [(k, t) for k, t in kernels.most_common() if not k.startswith("circbuf_")]
     lines.append("  top fallback kernels:")
     lines += [f"    {100 * t / total:5.1f}%  {k[:110]}" for k, t in rest[:top]]
