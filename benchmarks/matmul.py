@@ -5,7 +5,8 @@
     PYTHONPATH=. python benchmarks/matmul.py --sweep    # heuristic vs override sets, then clusters
     PYTHONPATH=. python benchmarks/matmul.py --clusters # cluster (2,1)/(1,2)/(2,2) vs (1,1) only
     PYTHONPATH=. python benchmarks/matmul.py --epilogue [--variants] [--only silu]
-                                                        # linear + bias + act / + residual vs eager, compile
+                                                        # linear + bias + act / + residual vs eager, compile;
+                                                        # linear + a row amax / row sum of its output
     PYTHONPATH=. python benchmarks/matmul.py --breakdown # where the epilogue's time goes
     PYTHONPATH=. python benchmarks/matmul.py --decode [--variants]
                                                         # M = 1..64 linears: TF/s, GB/s, path (and schedules)
@@ -341,6 +342,62 @@ def _torch_epilogue(epilogue):
     return lambda x, w, bias: act[epilogue](F.linear(x, w, bias))
 
 
+# linear with a second output: a row reduction of the linear's output along N (both returned);
+# the amax of abs is what an fp8 cast's per-row scale needs
+ROW_REDUCTIONS = ("rowamax", "rowsum")
+
+
+def row_reduction_fusion(what):
+    """``y = linear(x, w)``; returns y and ``max(abs(y), -1)`` or ``sum(y, -1)`` (fp32)."""
+    import circbuf as cb
+
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=cb.DataType.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=cb.DataType.BFloat16)
+        y = fd.ops.linear(x, w)
+        fd.add_output(y)
+        if what == "rowamax":
+            fd.add_output(fd.ops.max(fd.ops.abs(y), [-1]))
+        else:
+            fd.add_output(fd.ops.sum(y, [-1]))
+    return fd
+
+
+def _torch_row_reduction(what):
+    """The fusion as a torch user writes it: one read of the bf16 output by the reduction."""
+    F = torch.nn.functional
+    if what == "rowamax":
+        return lambda x, w: (lambda y: (y, y.abs().amax(-1).float()))(F.linear(x, w))
+    return lambda x, w: (lambda y: (y, y.sum(-1, dtype=torch.float32)))(F.linear(x, w))
+
+
+def row_reductions(x, w, t_gemm, only):
+    """linear + a row amax / row sum of its output (8192x8192x1024: within 1.15x of
+    the bare GEMM is the target), against eager and a static torch.compile."""
+    for what in ROW_REDUCTIONS:
+        if only and what != only:
+            continue
+        eager = _torch_row_reduction(what)
+        compiled = static_compile(eager)
+        compiled(x, w)
+        fd = row_reduction_fusion(what)
+        y, r = fd.execute([x, w])
+        # the reduction of the bf16 output, as the fusion defines it, in float64
+        y64 = torch.nn.functional.linear(x.double(), w.double()).to(torch.bfloat16).double()
+        ref = y64.abs().amax(-1) if what == "rowamax" else y64.sum(-1)
+        err = ((r.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+        t_eager = bench_ms(lambda f=eager: f(x, w))
+        t_comp = bench_ms(lambda f=compiled: f(x, w))
+        t_cb = bench_ms(lambda fd=fd: fd.execute([x, w]))
+        ps = fd.last_params()
+        kernels = " + ".join(q.name for q in (ps if isinstance(ps, list) else [ps]))
+        print(
+            f"  {what:>9s}: circbuf {t_cb * 1e3:5.0f} [{kernels}]  eager {t_eager * 1e3:5.0f}  "
+            f"compile {t_comp * 1e3:5.0f}  ratio {t_cb / t_gemm:.3f} (target <= 1.15)  rel err {err:.2e}",
+            flush=True,
+        )
+
+
 def epilogue():
     """linear + bias + {relu, gelu, tanh-gelu, silu} and linear + residual: the
     fused kernel (heuristic, and with ``--variants`` each schedule of
@@ -357,6 +414,8 @@ def epilogue():
         res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         t_gemm = bench_ms(lambda x=x, w=w: x @ w.T)
         print(f"{m}x{n}x{k}: bare cuBLAS GEMM {t_gemm * 1e3:.0f} us")
+        if (m, n, k) == (8192, 8192, 1024):
+            row_reductions(x, w, t_gemm, only)
         for ep in EPILOGUES:
             if only and ep != only:
                 continue
