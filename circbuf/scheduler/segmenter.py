@@ -152,6 +152,10 @@ def segment(fusion: Fusion, env: dict | None = None, verdicts: dict | None = Non
     names of the schedulers taking it, as an earlier split of this fusion
     for these sizes found them; it is read, and filled with the verdicts
     asked (the compile driver keeps it in its disk cache)."""
+    from .matmul_reduce import split_row_reductions
+
+    # a row reduction of a matmul's output: partials in the matmul's epilogue, then their reduction
+    fusion = split_row_reductions(fusion, env) or fusion
     exprs = fusion.exprs()
     n = len(exprs)
     # verdicts are asked of ``judged``: the fusion, or, where a reshape's
