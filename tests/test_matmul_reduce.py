@@ -1,6 +1,8 @@
 """Row reductions of a matmul's output (issue 17, "reductions of the output in
 the epilogue"): ``y = linear(x, w)`` returned with ``max(abs(y), -1)`` (an fp8
-cast's per-row scale) or ``sum(y, -1)``.
+cast's per-row scale) or ``sum(y, -1)``. The GEMM's epilogue writes partials
+[M, ceil(N / 64), 4] (scheduler/matmul_reduce.py) and a small reduction kernel
+reduces them: two kernels, no second read of the output.
 
 The numerics hold for any plan: the reduction reads the value the fusion
 defines (here the bf16-rounded output, cast to fp32 by the frontend), max
@@ -8,6 +10,8 @@ propagates NaN as torch's amax does, and an empty row gives the identity
 (sum 0, max -inf: torch's amax refuses an empty dimension; nvFuser and circbuf
 give the init). Run on the CPU kernel interpreter, outputs poisoned with NaN,
 against float64 torch."""
+
+import re
 
 import pytest
 import torch
@@ -107,3 +111,97 @@ def test_row_reduction_is_deterministic():
     a = interpret(fd, [x, w])[1]
     b = interpret(fd, [x, w], seed=1)[1]
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("what", ["amax", "sum"])
+def test_two_kernels_gemm_with_partials_and_a_small_reduction(what):
+    """The segmenter plans the GEMM with the partials in its epilogue and a
+    reduction of the partials [M, ceil(N / 64), 4] (fp32), not of the output."""
+    fd = row_fusion(what)
+    m, n, k = 300, 500, 200
+    ck = fd.compile(
+        [torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, k, dtype=torch.bfloat16)], arch="sm_90a"
+    )
+    gemm, red = ck.segments.segments
+    assert [kk.name for kk in ck.kernels] == ["circbuf_matmul", "circbuf_reduction"]
+    assert gemm.scheduler == "matmul"
+    assert any(re.search(r"= partial (max|sum)\(", s) for s in gemm.math), gemm.math
+    (p,) = [x for x in red.fusion.inputs if isinstance(x, cb.ir.TensorView)]
+    assert p.dtype == D.Float and [str(i.extent) for i in p.logical][1:] == ["ceilDiv(i2, 64)", "4"]
+    assert red.inputs[0] == ("tensor", gemm.outputs[-1])  # the partials, written by the GEMM
+    # the epilogue: one register per fragment row (h), initialized in a loop of its own
+    # before the sub-tile's column loops, stored once per (row, 64-column group, quad lane)
+    src = ck.kernels[0].cuda
+    assert re.search(
+        r"float (T\d+)\[2\];\s*#pragma unroll\s*for \(index_t (j\d+) = 0; \2 < 2; \+\+\2\) \{\s*\1\[\2\] = ",
+        src,
+    )
+
+
+@pytest.mark.parametrize("what", ["amax", "sum"])
+def test_the_reduction_reads_the_rounded_output(what):
+    """``max(abs(y))`` of the bf16 output ``y`` is the max of the values stored,
+    not of the fp32 accumulator (which the matmul's epilogue otherwise uses for
+    ``cast(y, Float)``)."""
+    torch.manual_seed(3)
+    fd = row_fusion(what)
+    x, w = torch.randn(90, 136, dtype=torch.bfloat16), torch.randn(333, 136, dtype=torch.bfloat16)
+    y, r = interpret(fd, [x, w])
+    if what == "amax":
+        assert torch.equal(r, y.float().abs().amax(-1))
+    else:  # fp32 sums of the stored values; the unrounded ones differ by ~1e-1
+        torch.testing.assert_close(r.double(), y.double().sum(-1), rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize("ov", [dict(pingpong=False), dict(pingpong=True)], ids=["cooperative", "pingpong"])
+def test_protocol_checker_passes_the_fused_kernel(ov):
+    fd = row_fusion("amax")
+    fd.fusion.schedule(**ov)
+    x, w = torch.randn(200, 64, dtype=torch.bfloat16), torch.randn(300, 64, dtype=torch.bfloat16)
+    y, r = interpret(fd, [x, w], check=4)
+    torch.testing.assert_close(r.double(), reference("amax", x, w)[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "ov, match",
+    [
+        (dict(epilogue="role"), r"schedule\(epilogue='role'\): a row reduction .* needs an inline epilogue"),
+        (
+            dict(tile=(128, 176, 64)),
+            r"schedule\(tile=\(128, 176, 64\)\): a row reduction .* bn a multiple of 64",
+        ),
+        (dict(epilogue_tile=(64, 32)), r"schedule\(epilogue_tile=\(64, 32\)\): .* sub-tiles 64 columns wide"),
+    ],
+)
+def test_schedules_that_cannot_hold_the_partials_are_named(ov, match):
+    fd = row_fusion("sum")
+    fd.fusion.schedule(**ov)
+    with pytest.raises(cb.CircbufError, match=match):
+        fd.compile(
+            [torch.randn(256, 64, dtype=torch.bfloat16), torch.randn(512, 64, dtype=torch.bfloat16)],
+            arch="sm_90a",
+        )
+
+
+def test_a_register_accumulator_per_inner_iteration():
+    """Lowering: a reduction whose loop runs an iteration axis inside its
+    reduction axis (rows inside the column loop) holds one register per row,
+    each initialized in a loop of its own before the column loop."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.Float)
+        fd.add_output(fd.ops.max(x, [1]))
+    out = fd.fusion.outputs[0]
+    acc = out.cache_before()  # registers
+    acc.split(0, 4)  # [R/4, 4, rC]
+    acc.reorder([0, 2, 1])  # [R/4, rC, 4]: the rows of a group inside the column loop
+    out.split(0, 4)
+    acc.inline_at(1)
+    x_ = torch.randn(10, 7)
+    x_[3, 2] = float("nan")
+    ck = fd.compile([x_], arch="sm_90a")
+    # FOR j3 in 0..4 { T2[j3] = -inf }  FOR j1 in 0..i1 { FOR j2 in 0..4 { T2[j2] = max(T2[j2], ..) } }
+    ir = ck.kernel_ir
+    assert re.search(r"FOR (j\d+) in 0\.\.4\n\s+(T\d+)\[\1\] = -inf\n\s+FOR j\d+ in 0\.\.i1\n", ir), ir
+    (r,) = interpret(fd, [x_])
+    ref = x_.double().amax(1)
+    torch.testing.assert_close(r.double(), ref, equal_nan=True, rtol=0, atol=0)

@@ -133,10 +133,30 @@ def _candidates(fusion: Fusion) -> list:
             or lmap.find(xs[1]) != n_cls
             or any(i.is_broadcast for i in xs)
             or not _epilogue_chain(x, c)
+            or _meets_rows(fusion, r.out, lmap, n_cls)
         ):
             continue
         out.append(r)
     return out
+
+
+def _meets_rows(fusion: Fusion, t: TensorView, lmap, n_cls) -> bool:
+    """Whether what is computed from ``t`` meets tensors along N again (a
+    layer norm's mean, a softmax's max): a kernel then reads the output's rows
+    anyway (the normalization's), and partials would only add one."""
+    live = {id(e) for e in fusion.exprs()}
+    todo, seen = [t], set()
+    while todo:
+        u = todo.pop()
+        if id(u) in seen:
+            continue
+        seen.add(id(u))
+        if any(not i.is_broadcast and lmap.find(i) == n_cls for i in u.domain.no_reductions()):
+            return True
+        for e in u.uses:
+            if id(e) in live:
+                todo += e.outputs
+    return False
 
 
 def split_row_reductions(fusion: Fusion, env) -> Fusion | None:
