@@ -89,10 +89,14 @@ def test_row_reduction_numerics(what, m, n, k):
     run(what, m, n, k)
 
 
-@pytest.mark.parametrize("ov", [dict(pingpong=False), dict(pingpong=True)], ids=["cooperative", "pingpong"])
+@pytest.mark.parametrize(
+    "ov",
+    [dict(pingpong=False), dict(pingpong=True), dict(cluster=(2, 1))],
+    ids=["cooperative", "pingpong", "cluster"],
+)
 @pytest.mark.parametrize("what", ["amax", "sum"])
 def test_row_reduction_nan_propagates(what, ov):
-    run(what, 70, 300, 48, nan=True, **ov)
+    run(what, 260, 300, 48, nan=True, **ov)
 
 
 @pytest.mark.parametrize("what", ["amax", "sum"])

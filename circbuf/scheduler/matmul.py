@@ -408,12 +408,10 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
             f"columns that divides bn = {bn}"
         )
     # outputs staged in shared memory and stored by TMA: 128-byte swizzled
-    # rows of a 16-bit type, 16-byte row strides, read by nothing else
+    # rows of a 16-bit type, 16-byte row strides (an output the epilogue reads
+    # again is read from the registers its staging copy is made from)
     tma_ok = all(
-        o.dtype.size == 2
-        and epi[1] * o.dtype.size == 128
-        and (n * o.dtype.size) % 16 == 0
-        and not fusion.consumers(o)
+        o.dtype.size == 2 and epi[1] * o.dtype.size == 128 and (n * o.dtype.size) % 16 == 0
         for o in matmul_reduce.tile_outputs(fusion)
     )
     store = "tma" if tma_ok else "direct"

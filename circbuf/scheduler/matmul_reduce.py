@@ -245,8 +245,6 @@ def check_params(fusion: Fusion, params) -> None:
         why = f"schedule(tile={params.tile})", f"bn a multiple of {GROUP}"
     elif params.epilogue_tile[1] != GROUP:
         why = f"schedule(epilogue_tile={params.epilogue_tile})", f"sub-tiles {GROUP} columns wide"
-    elif params.cluster != (1, 1):
-        why = f"schedule(cluster={params.cluster})", "no cluster"
     if why is not None:
         raise CircbufError(
             f"{why[0]}: a row reduction of the matmul's output computed in its epilogue needs {why[1]}"
