@@ -209,3 +209,18 @@ def test_a_register_accumulator_per_inner_iteration():
     (r,) = interpret(fd, [x_])
     ref = x_.double().amax(1)
     torch.testing.assert_close(r.double(), ref, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("ov", [{}, dict(pingpong=True)], ids=["heuristic", "pingpong"])
+def test_fused_kernel_keeps_tma_stores_and_registers(ov):
+    """At the benchmark's 8192x8192x1024 the GEMM with partials still stores its
+    output by TMA (an output the epilogue reads again) and spills nothing."""
+    fd = row_fusion("amax")
+    if ov:
+        fd.fusion.schedule(**ov)
+    x, w = torch.empty(8192, 1024, dtype=torch.bfloat16), torch.empty(8192, 1024, dtype=torch.bfloat16)
+    ck = fd.compile([x, w], arch="sm_90a")
+    assert ck.kernels[0].params.store == "tma"
+    sass = ck.kernels[0].sass()
+    assert "UTMASTG" in sass and "HGMMA" in sass
+    assert not re.search(r"\b(STL|LDL)\b", sass), "local memory in the fused GEMM"
