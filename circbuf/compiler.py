@@ -553,7 +553,7 @@ class FusionExecutor:
         key = self._warm_key(info, arch, dict(self.fusion.schedule_overrides))
         cached = kernel_cache.load_verdicts(key) if key is not None else None
         verdicts = dict(cached) if cached is not None else {}
-        seg = segment(self.fusion, env, verdicts)
+        seg = segment(self.fusion, env, verdicts, info.target)
         if key is not None and cached is None:
             kernel_cache.store_verdicts(key, verdicts)
         knobs.dump("segments", seg)

@@ -224,3 +224,15 @@ def test_fused_kernel_keeps_tma_stores_and_registers(ov):
     sass = ck.kernels[0].sass()
     assert "UTMASTG" in sass and "HGMMA" in sass
     assert not re.search(r"\b(STL|LDL)\b", sass), "local memory in the fused GEMM"
+
+
+def test_a_matmul_split_k_takes_keeps_its_reduction_apart():
+    """Where the split-K heuristic splits the matmul (a decode shape on an H200:
+    few output tiles, so little output to read again), the row reduction stays a
+    kernel of its own: a K chunk cannot hold a row's partials."""
+    shapes = [torch.empty(16, 14336, dtype=torch.bfloat16), torch.empty(4096, 14336, dtype=torch.bfloat16)]
+    for target, partial in (("h200", False), ("h100", True)):
+        fd = row_fusion("sum")
+        ck = fd.compile(shapes, arch="sm_90a", target=target)
+        math = [m for s in ck.segments.segments for m in s.math]
+        assert any("partial" in m for m in math) == partial, (target, math)

@@ -159,22 +159,31 @@ def _meets_rows(fusion: Fusion, t: TensorView, lmap, n_cls) -> bool:
     return False
 
 
-def split_row_reductions(fusion: Fusion, env) -> Fusion | None:
+def split_row_reductions(fusion: Fusion, env, target=None) -> Fusion | None:
     """A copy of ``fusion`` whose row reductions of the matmul's output
     (over N, of fp32 values made from it by elementwise ops) are split into
     the partials the matmul's epilogue computes and their reduction; None
     when there are none. Only where the tensor-core path runs the matmul: a
     bf16/fp16 2-D matmul of inputs, M, N, K > 0 in ``env`` (the segmenter's
-    split is kept for every size with the same zeros)."""
+    split is kept for every size with the same zeros); and not where split-K
+    would run the matmul (asked, or the heuristic's for these sizes on
+    ``target``): few output tiles, so little output to read again, and a K
+    split cannot hold whole rows' partials."""
     if env is None or fusion.manual_schedule or not _candidates(fusion):
         return None
     e = contractions(fusion)[0]
     sizes = [e.out.logical[0].extent, e.out.logical[1].extent, e.inputs[0].logical[-1].extent]
     try:
-        if any(evaluate(s, env) <= 0 for s in sizes):
-            return None
+        m, n, k = (evaluate(s, env) for s in sizes)
     except Exception:  # noqa: BLE001 - a size the inputs do not give: no split
         return None
+    if min(m, n, k) <= 0 or fusion.schedule_overrides.get("split_k", 1) != 1:
+        return None
+    if target is not None:
+        from .split_k import heuristic_splits
+
+        if heuristic_splits(m, n, k, e.inputs[0].dtype.size, target) > 1:
+            return None
     f = fusion.clone()
     c = contractions(f)[0].out
     # the reductions read c rounded, as the fusion defines it (through a copy the
