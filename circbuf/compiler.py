@@ -1053,11 +1053,16 @@ def _layout_of(sizes, strides) -> tuple:
     ((0, 2, 1), (True, True, True))
     >>> _layout_of((2, 1, 64), (8, 1, 16))         # M = 1, unit stride: the contiguous axis
     ((2, 0, 1), (False, True, True))
+    >>> _layout_of((2, 1, 128), (1024, 1, 8))      # the same, batch axes in row-major order
+    ((0, 2, 1), (True, True, False))
     """
     n = len(sizes)
     big = [d for d in range(n) if sizes[d] > 1]
     by_stride = sorted(big, key=lambda d: -strides[d])
-    if by_stride == big:
+    # a size-1 axis of unit stride under an innermost axis that is not: that axis
+    # is the contiguous one a tensor map steps through (an M of 1 laid out M-major)
+    unit_one = big and strides[big[-1]] != 1 and any(sizes[d] == 1 and strides[d] == 1 for d in range(n))
+    if by_stride == big and not unit_one:
         order = tuple(range(n))
     else:
         order = tuple(sorted(range(n), key=lambda d: -strides[d]))  # (stable: ties in axis order)

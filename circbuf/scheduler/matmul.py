@@ -77,6 +77,7 @@ from .utils import (
     concretize_broadcasts,
     contractions,
     hoist_broadcasts,
+    output_vectorizable,
     tma_describable,
     unmapped_axis,
     vector_access,
@@ -410,9 +411,17 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     # outputs staged in shared memory and stored by TMA: 128-byte swizzled
     # rows of a 16-bit type, 16-byte row strides (an output the epilogue reads
     # again is read from the registers its staging copy is made from)
+    # (an output allocated in another order, by stride_order or inherited from an
+    # epilogue input's layout, or written into an input, whose layout and address
+    # are the caller's, is stored through its strides)
     tma_ok = all(
-        o.dtype.size == 2 and epi[1] * o.dtype.size == 128 and (n * o.dtype.size) % 16 == 0
-        for o in matmul_reduce.tile_outputs(fusion)
+        o.dtype.size == 2
+        and _row_major(o)
+        and k not in fusion.aliases
+        and epi[1] * o.dtype.size == 128
+        and (n * o.dtype.size) % 16 == 0
+        for k, o in enumerate(fusion.outputs)
+        if matmul_reduce.partial_source(o) is None  # (a row reduction's partials: their own stores)
     )
     store = "tma" if tma_ok else "direct"
     _check_peer_store(fusion, store, persistent, pingpong, role)
@@ -566,7 +575,16 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         # stored from registers (rows not 16-byte aligned, or no TMA box): an accumulator
         # pair (two adjacent columns of a thread's fragment) per store where N is even, as
         # the plan allocates the outputs contiguous: their rows are then pair-aligned
-        store_vector=2 if store == "direct" and n % 2 == 0 else 1,
+        # (an output written into an input, or laid out with N outer: its own strides)
+        store_vector=2
+        if store == "direct"
+        and n % 2 == 0
+        and all(
+            output_vectorizable(fusion, info, k, o.ndim - 1, 2)
+            for k, o in enumerate(fusion.outputs)
+            if matmul_reduce.partial_source(o) is None
+        )
+        else 1,
         grid=max(grid, 1),
         a_major=a_major,
         b_major=b_major,
@@ -614,6 +632,11 @@ def _check_cluster(cluster, tiles_m, tiles_n, tile, a_major, b_major, ov, fa, fb
             raise CircbufError(
                 f"{where}: {op}'s tile of {ext // 64} 64-wide column boxes does not split into {c} slices"
             )
+
+
+def _row_major(o) -> bool:
+    """``o`` is allocated row-major (its stride order, given or inherited)."""
+    return o.domain.allocation_order() == list(range(o.ndim))
 
 
 def _check_peer_store(fusion, store, persistent, pingpong, role):

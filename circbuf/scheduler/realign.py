@@ -35,7 +35,9 @@ def realigned_strides(sizes: tuple, strides: tuple, itemsize: int) -> tuple:
     innermost (the last when neither is), the other is padded to 16 bytes,
     batch axes outermost and dense."""
     n = len(sizes)
-    col = n >= 2 and strides[-1] != 1 and sizes[-1] > 1 and (strides[-2] == 1 or sizes[-2] == 1)
+    # (a last-but-one axis of size 1 is no reason for a column layout: the copy's rows
+    # are then the last axis, dense, as torch would lay it out)
+    col = n >= 2 and strides[-1] != 1 and sizes[-1] > 1 and strides[-2] == 1 and sizes[-2] > 1
     unit, other = (n - 2, n - 1) if col else (n - 1, n - 2)
     per16 = 16 // itemsize
     out = [0] * n
