@@ -236,3 +236,21 @@ def test_a_matmul_split_k_takes_keeps_its_reduction_apart():
         ck = fd.compile(shapes, arch="sm_90a", target=target)
         math = [m for s in ck.segments.segments for m in s.math]
         assert any("partial" in m for m in math) == partial, (target, math)
+
+
+def test_a_reduction_whose_result_meets_the_rows_again_is_not_split():
+    """An fp8-style quantization (y scaled by its row's amax) reads the rows
+    again after the reduction: one normalization kernel does both (as before),
+    no partials."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        y = fd.ops.linear(x, w)
+        amax = fd.ops.max(fd.ops.abs(y), [-1], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.div(y, amax), D.BFloat16))
+    xs, ws = torch.randn(96, 64, dtype=torch.bfloat16), torch.randn(136, 64, dtype=torch.bfloat16)
+    ck = fd.compile([xs, ws], arch="sm_90a")
+    assert not any("partial" in m for s in ck.segments.segments for m in s.math)
+    (q,) = interpret(fd, [xs, ws])
+    y64 = torch.nn.functional.linear(xs.double(), ws.double()).to(torch.bfloat16).double()
+    torch.testing.assert_close(q.double(), y64 / y64.abs().amax(-1, keepdim=True), rtol=1.6e-2, atol=1.6e-2)
