@@ -5,7 +5,8 @@
     PYTHONPATH=. python benchmarks/matmul.py --sweep    # heuristic vs override sets, then clusters
     PYTHONPATH=. python benchmarks/matmul.py --clusters # cluster (2,1)/(1,2)/(2,2) vs (1,1) only
     PYTHONPATH=. python benchmarks/matmul.py --epilogue [--variants] [--only silu]
-                                                        # linear + bias + act / + residual vs eager, compile
+                                                        # linear + bias + act / + residual vs eager, compile;
+                                                        # linear + a row amax / row sum of its output
     PYTHONPATH=. python benchmarks/matmul.py --breakdown # where the epilogue's time goes
     PYTHONPATH=. python benchmarks/matmul.py --decode [--variants]
                                                         # M = 1..64 linears: TF/s, GB/s, path (and schedules)
@@ -341,6 +342,74 @@ def _torch_epilogue(epilogue):
     return lambda x, w, bias: act[epilogue](F.linear(x, w, bias))
 
 
+# linear with a second output: a row reduction of the linear's output along N (both returned;
+# the amax of abs is what an fp8 cast's per-row scale needs), or the pre-activation beside gelu
+ROW_REDUCTIONS = ("rowamax", "rowsum", "pre+gelu")
+F_gelu = torch.nn.functional.gelu
+
+
+def row_reduction_fusion(what):
+    """``y = linear(x, w)``; returns y and ``max(abs(y), -1)`` or ``sum(y, -1)`` (fp32);
+    "pre+gelu": ``y = linear(x, w, b)`` and ``gelu(y)``."""
+    import circbuf as cb
+
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=cb.DataType.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=cb.DataType.BFloat16)
+        b = fd.define_tensor([-1], dtype=cb.DataType.BFloat16) if what == "pre+gelu" else None
+        y = fd.ops.linear(x, w, b)
+        fd.add_output(y)
+        if what == "rowamax":
+            fd.add_output(fd.ops.max(fd.ops.abs(y), [-1]))
+        elif what == "rowsum":
+            fd.add_output(fd.ops.sum(y, [-1]))
+        else:
+            fd.add_output(fd.ops.cast(fd.ops.gelu(y), cb.DataType.BFloat16))
+    return fd
+
+
+def _torch_row_reduction(what):
+    """The fusion as a torch user writes it: one read of the bf16 output by the reduction."""
+    F = torch.nn.functional
+    if what == "rowamax":
+        return lambda x, w: (lambda y: (y, y.abs().amax(-1).float()))(F.linear(x, w))
+    if what == "rowsum":
+        return lambda x, w: (lambda y: (y, y.sum(-1, dtype=torch.float32)))(F.linear(x, w))
+    return lambda x, w, b: (lambda y: (y, F.gelu(y)))(F.linear(x, w, b))
+
+
+def row_reductions(x, w, t_gemm, only):
+    """linear + a row amax / row sum of its output (8192x8192x1024: within 1.15x of
+    the bare GEMM is the target), and linear + bias returning both y and gelu(y),
+    against eager and a static torch.compile."""
+    bias = torch.randn(w.shape[0], device=w.device, dtype=w.dtype)
+    for what in ROW_REDUCTIONS:
+        if only and what != only:
+            continue
+        args = [x, w, bias] if what == "pre+gelu" else [x, w]
+        eager = _torch_row_reduction(what)
+        compiled = static_compile(eager)
+        compiled(*args)
+        fd = row_reduction_fusion(what)
+        y, r = fd.execute(args)
+        # the second output as the fusion defines it (of the bf16 output), in float64
+        y64 = torch.nn.functional.linear(*[a.double() for a in args])
+        yb = y64.to(torch.bfloat16).double()
+        ref = yb.abs().amax(-1) if what == "rowamax" else yb.sum(-1) if what == "rowsum" else F_gelu(y64)
+        err = ((r.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+        t_eager = bench_ms(lambda f=eager, a=args: f(*a))
+        t_comp = bench_ms(lambda f=compiled, a=args: f(*a))
+        t_cb = bench_ms(lambda fd=fd, a=args: fd.execute(a))
+        ps = fd.last_params()
+        kernels = " + ".join(q.name for q in (ps if isinstance(ps, list) else [ps]))
+        print(
+            f"  {what:>9s}: circbuf {t_cb * 1e3:5.0f} [{kernels}]  eager {t_eager * 1e3:5.0f}  "
+            f"compile {t_comp * 1e3:5.0f}  ratio {t_cb / t_gemm:.3f} (target <= {1.10 if what == 'pre+gelu' else 1.15})  "
+            f"rel err {err:.2e}",
+            flush=True,
+        )
+
+
 def epilogue():
     """linear + bias + {relu, gelu, tanh-gelu, silu} and linear + residual: the
     fused kernel (heuristic, and with ``--variants`` each schedule of
@@ -357,6 +426,8 @@ def epilogue():
         res = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         t_gemm = bench_ms(lambda x=x, w=w: x @ w.T)
         print(f"{m}x{n}x{k}: bare cuBLAS GEMM {t_gemm * 1e3:.0f} us")
+        if (m, n, k) == (8192, 8192, 1024):
+            row_reductions(x, w, t_gemm, only)
         for ep in EPILOGUES:
             if only and ep != only:
                 continue

@@ -37,6 +37,7 @@ import struct
 from . import knobs
 from .ir import (
     CircbufError,
+    Const,
     DataType,
     Fusion,
     LinearOp,
@@ -119,6 +120,7 @@ class FusionExecutor:
         where: dict = {}
         infos = []
         device = None
+        made = []  # (label, axis, extent expression, size): checked once every size is bound
         for k, (d, x) in enumerate(zip(f.inputs, inputs)):
             if isinstance(d, Var):
                 if isinstance(x, torch.Tensor) or not isinstance(x, (int, float, bool)):
@@ -153,6 +155,8 @@ class FusionExecutor:
                 elif isinstance(ax.extent, Var):
                     env[ax.extent.name] = size
                     where[ax.extent.name] = f"axis {a} of {d.name}"
+                elif not isinstance(ax.extent, Const):  # a size made from others (a row's partials)
+                    made.append((label, a, ax.extent, size))
                 elif size != ax.extent.value:
                     raise CircbufError(
                         f"{label}: axis {a} has size {size}, the definition fixes {ax.extent.value}"
@@ -162,6 +166,11 @@ class FusionExecutor:
             while align > 1 and ptr % align:
                 align //= 2
             infos.append(TensorInfo(tuple(x.shape), tuple(x.stride()), x.element_size(), align))
+        for label, a, e, size in made:
+            if evaluate(e, env) != size:
+                raise CircbufError(
+                    f"{label}: axis {a} has size {size}, the definition makes it {e} = {evaluate(e, env)}"
+                )
         for name, e in f.derived_extents.items():  # in definition order: later ones may use earlier ones
             try:
                 env[name] = evaluate(e, env)
@@ -544,7 +553,7 @@ class FusionExecutor:
         key = self._warm_key(info, arch, dict(self.fusion.schedule_overrides))
         cached = kernel_cache.load_verdicts(key) if key is not None else None
         verdicts = dict(cached) if cached is not None else {}
-        seg = segment(self.fusion, env, verdicts)
+        seg = segment(self.fusion, env, verdicts, info.target)
         if key is not None and cached is None:
             kernel_cache.store_verdicts(key, verdicts)
         knobs.dump("segments", seg)

@@ -283,7 +283,9 @@ def test_simt_path_for_what_the_tensor_cores_cannot_take():
 
 def test_reduction_or_second_matmul_gets_its_own_kernel():
     """The matmul scheduler refuses them by name; segmentation runs them as
-    kernels of their own."""
+    kernels of their own (a row reduction of the output: its partials in the
+    matmul's epilogue, their reduction a kernel of its own,
+    tests/test_matmul_reduce.py)."""
     from circbuf.scheduler.matmul import MatmulScheduler
 
     with cb.FusionDefinition() as fd:
@@ -295,7 +297,8 @@ def test_reduction_or_second_matmul_gets_its_own_kernel():
         r"a reduction \(T\d+\) next to a matmul needs a kernel", MatmulScheduler.can_schedule(fd.fusion)
     )
     ck = fd.compile([torch.randn(64, 64, dtype=torch.bfloat16)] * 2, arch="sm_90a")
-    assert [k.name for k in ck.kernels] == ["circbuf_matmul", "circbuf_normalization"]
+    assert [k.name for k in ck.kernels] == ["circbuf_matmul", "circbuf_reduction"]
+    assert "partial sum" in str(ck)
     with cb.FusionDefinition() as fd:
         a = fd.define_tensor([-1, -1], dtype=D.BFloat16)
         b = fd.define_tensor([-1, -1], dtype=D.BFloat16)

@@ -141,7 +141,15 @@ class TensorDomain:
             return d
         new = {id(i): i.clone() for i in self._root}
         for t in self.view_transforms():
-            if isinstance(t, Split):
+            if isinstance(t, Split) and not t.exact:  # an rfactor's split (a partial reduction)
+                Split(
+                    new[id(t.in_)],
+                    new.setdefault(id(t.outer), t.outer.clone()),
+                    new.setdefault(id(t.inner), t.inner.clone()),
+                    t.factor,
+                    t.inner_split,
+                ).attach()
+            elif isinstance(t, Split):
                 exact_split(
                     new[id(t.in_)],
                     None,
@@ -830,8 +838,20 @@ class ReductionOp(Expr):
         self.init = init
         super().__init__([out], [in_])
 
+    def logical_map(self, producer):
+        """The input's axes map to the output's root axes: its logical ones, or for
+        a partial reduction (an rfactor) the axes its logical ones are split from."""
+        return list(zip(producer.domain.no_reductions(), self.out.domain.root))
+
     def __str__(self):
         dims = [k for k, i in enumerate(self.out.logical) if i.is_reduction]
+        if self.out.domain.has_root:  # a partial reduction: the root axes it reduces part of
+            dims = [k for k, i in enumerate(self.out.domain.root) if i.is_reduction]
+            kept = ", ".join(f"{'r' if i.is_reduction else 'i'}{i.extent}" for i in self.out.logical)
+            return (
+                f"{self.out.name} = partial {self.op_name}({self.inputs[0].name}, dims={dims} as [{kept}], "
+                f"init={self.init})"
+            )
         return f"{self.out.name} = {self.op_name}({self.inputs[0].name}, dims={dims}, init={self.init})"
 
 

@@ -563,6 +563,18 @@ def simplify(e: Scalar) -> Scalar:
                     return _from_linear(div) if op == "/" else r
                 if op == "%":
                     return _bin("%", r, b)
+    if (
+        op == "ceilDiv"
+        and isinstance(b, Const)
+        and b.value > 0
+        and isinstance(a, Bin)
+        and a.op == "ceilDiv"
+        and isinstance(a.b, Const)
+        and a.b.value > 0
+    ):
+        # ceil(ceil(x / p) / q) = ceil(x / (p q)) for positive p, q: the 64-column groups
+        # of a row, taken bn / 64 at a time, are its bn-column tiles
+        return _bin("ceilDiv", a.a, Const(a.b.value * b.value))
     if op == "/" and isinstance(b, Bin) is False and not isinstance(b, Const):
         lo, hi = value_range(a)
         blo, _ = value_range(b)

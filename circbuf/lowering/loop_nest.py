@@ -26,7 +26,7 @@ After::
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Const, Fusion, ParallelType, ReductionOp, TensorView, Var, simplify
+from ..ir import CircbufError, Const, Fusion, MemoryType, ParallelType, ReductionOp, TensorView, Var, simplify
 from ..ir.iterdomain import Split
 from ..ir.scalar import is_const
 from . import wgmma_ops
@@ -138,6 +138,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
         cur = body
         index = {}
         anchor = None  # (list, loop or None) where a reduction's init goes
+        inner = []  # loops of iteration axes inside a reduction's loops (a register per value)
         for ax in out.loop:
             pt = ax.parallel_type
             if ax.is_reduction and anchor is None:
@@ -178,6 +179,8 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
                 cur.append(loop)
             if anchor is not None and anchor[1] is None and anchor[0] is cur:
                 anchor = (cur, loop)
+            elif anchor is not None and not ax.is_reduction:
+                inner.append((ax, loop))
             index[ax.id] = loop.index
             own = _grid_stride(ax)
             if own is not None:
@@ -197,7 +200,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
         stmt = ExprStmt(e, index)
         cur.append(stmt)
         if isinstance(e, ReductionOp):
-            _place_reduction(e, index, anchor, stmt, launch)
+            _place_reduction(e, index, anchor, stmt, launch, inner, new_loop)
 
     _check_outputs_split_over_the_grid(fusion, launch)
     body = _sort_body(body)
@@ -335,6 +338,11 @@ def _check_reduction(out: TensorView):
                     "grid reductions are not supported"
                 )
         elif seen_red and not ax.is_broadcast and not is_const(ax.loop_extent, 1):
+            if out.memory_type == MemoryType.Local and ax.parallel_type in (
+                ParallelType.Serial,
+                ParallelType.Unroll,
+            ):
+                continue  # registers: one accumulator per value of the axis (initialized in a loop of its own)
             if not ax.parallel_type.is_grid_or_block:
                 raise CircbufError(
                     f"{out.name}: iteration axis {ax} is inside a reduction axis; "
@@ -342,18 +350,44 @@ def _check_reduction(out: TensorView):
                 )
 
 
-def _place_reduction(e, index, anchor, stmt, launch):
+def _place_reduction(e, index, anchor, stmt, launch, inner=(), new_loop=None):
+    """The init before the reduction's first loop, and a block reduction after
+    it. Iteration axes inside the reduction's loops (a register accumulator
+    per fragment row, say, whose columns are reduced around it) get loops of
+    their own around the init::
+
+        FOR j1 in 0..2                  // the init's own loop over h
+          P[j1] = 0  // init
+        FOR j2 in 0..8                  // rj
+          FOR j3 in 0..2                // h
+            FOR j4 in 0..2              // re
+              P[j3] = P[j3] + x
+    """
     out = e.out
     tid = tuple(ax.parallel_type for ax in out.loop if ax.is_reduction and ax.parallel_type.is_thread)
     body, loop = anchor
     init = ReductionInit(e, index)
+    node = init
+    if inner:
+        if tid:
+            raise CircbufError(
+                f"{out.name}: a block reduction of an accumulator held per iteration of inner loops "
+                f"({', '.join(str(ax) for ax, _ in inner)}) is not supported"
+            )
+        own = dict(index)
+        for ax, _ in reversed(inner):
+            f = new_loop(ax, None)
+            f.body = [node]
+            own[ax.id] = f.index
+            node = f
+        init.index = own
     if loop is not None:
         pos = body.index(loop)
-        body.insert(pos, init)
+        body.insert(pos, node)
         after = pos + 2
     else:
         pos = body.index(stmt)
-        body.insert(pos, init)
+        body.insert(pos, node)
         after = pos + 2
     if tid:
         if tid not in ((ParallelType.TIDx,), (ParallelType.TIDy,)):
@@ -392,8 +426,8 @@ def _sort_body(nodes: list) -> list:
     info = []
     for n in nodes:
         d, r = set(), set()
-        if isinstance(n, ReductionInit):
-            info.append(({("init", id(n.expr.out))}, set()))
+        if _init_of(n) is not None:
+            info.append(({("init", id(_init_of(n).expr.out))}, set()))
             continue
         if isinstance(n, BlockReduce):
             info.append(({("br", id(n.expr.out))}, {id(n.expr.out)}))
@@ -434,6 +468,13 @@ def _sort_body(nodes: list) -> list:
         done.add(k)
         out.append(nodes[k])
     return out
+
+
+def _init_of(node):
+    """The ReductionInit ``node`` is, or runs in loops of its own, else None."""
+    while isinstance(node, ForLoop) and len(node.body) == 1:
+        node = node.body[0]
+    return node if isinstance(node, ReductionInit) else None
 
 
 def _stmts(node) -> list:

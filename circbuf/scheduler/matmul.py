@@ -69,6 +69,7 @@ from ..ir import (
 )
 from ..ir.circular import REGISTERS_RULE
 from ..ir.scalar import is_const, simplify
+from . import matmul_reduce
 from .info import InputInfo
 from .overrides import MATMUL, names
 from .params import MatmulParams
@@ -113,8 +114,10 @@ class MatmulScheduler:
         if len(cs) > 1:
             return f"{len(cs)} matmuls in one fusion (each runs in a kernel of its own)"
         for e in fusion.exprs():
-            if isinstance(e, ReductionOp):
+            if isinstance(e, ReductionOp) and not matmul_reduce.is_partial(e):
                 return f"a reduction ({e.out.name}) next to a matmul needs a kernel of its own"
+            if matmul_reduce.is_partial(e):
+                continue  # a row reduction's partials, in the epilogue (scheduler/matmul_reduce.py)
             if not isinstance(e, (*_EPILOGUE, MatmulOp, LinearOp)):
                 return f"{type(e).__name__} {e.out.name} cannot be part of a matmul's epilogue"
         out = cs[0].out
@@ -124,10 +127,15 @@ class MatmulScheduler:
         if lmap.find(k_axis) in {lmap.find(i) for i in out.logical}:
             # x @ W.T + x with a square W: K is one axis of the fusion with N or M
             return f"the epilogue reads an operand of {out.name} along its K axis (a kernel of its own)"
-        for o in fusion.outputs:  # written by the epilogue: along the output's tile, never along K
+        for o in matmul_reduce.tile_outputs(
+            fusion
+        ):  # written by the epilogue: along the output's tile, never along K
             for d, i in enumerate(o.logical):
                 if not (i.is_broadcast or is_const(i.loop_extent, 1)) and lmap.find(i) not in tile:
                     return f"output {o.name}'s axis {d} is no axis of the matmul's {out.name} (a kernel of its own)"
+        if len(matmul_reduce.tile_outputs(fusion)) < len(fusion.outputs):
+            # partials run on the tensor cores only (the segmenter splits them where those take the matmul)
+            return unmapped_axis(fusion, [out, *cs[0].tv_inputs()], lmap)
         return (
             unmapped_axis(fusion, [out, *cs[0].tv_inputs()], lmap)
             or _split_for_tensor_cores(fusion, cs[0])
@@ -146,7 +154,13 @@ class MatmulScheduler:
         if why is None:
             params = _mma_params(fusion, e, info, overrides)
             if params is not None:
+                matmul_reduce.check_params(fusion, params)
                 return params
+        if len(matmul_reduce.tile_outputs(fusion)) < len(fusion.outputs):
+            raise CircbufError(
+                f"a row reduction computed in the matmul's epilogue needs the tensor-core path, which "
+                f"cannot take these inputs ({why or 'the tensor-core path cannot take it'})"
+            )
         asked = sorted(k for k in overrides if k != "realign")  # (realign=False asks for this path)
         if asked:
             raise CircbufError(
@@ -242,7 +256,7 @@ def _mma_structure(fusion: Fusion, e) -> str | None:
         return "an M or N extent of 1 fixed in the definition"
     lmap = LogicalMap(fusion)
     classes = {lmap.find(i) for i in c.logical}
-    for o in fusion.outputs:
+    for o in matmul_reduce.tile_outputs(fusion):
         for d, i in enumerate(o.logical):
             if i.concrete_extent is not None and lmap.find(i) not in classes:
                 return f"output {o.name} axis {d} is not an axis of the matmul's output"
@@ -424,7 +438,8 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
             f"columns that divides bn = {bn}"
         )
     # outputs staged in shared memory and stored by TMA: 128-byte swizzled
-    # rows of a 16-bit type, 16-byte row strides, read by nothing else
+    # rows of a 16-bit type, 16-byte row strides (an output the epilogue reads
+    # again is read from the registers its staging copy is made from)
     # (an output allocated in another order, by stride_order or inherited from an
     # epilogue input's layout, or written into an input, whose layout and address
     # are the caller's, is stored through its strides)
@@ -434,8 +449,8 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         and k not in fusion.aliases
         and epi[1] * o.dtype.size == 128
         and (n * o.dtype.size) % 16 == 0
-        and not fusion.consumers(o)
         for k, o in enumerate(fusion.outputs)
+        if matmul_reduce.partial_source(o) is None  # (a row reduction's partials: their own stores)
     )
     store = "tma" if tma_ok else "direct"
     _check_peer_store(fusion, store, persistent, pingpong, role)
@@ -450,7 +465,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     # (their rings take the shared memory of the second staging buffer)
     buffers = 2 if tma_ok and (bn // epi[1]) % 2 == 0 and not loaded else 1
     staging = (
-        buffers * 2 * 64 * epi[1] * 2 * len(fusion.outputs) if tma_ok else 0
+        buffers * 2 * 64 * epi[1] * 2 * len(matmul_reduce.tile_outputs(fusion)) if tma_ok else 0
     )  # [B][2 warpgroups][64][en]
     # the epilogue role's ring: fp32 [bm x en] sub-tiles, a tile's worth when it fits in two
     handoff = 2 if role else 0  # a [128 x 128] tile's two sub-tiles; half a 128x256 tile
@@ -593,7 +608,11 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         store_vector=2
         if store == "direct"
         and n % 2 == 0
-        and all(output_vectorizable(fusion, info, k, o.ndim - 1, 2) for k, o in enumerate(fusion.outputs))
+        and all(
+            output_vectorizable(fusion, info, k, o.ndim - 1, 2)
+            for k, o in enumerate(fusion.outputs)
+            if matmul_reduce.partial_source(o) is None
+        )
         else 1,
         grid=max(grid, 1),
         a_major=a_major,
@@ -936,8 +955,7 @@ def _tile(tv, roles, params, pingpong_split: bool):
     bm, bn, bk = params.tile
     order = [k for k, r in enumerate(roles) if r == "B"]
     order += [roles.index("M"), roles.index("N")]
-    if "K" in roles:
-        order.append(roles.index("K"))
+    order += [k for k, r in enumerate(roles) if r not in ("B", "M", "N")]  # K, or a partial's column pieces
     tv.reorder(order)  # [B.., M, N, K?]
     nb = roles.count("B")
     tv.split(nb, bm)  # [B.., Mo, Mi, N, K?]
@@ -1113,7 +1131,7 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
     # computed into registers that its store and its readers share: read back
     # from global memory it was a loop nest of its own after every tile's,
     # which no loop order could run before a reader inlined beside its producers
-    for o in list(fusion.outputs):
+    for o in matmul_reduce.tile_outputs(fusion):
         if fusion.consumers(o):
             cache_output(fusion, o)
     e = acc.definition
@@ -1125,14 +1143,14 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
     # outputs staged in shared memory and stored by TMA a [64 x en] box at a time
     staged = {}
     if params.store == "tma":
-        for o in list(fusion.outputs):
+        for o in matmul_reduce.tile_outputs(fusion):
             cs = o.cache_before(op="tma")
             cr = cs.cache_before()  # the epilogue's last value, in registers
             staged[id(cs)] = (o, cs, cr)
     # outputs stored from registers a pair at a time: o = set(vec2 cr)
     paired = {}
     if params.store == "direct" and params.store_vector > 1:
-        for o in list(fusion.outputs):
+        for o in matmul_reduce.tile_outputs(fusion):
             cr = o.cache_before()
             paired[id(o)] = cr
     lmap = LogicalMap(fusion)
@@ -1147,8 +1165,12 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
     _operand_tile(Bs, _roles(Bs, lmap, classes), params, "N", "K" if params.b_major == "K" else "MN")
     # the accumulator and the epilogue: one tile loop
     stores = {id(o) for o, _, _ in staged.values()}
+    # a row reduction's partials: loop nests in the epilogue's sub-tile loop
+    partials = matmul_reduce.schedule_partials(
+        fusion, params, lambda tv, roles, p: _tile(tv, roles, p, p.pingpong)
+    )
     for tv in fusion.used_tvs():
-        if tv.is_input or tv in (As, Bs):
+        if tv.is_input or tv in (As, Bs) or id(tv) in partials:
             continue
         roles = _roles(tv, lmap, classes)
         if None in roles:
@@ -1181,6 +1203,7 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         if (
             not (tv.is_input or tv.is_output or tv in (As, Bs, acc, handoff, *loaded))
             and id(tv) not in staged
+            and id(tv) not in partials
         ):
             # the epilogue's last value holds a pair for one vector store; a pair of
             # an input loaded by TMA is one vector load
@@ -1188,7 +1211,7 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             if id(tv) in pairs:
                 tv.loop[-1].parallelize(ParallelType.Vectorize)
     done = {id(t) for t in (As, Bs, acc, handoff, *loaded) if t is not None}
-    _hoist_epilogue_inputs(fusion, params, done | set(staged) | last)
+    _hoist_epilogue_inputs(fusion, params, done | set(staged) | last | partials)
 
 
 def _input_ring(rs, axes, params):

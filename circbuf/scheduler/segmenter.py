@@ -142,7 +142,9 @@ def extents_differ(fusion: Fusion, env: dict | None = None) -> str | None:
     return None
 
 
-def segment(fusion: Fusion, env: dict | None = None, verdicts: dict | None = None) -> SegmentedFusion:
+def segment(
+    fusion: Fusion, env: dict | None = None, verdicts: dict | None = None, target=None
+) -> SegmentedFusion:
     """Partition ``fusion`` into segments the schedulers take (see the module
     docstring), none of which joins two axes of different extents (constants,
     or the sizes in ``env``: :func:`extents_differ`). Raises CircbufError
@@ -151,7 +153,13 @@ def segment(fusion: Fusion, env: dict | None = None, verdicts: dict | None = Non
     ``verdicts``: (group of expr positions, its outputs' names or None) ->
     names of the schedulers taking it, as an earlier split of this fusion
     for these sizes found them; it is read, and filled with the verdicts
-    asked (the compile driver keeps it in its disk cache)."""
+    asked (the compile driver keeps it in its disk cache). ``target``: the
+    GPU the sizes in ``env`` are compiled for (a matmul the split-K
+    heuristic splits there keeps a row reduction of its output to itself)."""
+    from .matmul_reduce import split_row_reductions
+
+    # a row reduction of a matmul's output: partials in the matmul's epilogue, then their reduction
+    fusion = split_row_reductions(fusion, env, target) or fusion
     exprs = fusion.exprs()
     n = len(exprs)
     # verdicts are asked of ``judged``: the fusion, or, where a reshape's

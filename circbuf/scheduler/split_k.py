@@ -112,6 +112,10 @@ def _why_not(fusion: Fusion, info) -> str | None:
         return "the fusion writes an input in place, returns a view or derives sizes"
     if any(kind != "output" for kind, _ in fusion.returns):
         return "the fusion returns an input"
+    from .matmul_reduce import tile_outputs
+
+    if len(tile_outputs(fusion)) < len(fusion.outputs):
+        return "a row reduction's partials are computed in the epilogue (each K chunk would hold only a part)"
     return None
 
 
@@ -139,6 +143,21 @@ def _model(m: int, n: int, k: int, splits: int, itemsize: int, target) -> float:
         ws = splits * m * n * 4
         t += (2 * ws + m * n * itemsize) / target.copy_bandwidth + LAUNCH_S
     return t
+
+
+def heuristic_splits(m: int, n: int, k: int, itemsize: int, target) -> int:
+    """The heuristic's number of K splits for an [m x n x k] matmul (1: none)."""
+    times = {1: _model(m, n, k, 1, itemsize, target)}
+    for s in range(2, MAX_SPLITS + 1):
+        # no tail: a tail is a second launch after the chunks' (they do not overlap)
+        if k % (s * K_STEP) == 0 and k // (s * K_STEP) >= MIN_STEPS:
+            times[s] = _model(m, n, k, s, itemsize, target)
+    fastest = min(times.values())
+    # the fewest splits within TIE of the fastest: a smaller workspace, longer k loops
+    splits = min(s for s, t in times.items() if t <= fastest * (1 + TIE))
+    if splits == 1 or times[splits] > MIN_GAIN * times[1]:
+        return 1
+    return splits
 
 
 def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
@@ -177,16 +196,8 @@ def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
             )
         splits = asked
     else:
-        item = a.dtype.size
-        times = {1: _model(m, n, k, 1, item, info.target)}
-        for s in range(2, MAX_SPLITS + 1):
-            # no tail: a tail is a second launch after the chunks' (they do not overlap)
-            if k % (s * K_STEP) == 0 and k // (s * K_STEP) >= MIN_STEPS:
-                times[s] = _model(m, n, k, s, item, info.target)
-        fastest = min(times.values())
-        # the fewest splits within TIE of the fastest: a smaller workspace, longer k loops
-        splits = min(s for s, t in times.items() if t <= fastest * (1 + TIE))
-        if splits == 1 or times[splits] > MIN_GAIN * times[1]:
+        splits = heuristic_splits(m, n, k, a.dtype.size, info.target)
+        if splits == 1:
             return None
     chunk = steps // splits * K_STEP
     rest = k - (splits - 1) * chunk
