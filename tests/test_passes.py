@@ -283,6 +283,7 @@ def test_the_pass_list_keeps_its_contracts():
     check_order(L.PASSES)
     for p in L.PASSES:
         assert set(p.provides) <= set(KERNEL_FIELDS) | _IR_FACTS, p.name
+        assert set(p.renames) <= set(KERNEL_FIELDS), p.name
 
 
 @pytest.mark.parametrize(
@@ -329,6 +330,11 @@ def test_a_fact_changed_by_a_later_pass_is_refused():
         check_order([adder, reader, other])
     with pytest.raises(PassOrderError, match="'reader' requires 'rings', which neither"):
         check_order([reader, adder])
+    # a later pass that only renames a fact leaves it valid for the earlier reader
+    renamer = Pass("renamer", fn, renames=("rings",))
+    check_order([adder, reader, renamer])
+    with pytest.raises(PassOrderError, match="'reader' requires 'rings', which neither"):
+        check_order([renamer, reader])  # renaming provides nothing
 
 
 def test_the_package_docstring_shows_the_contracts():
@@ -337,7 +343,8 @@ def test_the_package_docstring_shows_the_contracts():
     for p in L.PASSES:
         mod = __import__(p.fn.__module__, fromlist=["_"])
         want = f"Requires: {', '.join(p.requires) or 'nothing'}; provides: {', '.join(p.provides)}"
-        want += f"; consumes: {', '.join(p.consumes)}." if p.consumes else "."
+        want += f"; consumes: {', '.join(p.consumes)}" if p.consumes else ""
+        want += f"; renames: {', '.join(p.renames)}." if p.renames else "."
         assert want in " ".join(mod.__doc__.split()), (p.name, want)
 
 
@@ -345,7 +352,7 @@ def test_the_package_docstring_shows_the_contracts():
 _IR_FACTS = {
     "loop_nest", "allocated", "indexed", "approximated", "vectorized", "predicated", "wgmma_synced",
     "role_switch", "turns", "tma_stores_synced", "pipelined", "mbarriers_allocated", "simplified", "hoisted",
-    "synced", "peer_stores", "peer_order",
+    "synced", "named", "peer_stores", "peer_order",
 }  # fmt: skip
 
 
@@ -353,7 +360,7 @@ def _allowed_reads(k: int) -> set:
     """What pass k may read: what it requires, and the loop nest's fields and
     its own that no earlier pass changed."""
     p = L.PASSES[k]
-    earlier = set().union(*(set(q.provides) for q in L.PASSES[:k]))
+    earlier = set().union(*(set(q.provides) | set(q.renames) for q in L.PASSES[:k]))
     return set(p.requires) | ((set(LOOP_NEST_PROVIDES) | set(p.provides)) - earlier)
 
 
@@ -366,7 +373,7 @@ def test_each_pass_reads_and_writes_only_what_it_declares(corpus_logs):
                 assert not undeclared, (
                     f"{label}: pass {p.name} reads {sorted(undeclared)} without requiring it"
                 )
-                undeclared = log.writes.get(p.name, set()) - set(p.provides)
+                undeclared = log.writes.get(p.name, set()) - set(p.provides) - set(p.renames)
                 assert not undeclared, (
                     f"{label}: pass {p.name} writes {sorted(undeclared)} without providing it"
                 )
@@ -386,6 +393,7 @@ def test_every_declared_field_is_used_on_the_corpus(corpus_logs):
         fields = set(KERNEL_FIELDS)
         assert set(p.requires) & fields <= reads, (p.name, set(p.requires) & fields - reads)
         assert set(p.provides) & fields <= writes, (p.name, set(p.provides) & fields - writes)
+        assert set(p.renames) <= writes, (p.name, set(p.renames) - writes)
 
 
 def test_the_tracker_sees_reads_writes_and_in_place_changes():
