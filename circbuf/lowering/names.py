@@ -13,7 +13,8 @@ pass renames them after their role in the kernel IR, never after the text:
 * a shared buffer that feeds operand A or B of a matmul (followed through the
   fusion's copies to the ``MmaOp``): ``a_stage`` / ``b_stage`` (``a_tile`` /
   ``b_tile`` when it has one stage); the source of a TMA store of an output:
-  ``out_stage``; another shared buffer filled from a fusion input: in a
+  ``out_stage``; a copy of a matmul's result (the accumulator handed to an
+  epilogue role): ``acc_stage``; a shared buffer filled from a fusion input: in a
   matmul kernel ``residual_stage`` (the input has the output's rank) or
   ``bias_stage`` (fewer axes), elsewhere ``x_stage`` (``y_stage``, ... for
   more inputs, in parameter order);
@@ -85,13 +86,12 @@ from .kir import (
     TmaStore,
     TurnOrder,
     Wgmma,
-    _block,
     barrier_name,
     children,
     walk,
 )
 
-_THREAD = ("threadIdx.", "blockIdx.")
+_RING_WORDS = ("full", "empty", "load", "use", "load_stage", "load_phase", "use_stage", "use_phase")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -150,12 +150,28 @@ def readable_names(kernel: Kernel) -> Kernel:
 
 # ----------------------------------------------------------------- roles
 def _identifiers(kernel: Kernel) -> set:
-    """The identifiers in use (parameters, barriers, every word of the kernel IR's
-    text): new names avoid them."""
-    text = "\n".join(_block(kernel.body, 0))
-    out = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
-    out |= {p.tv.name for p in kernel.tensor_params} | {v.name for v in kernel.scalar_params}
+    """The identifiers in use (parameters, barriers, every variable and buffer
+    of the kernel IR): new names avoid them."""
+    out = {p.tv.name for p in kernel.tensor_params} | {v.name for v in kernel.scalar_params}
     out |= {n for n, _, _ in kernel.all_mbarriers()} | {barrier_name(p) for p in kernel.named_barriers}
+    seen: set = set()
+
+    def visit(v):
+        if isinstance(v, Scalar):
+            out.update(free_vars(v))
+        elif isinstance(v, TensorView):
+            out.add(v.name)
+        elif isinstance(v, RingSide):
+            out.update({v.name, v.stage.name, v.phase.name})
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type) and id(v) not in seen:
+            seen.add(id(v))
+            for f in dataclasses.fields(v):
+                visit(getattr(v, f.name))
+
+    visit(kernel.body)
     return out
 
 
@@ -194,6 +210,20 @@ def _operand_of_mma(tv: TensorView, depth: int = 4):
             if got:
                 return got
     return None
+
+
+def _copies_accumulator(tv: TensorView, depth: int = 4) -> bool:
+    """Whether a buffer is a copy (through copies) of a matmul's result: the
+    accumulator's values handed on (to an epilogue role)."""
+    d = tv.definition
+    while depth > 0 and d is not None:
+        if isinstance(d, MmaOp):
+            return True
+        if not isinstance(d, LoadStoreOp) or not isinstance(d.inputs[0], TensorView):
+            return False
+        d = d.inputs[0].definition
+        depth -= 1
+    return False
 
 
 def _source_input(tv: TensorView, depth: int = 4):
@@ -237,6 +267,9 @@ def _buffer_names(kernel: Kernel, taken: set, has_mma: bool) -> dict:
         if op is not None:
             names[name] = f"{op}_stage" if a.stages > 1 else f"{op}_tile"
             continue
+        if _copies_accumulator(a.tv):
+            names[name] = "acc_stage" if a.stages > 1 else "acc_tile"
+            continue
         src = _source_input(a.tv)
         if src is not None:
             inputs.append((name, src, a))
@@ -264,7 +297,11 @@ def _ring_names(kernel: Kernel, tvs: dict, taken: set) -> dict:
         if not roles or not all(roles):
             continue
         base = "".join(roles) if all(len(x) == 1 for x in roles) else "_".join(roles)
-        out[r.name] = _unique(base, taken)
+        name, k = base, 1
+        while any(f"{name}_{s}" in taken for s in _RING_WORDS):  # its names, not the base, must be new
+            name, k = f"{base}_{k}", k + 1
+        taken.update(f"{name}_{s}" for s in _RING_WORDS)
+        out[r.name] = name
     return out
 
 
