@@ -31,8 +31,11 @@ pass renames them after their role in the kernel IR, never after the text:
   elsewhere; the origin plus an offset that depends on the thread only:
   ``row0`` / ``col0`` (where this thread's or warpgroup's part starts).
 
-Names are unique (a second ``acc`` is ``acc_1``) and valid C identifiers;
-whatever has no clear role keeps its name. ``kernel.former_names`` maps each
+Names are unique (a second ``acc`` is ``acc_1``; a name the kernel already
+uses is not taken) and valid C identifiers; the producer's and the consumers'
+copies of one tile loop, in separate branches of the role switch, share
+``tile`` and their coordinates' names. Whatever has no clear role keeps its
+name (a register of the epilogue, a hoisted value that is no tile origin). ``kernel.former_names`` maps each
 new buffer and barrier name to the old one, which codegen prints in a trailing
 comment at the declaration (``float acc[128];  // T9``) so that a reader of
 the CUDA can find the tensor in ``print_math()``. Comments and sync reasons
