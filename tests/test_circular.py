@@ -275,9 +275,9 @@ def test_warp_specialized_with_setmaxnreg_compiles(monkeypatch, hang):
     # an outer loop and the buffered loop share one ring: the stage is a variable
     # that runs on across the outer loop, advanced once per copy / per read
     wait = "cb::mbar_wait_bounded(" if hang else "cb::mbar_wait("
-    assert wait + "&T4_full[T4_use_stage], (unsigned)(T4_use_phase)" in ck.cuda
-    assert ck.cuda.count("if (++T4_use_stage == 4) { T4_use_stage = 0; T4_use_phase ^= 1; }") == 1
-    assert ck.cuda.count("if (++T4_load_stage == 4) { T4_load_stage = 0; T4_load_phase ^= 1; }") == 1
+    assert wait + "&x_full[x_use_stage], (unsigned)(x_use_phase)" in ck.cuda
+    assert ck.cuda.count("if (++x_use_stage == 4) { x_use_stage = 0; x_use_phase ^= 1; }") == 1
+    assert ck.cuda.count("if (++x_load_stage == 4) { x_load_stage = 0; x_load_phase ^= 1; }") == 1
     assert ck.resource_usage()["LOCAL"] == 0 and ck.resource_usage()["STACK"] == 0
     # setmaxnreg acts on warpgroups: a 64-thread row is refused by name
     fd2 = manual_ws_exp(64, 4)
@@ -373,7 +373,7 @@ def test_tma_store_rules():
 
     x = torch.randn(64, 96)
     ck = manual_tma_store().compile([x], arch="sm_90a")
-    assert "cb::tma_store(&tmap0, &T2[0]" in ck.cuda and "UTMASTG" in ck.sass()
+    assert "cb::tma_store(&tmap0, &out_stage[0]" in ck.cuda and "UTMASTG" in ck.sass()
     with pytest.raises(cb.CircbufError, match="must lie densely, row-major"):
         manual_tma_store(transposed=True).compile([x], arch="sm_90a")
     fd, x_, y = tma_fusion()

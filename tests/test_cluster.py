@@ -194,10 +194,10 @@ def _nodes(k, cls):
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (_only_own_release, r"deadlock in the cluster of CTAs .*waits? on T\d+_T\d+_empty"),
+        (_only_own_release, r"deadlock in the cluster of CTAs .*waits? on ab_empty"),
         (_no_exit_barrier, r"no cluster barrier before exit"),
         (_no_start_barrier, r"before its initialization is visible|not allocated|not initialized"),
-        (_local_copy, r"deadlock in the cluster of CTAs .*T\d+_T\d+_full"),
+        (_local_copy, r"deadlock in the cluster of CTAs .*ab_full"),
     ],
     ids=[
         "release-only-own-stage",

@@ -79,7 +79,7 @@ def test_the_kernel_stores_to_every_peer_and_releases_a_flag_per_tile(kind):
     text = str(k)
     assert "PEER_SIGNAL (wait_group 4)" in text and "PEER_SIGNAL (wait_group 0)" in text
     if kind == "reduce_scatter":  # peer 1 holds rows M/2.., its tiles start at row block 1 on rank 0
-        assert "(i0 / 2)" in text and "j6_it" in text
+        assert "(i0 / 2)" in text and "tile_it" in text
     cuda = ck.cuda
     assert cuda.count("cb::tma_store(") == 2 and "red.relaxed.sys.global.add.u32" in cuda
     assert cuda.count("cb::fence_acq_rel_sys();") == 2  # one release per signal, for every peer
@@ -238,7 +238,7 @@ def test_a_reduce_scatter_stores_no_box_before_its_peers_rows():
     assert k.peer["guard_rows"] == 64  # the store box's rows
     guarded = _guarded_stores(k)
     assert sorted(n.then[0].peer for n, _ in guarded) == [0, 1]
-    assert "(i0 / 2) < (j6_1 + 64)" in str(k) and "((j6_1 - (i0 / 2)) + 64)" in str(k)
+    assert "(i0 / 2) < (row0 + 64)" in str(k) and "((row0 - (i0 / 2)) + 64)" in str(k)
     xs, ws = operands("reduce_scatter", 2, 136, 200, 64, seed=3)
     with pytest.raises(CircbufError, match=r"tensor map for P\d: coordinate 1 of a bulk tensor copy is -\d+"):
         loopback("reduce_scatter", xs, ws, target=ONE_SM, mutate=stores_at_negative_rows)

@@ -163,15 +163,15 @@ def drop_handoff_empty_wait(k):
     [
         (
             drop_handoff_full_arrive,
-            r"deadlock.*role epilogue: 128 threads .* wait on T\d+_full\[0\] .*256 of 256 arrivals pending",
+            r"deadlock.*role epilogue: 128 threads .* wait on acc_full\[0\] .*256 of 256 arrivals pending",
         ),
         (
             release_handoff_before_reading,
-            r"race: role consumers thread .* overwrites stage 0 of T\d+ \(ring T\d+, .*read by role epilogue",
+            r"race: role consumers thread .* overwrites stage 0 of acc_stage \(ring acc, .*read by role epilogue",
         ),
         (
             drop_handoff_empty_wait,
-            r"race: role consumers thread .* overwrites stage 0 of T\d+ \(ring T\d+, .*read by role epilogue",
+            r"race: role consumers thread .* overwrites stage 0 of acc_stage \(ring acc, .*read by role epilogue",
         ),
     ],
     ids=lambda x: getattr(x, "__name__", "msg"),

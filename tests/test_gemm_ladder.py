@@ -91,7 +91,7 @@ def test_step_compiles_with_its_sass(name):
         assert "blockIdx.x" in src  # a grid of CTAs
     else:
         assert "blockIdx.x" not in src  # one CTA, one tile
-    persistent = re.search(r"for \(index_t j\d+ = \(\(index_t\)blockIdx\.x\).*; j\d+ \+= (\d+)\)", src)
+    persistent = re.search(r"for \(index_t tile = \(\(index_t\)blockIdx\.x\).*; tile \+= (\d+)\)", src)
     assert (persistent is not None) == (n >= 6), name  # a tile loop striding over the grid
     assert ("runs the epilogue role" in src) == (n in (7, 8)), name
     wide = re.findall(r"HGMMA\.64x(\d+)x16", sass)
@@ -108,7 +108,7 @@ def test_step5_is_step4s_kernel():
     c4 = s4.build(1024, 512, 256).compile([a, b], arch="sm_90a").cuda
     c5 = s5.build(1024, 512, 256).compile([a, b], arch="sm_90a").cuda
     assert c4 == c5
-    assert "T3_T4_full[2]" in c4 and "mbar_arrive_expect_tx" in c4
+    assert "ab_full[2]" in c4 and "mbar_arrive_expect_tx" in c4
 
 
 @pytest.mark.parametrize("pingpong", [False, True], ids=["cooperative", "pingpong"])

@@ -481,113 +481,113 @@ MUTATIONS = [
     (
         WS,
         drop_release,
-        r"deadlock.*role producer.*waits on T4_empty\[0\] for parity 0.*256 of 256 arrivals pending",
+        r"deadlock.*role producer.*waits on x_empty\[0\] for parity 0.*256 of 256 arrivals pending",
     ),
     (
         WS,
         flip_full_parity,
-        r"role consumers thread .* T4_use position 0 \(stage 0, phase 0\) passed its wait on T4_full\[0\] \(parity 1\).*wrong phase",
+        r"role consumers thread .* x_use position 0 \(stage 0, phase 0\) passed its wait on x_full\[0\] \(parity 1\).*wrong phase",
     ),
     (
         WS,
         flip_empty_parity,
-        r"deadlock.*role producer: 1 thread .*T4_load position 0.*waits on T4_empty\[0\] for parity 0",
+        r"deadlock.*role producer: 1 thread .*x_load position 0.*waits on x_empty\[0\] for parity 0",
     ),
     (
         WS,
         drop_full_wait,
-        r"race: role consumers thread .* reads stage 0 of T4 .* before any copy into it completed",
+        r"race: role consumers thread .* reads stage 0 of x_stage .* before any copy into it completed",
     ),
     (
         WS,
         half_the_releases,
-        r"deadlock.*waits on T4_empty\[0\] for parity 0 \(the barrier is in phase 2 .* for the release of "
+        r"deadlock.*waits on x_empty\[0\] for parity 0 \(the barrier is in phase 2 .* for the release of "
         r"position 0, which completes phase 1",
     ),
     (
         WS,
         release_before_read,
-        r"race: the TMA copy into T4 .*role producer.*overwrites stage \d of T4.*read by role consumers",
+        r"race: the TMA copy into x_stage .*role producer.*overwrites stage \d of x_stage.*read by role consumers",
     ),
-    (WS, drop_expect_tx, r"deadlock.*T4_full\[0\].*-512 transaction bytes"),
-    (PIPELINED, restart_ring_each_row, r"race: .*stage \d of T4 \(ring T4"),
-    (COOP, release_current_stage, r"deadlock.*role producer.*waits on T3_T4_empty\[0\]"),
+    (WS, drop_expect_tx, r"deadlock.*x_full\[0\].*-512 transaction bytes"),
+    (PIPELINED, restart_ring_each_row, r"race: .*stage \d of x_stage \(ring x"),
+    (COOP, release_current_stage, r"deadlock.*role producer.*waits on ab_empty\[0\]"),
     (
         COOP,
         wait_group_too_loose,
-        r"race: the TMA copy into T3 .*overwrites stage 0 of T3 .*while the wgmmas of warpgroup 0",
+        r"race: the TMA copy into a_stage .*overwrites stage 0 of a_stage .*while the wgmmas of warpgroup 0",
     ),
     (
         COOP,
         drop_store_war_wait,
-        r"race: role consumers thread .* overwrites T6\[\d+\], read by the TMA store of T6",
+        r"race: role consumers thread .* overwrites out_stage\[\d+\], read by the TMA store of out_stage",
     ),
     (
         COOP,
         drop_last_wgmma_wait,
-        r"role consumers thread .* reads accumulator T5 while wgmmas still write it",
+        r"role consumers thread .* reads accumulator acc while wgmmas still write it",
     ),
-    (COOP, drop_proxy_fence, r"T6\[\d+\] is written by role consumers .* no fence.proxy.async"),
+    (COOP, drop_proxy_fence, r"out_stage\[\d+\] is written by role consumers .* no fence.proxy.async"),
     (COOP, too_many_registers, r"the warp roles ask for 70656 registers .* launched with 64512"),
     (COOP, registers_one_pool_over, r"ask for 65536 registers .* launched with 64512 \(384 threads x 168\)"),
     (
         PINGPONG,
         turn_before_mmas,
-        r"role consumers group 0 thread .* issues a wgmma into T5 outside its turn .*T5_mma_turn\[0\]",
+        r"role consumers group 0 thread .* issues a wgmma into acc outside its turn .*acc_mma_turn\[0\]",
     ),
     (
         PINGPONG,
         drop_turn_arrive,
-        r"deadlock.*role consumers group 1: 128 threads .* wait on T5_epi_turn\[1\]",
+        r"deadlock.*role consumers group 1: 128 threads .* wait on acc_epi_turn\[1\]",
     ),
     (TMA_STORE, split_named_barrier, r"named barrier 1"),
     # the issue's list on each scheduler's kernels: drop an arrive, flip a phase,
     # release a stage one step early, the ping-pong turns handed over early,
     # the nested-ring hang
-    (PW_WS, drop_release, r"deadlock.*role producer: 1 thread .*waits on T7_T9_empty\[0\] for parity 0"),
-    (OUTER_WS, drop_release, r"deadlock.*role producer: 1 thread .*waits on T9_empty\[0\] for parity 0"),
-    (COOP, drop_release, r"deadlock.*role producer: 1 thread .*waits on T3_T4_empty\[0\] for parity 0"),
-    (PW_WS, flip_empty_parity, r"deadlock.*role producer: 1 thread .*waits on T7_T9_empty\[0\] for parity 0"),
+    (PW_WS, drop_release, r"deadlock.*role producer: 1 thread .*waits on xy_empty\[0\] for parity 0"),
+    (OUTER_WS, drop_release, r"deadlock.*role producer: 1 thread .*waits on x_empty\[0\] for parity 0"),
+    (COOP, drop_release, r"deadlock.*role producer: 1 thread .*waits on ab_empty\[0\] for parity 0"),
+    (PW_WS, flip_empty_parity, r"deadlock.*role producer: 1 thread .*waits on xy_empty\[0\] for parity 0"),
     (
         NORM_MBAR,
         flip_full_parity,
-        r"the block thread .* passed its wait on T15_full\[0\] \(parity 1\) after 0 completed phases.*wrong phase",
+        r"the block thread .* passed its wait on x_full\[0\] \(parity 1\) after 0 completed phases.*wrong phase",
     ),
     (
         COOP,
         flip_full_parity,
-        r"role consumers thread .* passed its wait on T3_T4_full\[0\] \(parity 1\) after 0 completed phases.*wrong phase",
+        r"role consumers thread .* passed its wait on ab_full\[0\] \(parity 1\) after 0 completed phases.*wrong phase",
     ),
     (
         PINGPONG,
         flip_empty_parity,
-        r"deadlock.*role producer: 1 thread .*waits on T3_T4_empty\[0\] for parity 0",
+        r"deadlock.*role producer: 1 thread .*waits on ab_empty\[0\] for parity 0",
     ),
     (
         PW_WS,
         release_before_read,
-        r"race: the TMA copy into T7 .*role producer.*overwrites stage 0 of T7 \(ring T7_T9.*read by role consumers",
+        r"race: the TMA copy into x_stage .*role producer.*overwrites stage 0 of x_stage \(ring xy.*read by role consumers",
     ),
     (
         OUTER_WS,
         release_before_read,
-        r"race: the TMA copy into T9 .*role producer.*overwrites stage 0 of T9 \(ring T9.*read by role consumers",
+        r"race: the TMA copy into x_stage .*role producer.*overwrites stage 0 of x_stage \(ring x.*read by role consumers",
     ),
     (
         COOP,
         release_before_wgmma_wait,
-        r"race: the TMA copy into T3 .*overwrites stage 0 of T3 .*read by the wgmmas of warpgroup \d \(role "
+        r"race: the TMA copy into a_stage .*overwrites stage 0 of a_stage .*read by the wgmmas of warpgroup \d \(role "
         r"consumers\), with nothing ordering that read before it",
     ),
     (
         PINGPONG,
         epi_turn_before_stores,
-        r"role consumers group \d thread .* outside its epilogue turn \(T5_epi_turn\[\d\]\)",
+        r"role consumers group \d thread .* outside its epilogue turn \(acc_epi_turn\[\d\]\)",
     ),
-    (  # the GPU hung on T4_full[0]; the checker names the wait that passed on a stale phase first
+    (  # the GPU hung on T4_full[0], now x_full[0]; the checker names the wait that passed on a stale phase first
         NESTED,
         restart_ring_each_row,
-        r"the block thread .* T4_use position 0 \(stage 0, phase 0\) passed its wait on T4_full\[0\] \(parity 0\) "
+        r"the block thread .* x_use position 0 \(stage 0, phase 0\) passed its wait on x_full\[0\] \(parity 0\) "
         r"after 3 completed phases; it waits for the fill of position 0, phase 1: the barrier had already run past it",
     ),
 ]
@@ -680,7 +680,7 @@ def test_check_cli_names_the_protocol_error(tmp_path):
     r = _check_cli(tmp_path, _DROP_RELEASE, "--schedules", "2")
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
     assert "circbuf.check: protocol error: circbuf_manual: deadlock" in r.stderr, r.stderr[-3000:]
-    assert "waits on T4_empty[0] for parity 0" in r.stderr and "protocol checker: schedule seed 0" in r.stderr
+    assert "waits on x_empty[0] for parity 0" in r.stderr and "protocol checker: schedule seed 0" in r.stderr
 
 
 def test_circbuf_check_before_a_gpu_launch(monkeypatch):
@@ -697,7 +697,7 @@ def test_circbuf_check_before_a_gpu_launch(monkeypatch):
         len(CHECKED) == n + 1 and CHECKED[-1]["kernel"] == "circbuf_manual" and CHECKED[-1]["schedules"] == 2
     )
     drop_release(ex.last.kernel)
-    with pytest.raises(ProtocolError, match=r"deadlock.*T4_empty\[0\].*protocol checker: schedule seed 0"):
+    with pytest.raises(ProtocolError, match=r"deadlock.*x_empty\[0\].*protocol checker: schedule seed 0"):
         check_executor(ex, ins)
 
 

@@ -111,12 +111,15 @@ def test_heuristic_kernel_sass(kind):
     # one ring feeds both operand tiles; the readers release a stage after the
     # next k step's wait_group 1, and once more after the k loop's wait_group 0
     assert [w.pending for w in nodes(k, WgmmaWait)] == [1, 0]
-    assert {w.bar.name for w in nodes(k, MBarrierWait)} == {"T3_T4_full", "T3_T4_empty"}
-    assert {r.ring.name for r in nodes(k, RingInit)} == {"T3_T4_load", "T3_T4_use"}
+    assert {w.bar.name for w in nodes(k, MBarrierWait)} == {
+        "ab_full",
+        "ab_empty",
+    }  # the ring of operands A and B
+    assert {r.ring.name for r in nodes(k, RingInit)} == {"ab_load", "ab_use"}
     (w,) = nodes(k, Wgmma)
     assert w.shape == (64, 256, 16) and w.a.swizzle == w.b.swizzle == 128
     assert w.b.transpose == (kind == "matmul")  # [K, N] is N-major
-    assert "T3_desc + (unsigned long long)" in ck.cuda  # descriptors made once, offsets added per k step
+    assert "a_stage_desc + (unsigned long long)" in ck.cuda  # descriptors made once, offsets added per k step
     assert any(isinstance(e.then[0], TmaStore) for e in nodes(k, ElectOne) if e.then)
 
 
@@ -133,7 +136,7 @@ def test_override_sets_compile(ov):
         init = [r for r in nodes(k, RingInit) if r.ring.name.endswith("_use")][0]
         assert "threadIdx.y" in str(init.position)
         assert any(a.ring.name.endswith("_use") and str(a.count) != "1" for a in nodes(k, RingAdvance))
-        assert {"T5_mma_turn", "T5_epi_turn"} <= set(k.barrier_names)
+        assert {"acc_mma_turn", "acc_epi_turn"} <= set(k.barrier_names)
 
 
 def test_epilogues_and_bias_compile():

@@ -279,7 +279,7 @@ def full_counts_one_warp(k):
 
 
 MUTATIONS = [
-    ("cp_async_8_and_4_bytes", drop_cp_async_arrive, r"deadlock.*T3_T4_full"),
+    ("cp_async_8_and_4_bytes", drop_cp_async_arrive, r"deadlock.*ab_full"),
     ("odd_k", drop_producer_fence, r"written by role producer .* no fence.proxy.async"),
     ("cp_async_8_and_4_bytes", arrive_before_copies_land, r"race: .*(cp.async|before any copy)"),
     ("cp_async_8_and_4_bytes", wait_group_one_too_few, r"race: .*(cp.async|before any copy)"),

@@ -283,6 +283,7 @@ def test_the_pass_list_keeps_its_contracts():
     check_order(L.PASSES)
     for p in L.PASSES:
         assert set(p.provides) <= set(KERNEL_FIELDS) | _IR_FACTS, p.name
+        assert set(p.renames) <= set(KERNEL_FIELDS), p.name
 
 
 @pytest.mark.parametrize(
@@ -329,6 +330,11 @@ def test_a_fact_changed_by_a_later_pass_is_refused():
         check_order([adder, reader, other])
     with pytest.raises(PassOrderError, match="'reader' requires 'rings', which neither"):
         check_order([reader, adder])
+    # a later pass that only renames a fact leaves it valid for the earlier reader
+    renamer = Pass("renamer", fn, renames=("rings",))
+    check_order([adder, reader, renamer])
+    with pytest.raises(PassOrderError, match="'reader' requires 'rings', which neither"):
+        check_order([renamer, reader])  # renaming provides nothing
 
 
 def test_the_package_docstring_shows_the_contracts():
@@ -337,7 +343,8 @@ def test_the_package_docstring_shows_the_contracts():
     for p in L.PASSES:
         mod = __import__(p.fn.__module__, fromlist=["_"])
         want = f"Requires: {', '.join(p.requires) or 'nothing'}; provides: {', '.join(p.provides)}"
-        want += f"; consumes: {', '.join(p.consumes)}." if p.consumes else "."
+        want += f"; consumes: {', '.join(p.consumes)}" if p.consumes else ""
+        want += f"; renames: {', '.join(p.renames)}." if p.renames else "."
         assert want in " ".join(mod.__doc__.split()), (p.name, want)
 
 
@@ -345,7 +352,7 @@ def test_the_package_docstring_shows_the_contracts():
 _IR_FACTS = {
     "loop_nest", "allocated", "indexed", "approximated", "vectorized", "predicated", "wgmma_synced",
     "role_switch", "turns", "tma_stores_synced", "pipelined", "mbarriers_allocated", "simplified", "hoisted",
-    "synced", "peer_stores", "peer_order",
+    "synced", "named", "peer_stores", "peer_order",
 }  # fmt: skip
 
 
@@ -353,7 +360,7 @@ def _allowed_reads(k: int) -> set:
     """What pass k may read: what it requires, and the loop nest's fields and
     its own that no earlier pass changed."""
     p = L.PASSES[k]
-    earlier = set().union(*(set(q.provides) for q in L.PASSES[:k]))
+    earlier = set().union(*(set(q.provides) | set(q.renames) for q in L.PASSES[:k]))
     return set(p.requires) | ((set(LOOP_NEST_PROVIDES) | set(p.provides)) - earlier)
 
 
@@ -366,7 +373,7 @@ def test_each_pass_reads_and_writes_only_what_it_declares(corpus_logs):
                 assert not undeclared, (
                     f"{label}: pass {p.name} reads {sorted(undeclared)} without requiring it"
                 )
-                undeclared = log.writes.get(p.name, set()) - set(p.provides)
+                undeclared = log.writes.get(p.name, set()) - set(p.provides) - set(p.renames)
                 assert not undeclared, (
                     f"{label}: pass {p.name} writes {sorted(undeclared)} without providing it"
                 )
@@ -386,6 +393,7 @@ def test_every_declared_field_is_used_on_the_corpus(corpus_logs):
         fields = set(KERNEL_FIELDS)
         assert set(p.requires) & fields <= reads, (p.name, set(p.requires) & fields - reads)
         assert set(p.provides) & fields <= writes, (p.name, set(p.provides) & fields - writes)
+        assert set(p.renames) <= writes, (p.name, set(p.renames) - writes)
 
 
 def test_the_tracker_sees_reads_writes_and_in_place_changes():
@@ -526,3 +534,86 @@ def test_sync_pass_refuses_a_block_barrier_in_a_thread_dependent_loop():
     loop = ForLoop(t, Const(64), [BlockSync("x")], start=Var("threadIdx.y"), step=Const(2))
     with pytest.raises(cb.CircbufError, match="depends on threadIdx.y"):
         insert_syncs(_kernel([loop]))
+
+
+def test_names_pass_on_hand_built_ir():
+    """Buffers, the ring, its barriers and sides, the tile loop and the tile's
+    coordinates get names from their roles; a name already taken gets a suffix;
+    the fusion's own tensors keep theirs; codegen keeps the T-numbers in comments."""
+    from circbuf.ir import LoadStoreOp
+    from circbuf.lowering.kir import Allocate, Let, Ring, RingInit, TensorParam, TmaStore
+    from circbuf.lowering.names import readable_names
+
+    x = TensorView([IterDomain(Var("i0")), IterDomain(Var("i1"))], D.Float)
+    x.name, x.is_input = "T0", True
+    out = TensorView([IterDomain(Var("i0")), IterDomain(Var("i1"))], D.Float)
+    out.name = "T3"
+    stage = _tv("T1")
+    LoadStoreOp(stage, x)  # the shared buffer copies input x
+    staging = _tv("T2")
+    ring = Ring("T1", 2, 1, ["T1"], "producer", ["consumers"], empty_arrivals=128)
+    j, t = Var("j0"), Var("threadIdx.x")
+    col, row = (j % 4) * 64, (j // 4) * 16
+    lets = [Let(Var("j0_0"), col), Let(Var("j0_1"), row), Let(Var("j0_2"), Var("j0_0") + t * 8)]
+    wait = MBarrierWait(MBarrierRef(ring.full, ring.use.stage), ring.use.phase)
+    read = _copy(staging, stage, Var("j0_2") + ring.use.stage * 128)
+    store = TmaStore(TensorRef(staging, Const(0)), 0, [Var("j0_0"), Var("j0_1")], 4096, out=out)
+    loop = ForLoop(j, Var("T"), [*lets, wait, read, store], start=Var("blockIdx.x"), step=Const(132))
+    body = [
+        Allocate(stage, Const(128), MemoryType.Shared, stages=2, offset=Const(0)),
+        Allocate(staging, Const(128), MemoryType.Shared, offset=Const(1024)),
+        RingInit(ring.use),
+        loop,
+    ]
+    k = _kernel(body, rings=[ring])
+    k.tensor_params = [TensorParam(x, False), TensorParam(out, True)]
+    k.scalar_params = [Var("tile")]  # "tile" is taken: the loop index is tile_1
+    k = readable_names(k)
+    text = str(k)
+    assert "ALLOC x_stage_s_f32[128] x 2 stages" in text and "ALLOC out_stage_s_f32[128]" in text
+    assert "FOR tile_1 in blockIdx.x.." in text
+    assert "LET tile_col = ((tile_1 % 4) * 64)" in text and "LET tile_row = ((tile_1 / 4) * 16)" in text
+    assert "LET col0 = (tile_col + (threadIdx.x * 8))" in text
+    assert "MBARRIER_WAIT x_full[x_use_stage] parity=x_use_phase" in text
+    assert "RING x_use (stages=2)" in text
+    assert "out_stage[(col0 + (x_use_stage * 128))] = x_stage[(col0 + (x_use_stage * 128))]" in text
+    assert "TMA_STORE tmap0{tile_col, tile_row} <- out_stage[0]" in text
+    assert [str(r) for r in k.rings] == [
+        "ring x: stages=2 prefetch=1 fill=tma producer->consumers full=x_full[2] empty=x_empty[2]"
+    ]
+    assert k.barrier_names == ["x_full", "x_empty"]
+    assert k.former_names == {"x_stage": "T1", "out_stage": "T2", "x_full": "T1_full", "x_empty": "T1_empty"}
+    assert stage.name == "T1" and x.name == "T0"  # the fusion's tensors are not renamed
+    assert isinstance(k.body[0], Allocate) and k.body[0].tv is not stage
+    loop.body.remove(read)  # codegen prints fusion exprs only, not the plain copy
+    src = L.codegen(k)
+    assert "float* x_stage = reinterpret_cast<float*>(cb_smem + 0);  // T1" in src
+    assert "int x_use_stage = 0;" in src and "for (index_t tile_1 = ((index_t)blockIdx.x);" in src
+
+
+def test_a_matmul_kernel_reads_like_a_persons():
+    """Issue 17's list on a lowered GEMM + bias + gelu: the roles' names in the
+    CUDA, the T-numbers in comments at the declarations, the tile's
+    coordinates named once per tile, no ``if (1 && ...)`` and no one-element
+    arrays."""
+    import re
+
+    fd = mm_fusion("linear", D.BFloat16, bias=True, epilogue="gelu")
+    ins = [torch.randn(1000, 520, dtype=BF), torch.randn(1032, 520, dtype=BF), torch.randn(1032, dtype=BF)]
+    src = fd.compile(ins, arch="sm_90a").cuda
+    src = src[src.index('extern "C"') :]
+    for decl in (
+        r"__align__\(16\) float acc\[128\];  // T\d+",
+        r"cb_bfloat16\* a_stage = reinterpret_cast<cb_bfloat16\*>\(cb_smem \+ \d+\);  // T\d+",
+        r"cb_bfloat16\* b_stage = .*;  // T\d+",
+        r"cb_bfloat16\* out_stage = .*;  // T\d+",
+        r"unsigned long long ab_full\[\d\];  // T\d+_T\d+_full",
+        r"for \(index_t tile = \(\(index_t\)blockIdx\.x\); tile < .*; tile \+= \d+\)",
+        r"const index_t tile_n = \(\(\(tile / \d\) % ceilDiv\(i2, 256\)\) \* 256\);",
+        r"int ab_load_stage = 0;",
+        r"cb::mbar_wait\(&ab_full\[ab_use_stage\], \(unsigned\)\(ab_use_phase\)\);",
+    ):
+        assert re.search(decl, src), decl
+    assert src.count("const index_t tile_n =") == 1  # once per tile, in the consumers' tile loop
+    assert not re.search(r"if \(\(*1 &&", src) and not re.search(r"\w+ \w+\[1\](?: = \{\})?;", src)
+    assert not re.search(r"\bj\d+_\d+\b", src)  # no hoisted value left unnamed here

@@ -48,6 +48,10 @@ after, so they require it)::
     sync            requires: predicated, tma_stores_synced, pipelined, named_barriers,
                               mbarriers_allocated
                     provides: synced, named_barriers
+    names           requires: hoisted, synced, pipelined, mbarriers_allocated, named_barriers,
+                              descriptors, rings, turn_orders, roles
+                    provides: named, former_names
+                    renames: rings, turn_orders, roles, mbarriers, named_barriers, descriptors
     peer_stores     requires: tma_stores_synced, role_switch, tensor_maps, synced
                     provides: peer_stores, peer, tensor_params, scalar_params, tensor_maps
     peer_order      requires: peer_stores, peer, scalar_params, hoisted, synced
@@ -70,7 +74,10 @@ describing them;
 ``mbarriers_allocated`` every registered mbarrier allocated, initialized and
 invalidated; ``simplified`` indices and conditions simplified; ``hoisted`` each
 run-time loop's index arithmetic named once per iteration; ``synced``
-block syncs for shared-memory hazards; ``peer_stores`` an output's TMA stores
+block syncs for shared-memory hazards; ``named`` buffers, rings, barriers,
+tile loop indices and tile coordinates named after their roles (``acc``,
+``a_stage``, ``ab_full``, ``tile``, ``tile_m``), ``Kernel.former_names``
+keeping their T-numbers; ``peer_stores`` an output's TMA stores
 sent to every peer GPU with per-tile flags (issue 22); ``peer_order`` a
 reduce-scatter's tile loops rotated by rank. ``codegen`` prints the result and
 sets ``hang_record``.
@@ -89,6 +96,7 @@ from .indexing import lower_indexing
 from .kir import Kernel
 from .loop_nest import generate_loop_nest
 from .mbarriers import setup_mbarriers
+from .names import readable_names
 from .passes import Pass, check_order
 from .peer_order import peer_order
 from .peer_stores import peer_stores
@@ -166,6 +174,23 @@ PASSES = [
         insert_syncs,
         requires=("predicated", "tma_stores_synced", "pipelined", "named_barriers", "mbarriers_allocated"),
         provides=("synced", "named_barriers"),
+    ),
+    Pass(
+        "names",
+        readable_names,
+        requires=(
+            "hoisted",
+            "synced",
+            "pipelined",
+            "mbarriers_allocated",
+            "named_barriers",
+            "descriptors",
+            "rings",
+            "turn_orders",
+            "roles",
+        ),
+        provides=("named", "former_names"),
+        renames=("rings", "turn_orders", "roles", "mbarriers", "named_barriers", "descriptors"),
     ),
     Pass(
         "peer_stores",

@@ -262,28 +262,35 @@ class CudaCodegen:
             self.block(body)
         self.emit("}")
 
+    def was(self, name: str) -> str:
+        """A trailing comment with the name the names pass replaced (the
+        T-number ``print_math()`` shows), or nothing."""
+        old = self.k.former_names.get(name)
+        return f"  // {old}" if old else ""
+
     def visit_Allocate(self, n: Allocate):
         t = n.tv.dtype.value
+        was = self.was(n.tv.name)
         if n.memory == MemoryType.Shared:
             stages = f" x {n.stages} stages" if n.stages > 1 else ""
             swz = f", {n.tv.swizzle_bytes}B swizzle" if n.tv.swizzle_bytes else ""
             self.emit(f"// {n.tv.name}: {self.scalar(n.size)} elements{stages}{swz}")
-            self.emit(f"{t}* {n.tv.name} = reinterpret_cast<{t}*>(cb_smem + {self.scalar(n.offset)});")
+            self.emit(f"{t}* {n.tv.name} = reinterpret_cast<{t}*>(cb_smem + {self.scalar(n.offset)});{was}")
             desc = self.k.descriptors.get(n.tv.name)
             if desc is not None:  # wgmma reads it: the descriptor of element 0, made once
                 self.emit(wgmma_ops.descriptor_decl(n.tv.name, desc))
         elif n.tv.name in self.scalars:
             zero = " = {}" if n.tv.name in self.zeroed else ""
-            self.emit(f"{t} {n.tv.name}{zero};")
+            self.emit(f"{t} {n.tv.name}{zero};{was}")
         else:
             zero = " = {}" if n.tv.name in self.zeroed else ""
-            self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}]{zero};")
+            self.emit(f"__align__(16) {t} {n.tv.name}[{n.size}]{zero};{was}")
 
     def bar(self, r: MBarrierRef) -> str:
         return f"&{r.name}[{self.scalar(r.stage)}]"
 
     def visit_MBarrierAlloc(self, n: MBarrierAlloc):
-        self.emit(f"__shared__ __align__(8) unsigned long long {n.name}[{n.count}];")
+        self.emit(f"__shared__ __align__(8) unsigned long long {n.name}[{n.count}];{self.was(n.name)}")
 
     def visit_MBarrierInit(self, n: MBarrierInit):
         self.emit(f"cb::mbar_init({self.bar(n.bar)}, {self.scalar(n.arrivals)});")

@@ -876,6 +876,7 @@ class Kernel:
     named_barriers: dict = field(default_factory=dict)  # purpose -> first id (ids 1..15; 0 is __syncthreads)
     fast_math: bool = True  # may the fast_math pass pick approximate transcendentals (CIRCBUF_FAST_MATH)
     peer: dict | None = None  # an output stored to peer GPUs: kind, world, params, tiles (peer_stores pass)
+    former_names: dict = field(default_factory=dict)  # new buffer/barrier name -> its T-number (names pass)
 
     @property
     def cluster(self) -> tuple:

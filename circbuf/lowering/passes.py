@@ -15,7 +15,10 @@ changes its contents); in ``requires``, that the pass reads the value an
 earlier pass left there. A pass reads the loop nest's fields freely as long
 as no earlier pass changed them (``tests/test_passes.py`` records the reads
 and writes of every pass over kernels of every scheduler and holds the
-declarations to them).
+declarations to them). A field in ``renames`` is one the pass rewrites under
+new identifiers without changing what it says (the ``names`` pass: ring
+``T7_T8`` becomes ``ab``): an earlier pass may require it, and a later pass
+that reads it requires it, as after a change.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class Pass:
     requires: tuple = ()
     provides: tuple = ()
     consumes: tuple = ()  # IR facts no longer true after it (indexing: the placed exprs are gone)
+    # facts whose identifiers it renames without changing what they say (the names pass):
+    # an earlier pass may have required them, a later one reads them under the new names
+    renames: tuple = ()
 
 
 # The Kernel fields whose values the passes hand on; ``body`` is the kernel IR
@@ -115,12 +121,12 @@ def contract_table(passes, width: int = 100) -> str:
     """The loop nest's and each pass's facts, a few lines each (the lowering
     package's docstring shows it; tests keep the two the same)."""
     out = []
-    for name, req, prov, cons in [("loop_nest", (), LOOP_NEST_PROVIDES, ())] + [
-        (p.name, p.requires, p.provides, p.consumes) for p in passes
+    for name, req, prov, cons, ren in [("loop_nest", (), LOOP_NEST_PROVIDES, (), ())] + [
+        (p.name, p.requires, p.provides, p.consumes, p.renames) for p in passes
     ]:
         head = f"{name:<16}"
-        for what, facts in (("requires", req), ("provides", prov), ("consumes", cons)):
-            if facts or what != "consumes":
+        for what, facts in (("requires", req), ("provides", prov), ("consumes", cons), ("renames", ren)):
+            if facts or what not in ("consumes", "renames"):
                 text = f"{what}: {', '.join(facts) or '-'}"
                 out += textwrap.wrap(text, width, initial_indent=head, subsequent_indent=" " * 26)
                 head = " " * 16

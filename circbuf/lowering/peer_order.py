@@ -14,16 +14,16 @@ passes that name loop indices (hoisting puts its ``LET``\\ s first in the
 body; the rotation goes before them). An all-gather's tiles go to every
 peer, so its order stays.
 
-Before::
+Before (the names pass has named the tile loop's index and coordinates)::
 
-    FOR j6 in blockIdx.x..T step grid
-      LET j6_0 = ... j6 ...
+    FOR tile in blockIdx.x..T step grid
+      LET tile_n = ... tile ...
 
 After::
 
-    FOR j6_it in blockIdx.x..T step grid
-      LET j6 = ((j6_it + ((cb_rank + 1) % W) * (T / W)) % T)
-      LET j6_0 = ... j6 ...
+    FOR tile_it in blockIdx.x..T step grid
+      LET tile = ((tile_it + ((cb_rank + 1) % W) * (T / W)) % T)
+      LET tile_n = ... tile ...
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the wgmmas of step ``k - 1`` on the other slot. Each slot has a ``full``
 mbarrier (the producer's ``arrive.expect_tx``, the TMA's bytes complete it)
 and an ``empty`` one (the consumer releases the slot once the wgmmas that
 read it are retired by ``wgmma.wait_group 1`` one k step later); each side
-keeps a stage index and a phase bit (``T3_T4_load_stage``, ``T3_T4_use_phase``).
+keeps a stage index and a phase bit (``ab_load_stage``, ``ab_use_phase``).
 
 What changed from step 4: nothing. circbuf cannot feed wgmma without this
 ring (step 1's docstring says why), so steps 1-4 already ran it; the call that
