@@ -167,7 +167,9 @@ CORPUS = {
     "mm_coop_t256": _mm("linear", 777, 1000, 296, tile=(256, 128, 64)),
     "mm_simt_ragged": _mm("matmul", 77, 100, 300),  # B's rows of 200 bytes: a cp.async fill since issue 18
     "mm_simt_fp32": _mm("matmul", 77, 100, 300, torch.float32),
-    "mm_cp_async_odd_k": _mm("matmul", 2047, 2047, 2047, fill="cp.async"),  # rows 2-byte aligned: via registers
+    "mm_cp_async_odd_k": _mm(
+        "matmul", 2047, 2047, 2047, fill="cp.async"
+    ),  # rows 2-byte aligned: via registers
     "mm_cp_async_8b_pp": _mm("matmul", 1000, 1032, 516, pingpong=True, fill="cp.async"),  # 8-byte A rows
     "mm_pp": _mm("matmul", 1000, 1032, 520, persistent=True, pingpong=True),
     "mm_pp_regs": _mm("matmul", 1000, 1032, 520, pingpong=True, tile=(64, 256, 64), registers=(24, 240)),
