@@ -493,6 +493,15 @@ class CudaCodegen:
     def visit_Assign(self, a: Assign):
         lhs = a.lhs
         dt = lhs.tv.dtype
+        if a.row is not None:  # a pair of a row, stored as the row's alignment allows
+            r = a.row
+            assert lhs.vector == 2, "a row store moves pairs"
+            col, left = self.scalar(simplify(r.col)), self.scalar(simplify(r.left))
+            self.emit(
+                f"cb::row_store2(&{self.ref(lhs)}, &{self.ref(a.operands[0])}, &{self.ref(r.prev)}, "
+                f"{col}, {r.width}, {left});"
+            )
+            return
         if lhs.vector > 1:
             src = a.operands[0]
             self.emit(f"cb::vec_copy<{lhs.vector}>(&{self.ref(lhs)}, &{self.ref(src)});")

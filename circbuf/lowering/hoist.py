@@ -70,6 +70,12 @@ def _slots(node):
         ref(node.lhs)
         for o in node.operands:
             ref(o)
+        if node.row is not None:  # a row store's neighbour, column and elements left
+            ref(node.row.prev)
+            for k in ("col", "left"):
+                out.append(
+                    (lambda r=node.row, k=k: getattr(r, k), lambda v, r=node.row, k=k: setattr(r, k, v))
+                )
     elif isinstance(node, BlockReduce):
         ref(node.ref)
     elif isinstance(node, IfThenElse):
