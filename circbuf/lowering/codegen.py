@@ -497,9 +497,9 @@ class CudaCodegen:
             r = a.row
             assert lhs.vector == 2, "a row store moves pairs"
             col, left = self.scalar(simplify(r.col)), self.scalar(simplify(r.left))
+            src = a.operands[0]  # (the helper finds the element before it by the buffer's swizzle)
             self.emit(
-                f"cb::row_store2(&{self.ref(lhs)}, &{self.ref(a.operands[0])}, &{self.ref(r.prev)}, "
-                f"{col}, {r.width}, {left});"
+                f"cb::row_store2<{src.tv.swizzle_bytes}>(&{self.ref(lhs)}, &{self.ref(src)}, {col}, {r.width}, {left});"
             )
             return
         if lhs.vector > 1:

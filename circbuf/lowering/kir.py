@@ -192,7 +192,9 @@ class RowPiece:
     """What a row store (``LoadStoreOp`` kind ``"rows"``: a global output
     written from its shared staging tile, :meth:`TensorView.cache_before`)
     needs beyond its copy: ``prev``, the staging element before the pair
-    (where the row's 4-byte pieces start one element earlier); ``col``, the
+    (where the row's 4-byte pieces start one element earlier; the CUDA helper
+    finds it from the pair's address and the buffer's swizzle, the interpreter
+    and the sync pass read this reference); ``col``, the
     pair's column in the staging row of ``width`` columns (the row's first
     and last elements are stored alone there); ``left``, the output row's
     elements in range from the pair's first (the guard holds ``left >= 1``)."""

@@ -317,12 +317,17 @@ template <int N, typename T> __device__ __forceinline__ void vec_copy(T* dst, co
 // memory; col even, of a row of `width` columns) to dst = the output's element at col;
 // `left` >= 1 elements of the output row are in range from dst. Where dst is 4-byte
 // aligned the pair is one 4-byte store (2-byte where only dst is in range). Elsewhere (an
-// odd-width row) the row's 4-byte pieces start one element earlier: (prev = src[-1], col)
-// at dst - 1, but the staging row's first element alone, and its last (col + 1) alone, as
+// odd-width row) the row's 4-byte pieces start one element earlier: (col - 1, col) at
+// dst - 1, but the staging row's first element alone, and its last (col + 1) alone, as
 // the output row's last element (col + 1 when left == 2: the next pair is out of range).
-template <typename T>
-__device__ __forceinline__ void row_store2(T* dst, const T* src, const T* prev, index_t col, index_t width,
-                                           index_t left) {
+// The staging tile is swizzled in SW-byte rows (0: not swizzled; the buffer 1024-byte
+// aligned): address bits [4, 4 + log2(SW / 16)) are XORed with bits [7, ..), so the
+// element before src lies at swz(swz(src) - 2 bytes).
+template <int SW> __device__ __forceinline__ unsigned swizzle_addr(unsigned a) {
+  return SW ? a ^ ((a >> 3) & (unsigned)((SW / 16 - 1) << 4)) : a;
+}
+template <int SW, typename T>
+__device__ __forceinline__ void row_store2(T* dst, const T* src, index_t col, index_t width, index_t left) {
   static_assert(sizeof(T) == 2, "a row store moves 16-bit elements");
   const unsigned v = *reinterpret_cast<const unsigned*>(src);
   unsigned short* d = reinterpret_cast<unsigned short*>(dst);
@@ -331,7 +336,13 @@ __device__ __forceinline__ void row_store2(T* dst, const T* src, const T* prev, 
     else d[0] = (unsigned short)v;
   } else {
     if (col == 0) d[0] = (unsigned short)v;
-    else *reinterpret_cast<unsigned*>(d - 1) = (unsigned)(*reinterpret_cast<const unsigned short*>(prev)) | (v << 16);
+    else {
+      const unsigned s = (unsigned)__cvta_generic_to_shared(src);
+      const unsigned p = swizzle_addr<SW>(swizzle_addr<SW>(s) - 2);
+      unsigned short prev;
+      asm volatile("ld.shared.u16 %0, [%1];" : "=h"(prev) : "r"(p) : "memory");
+      *reinterpret_cast<unsigned*>(d - 1) = (unsigned)prev | (v << 16);
+    }
     if (left == 2 || (col + 2 == width && left > 2)) d[1] = (unsigned short)(v >> 16);
   }
 }
