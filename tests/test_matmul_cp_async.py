@@ -86,7 +86,8 @@ def test_fill_per_operand(shape, kind, a_off, b_off, fill, vector, store):
     """TMA where a tensor map describes the operand, else cp.async, as wide
     as the pointer and the strides allow (16/8/4 bytes; 1 element: through
     registers); outputs whose rows are not 16-byte aligned are stored from
-    registers, a pair per store where N is even."""
+    registers, a pair per store where N is even (beside a cp.async fill; the
+    realigned default path stores an odd N by rows: tests/test_matmul_rows_store.py)."""
     p = params_of(*shape, kind, a_off, b_off).params
     assert p.simt is None
     assert (p.fill, p.copy_vector, (p.store, p.store_vector)) == (fill, vector, store)

@@ -42,12 +42,15 @@ def _rows_refused(fusion, role) -> str | None:
     return None
 
 
-def choose_store(fusion, ov, n, bn, epi, tma_ok, role) -> tuple:
+def choose_store(fusion, ov, n, bn, epi, tma_ok, role, cp_async=False) -> tuple:
     """``(store, epilogue_tile)``: the ``store`` override checked (a CircbufError
     names why a value cannot apply), else ``"tma"`` where a TMA store can take
     every output, ``"rows"`` for 16-bit outputs with an odd N, else
     ``"direct"``. A row store's default sub-tile is the widest of 64, 32, 16
-    columns dividing bn."""
+    columns dividing bn. Beside a cp.async operand fill (``cp_async``; not the
+    default path, which realigns the operands) the default stays ``"direct"``:
+    at 2047^3 the row store's addresses beside the cp.async producer's spilled
+    6 registers (24 bytes of stack, SASS for sm_90a); ``store="rows"`` asks for it."""
     store = ov.get("store")
     if store is not None and store not in STORES:
         raise CircbufError(f"schedule(store={store!r}): must be one of 'tma', 'rows', 'direct'")
@@ -60,7 +63,7 @@ def choose_store(fusion, ov, n, bn, epi, tma_ok, role) -> tuple:
     if store == "rows" and why is not None:
         raise CircbufError(f"schedule(store='rows'): {why}")
     if store is None:
-        store = "tma" if tma_ok else "rows" if why is None and n % 2 else "direct"
+        store = "tma" if tma_ok else "rows" if why is None and n % 2 and not cp_async else "direct"
     if store == "rows":
         if "epilogue_tile" not in ov:
             epi = (64, next(c for c in ROW_COLUMNS if bn % c == 0))
