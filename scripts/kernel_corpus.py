@@ -169,7 +169,7 @@ CORPUS = {
     "mm_simt_fp32": _mm("matmul", 77, 100, 300, torch.float32),
     "mm_cp_async_odd_k": _mm("matmul", 2047, 2047, 2047, fill="cp.async"),  # rows 2-byte aligned: via registers
     "mm_cp_async_8b_pp": _mm("matmul", 1000, 1032, 516, pingpong=True, fill="cp.async"),  # 8-byte A rows
-    "mm_rows_odd_n": _mm("matmul", 2047, 2047, 2047),  # realigned operands, output rows 2-byte aligned: row store
+    "mm_rows_odd_n": _mm("matmul", 2047, 2047, 2047),  # output rows 2-byte aligned: row store
     "mm_rows_pp_bias_gelu": _mm("linear", 1000, 1031, 520, bias=True, epilogue="gelu", pingpong=True),
     "mm_pp": _mm("matmul", 1000, 1032, 520, persistent=True, pingpong=True),
     "mm_pp_regs": _mm("matmul", 1000, 1032, 520, pingpong=True, tile=(64, 256, 64), registers=(24, 240)),
