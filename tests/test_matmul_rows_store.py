@@ -202,6 +202,14 @@ def test_sass(ov):
 
 
 # ------------------------------------------------------------------- GPU
+def strict_check(out, ref):
+    """The norm check, then element by element (a pair stored one column off, or a
+    row's first or last element misplaced, moves a few elements by about their size)."""
+    gpu_check(out, ref)
+    tol = 1e-3 * ref.abs().max().item()
+    torch.testing.assert_close(out.double(), ref, rtol=1.6e-2, atol=tol)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "name, shape, kind, ov",
@@ -227,7 +235,7 @@ def test_gpu_odd_n(name, shape, kind, ov):
     fd, ins, ref = case(*shape, kind, device="cuda", **ov)
     (out,) = fd.execute(ins)  # outputs NaN-poisoned before the launch (conftest)
     assert fd.last_params().store == "rows", name
-    gpu_check(out, ref())
+    strict_check(out, ref())
 
 
 @pytest.mark.gpu
@@ -236,4 +244,4 @@ def test_gpu_two_outputs():
     outs = fd.execute(ins)
     assert fd.last_params().store == "rows"
     for out, want in zip(outs, ref(), strict=True):
-        gpu_check(out, want)
+        strict_check(out, want)
