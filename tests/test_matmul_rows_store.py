@@ -22,6 +22,8 @@ import re
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import circbuf as cb
 from circbuf.interpret import check, interpret
@@ -120,6 +122,23 @@ def test_one_sm_walks_every_tile():
     """One CTA stores every tile: the staging tile is reused across tiles (WAR)."""
     fd, ins, ref = case(200, 261, 64, "linear")
     out = interpret(fd, ins, target=ONE_SM)[0]
+    torch.testing.assert_close(out.double(), ref(), rtol=2e-2, atol=2e-2)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 140),
+    n=st.integers(0, 150).map(lambda x: 2 * x + 1),
+    k=st.integers(1, 80),
+    kind=st.sampled_from(["matmul", "linear"]),
+    pingpong=st.booleans(),
+    bias=st.booleans(),
+)
+def test_interpreter_hypothesis(m, n, k, kind, pingpong, bias):
+    """Odd N (rows alternating their alignment), any M and K, both schedules."""
+    fd, ins, ref = case(m, n, k, kind, bias=bias and kind == "linear", pingpong=pingpong)
+    assert fd.compile(ins, arch="sm_90a").params.store == "rows"
+    out = interpret(fd, ins)[0]
     torch.testing.assert_close(out.double(), ref(), rtol=2e-2, atol=2e-2)
 
 
