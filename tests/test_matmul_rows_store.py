@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circbuf as cb
-from circbuf.interpret import check, interpret
+from circbuf.interpret import check, check_kernel, interpret, launch_args, run_kernel
+from circbuf.lowering import kir
 from circbuf.target import H100
 from tests.test_gpu_matmul import check as gpu_check
 from tests.test_gpu_matmul import mm_fusion
@@ -116,6 +117,57 @@ def test_interpreter_matches_float64_torch(name):
 def test_checker_passes(name):
     fd, ins, _ = CASES[name]()
     check(fd, ins, schedules=2, target=ONE_SM)
+
+
+def _drop_sync(reason):
+    def mutate(k):
+        found = []
+        kir.walk(
+            k.body,
+            lambda n, _s: found.append(n) if isinstance(n, kir.BlockSync) and reason in n.reason else None,
+        )
+        kir.parent_list(k.body, found[0]).remove(found[0])
+
+    mutate.__name__ = f"drop_{reason.split()[0].lower()}_sync"
+    return mutate
+
+
+def _row_one_column_late(k):
+    """The pair read one column past the thread's own (the rows' threads read what the
+    fragments wrote elsewhere): every element stored, but not its own value."""
+    found = []
+    kir.walk(
+        k.body, lambda n, _s: found.append(n) if isinstance(n, kir.Assign) and n.row is not None else None
+    )
+    src = found[0].operands[0]
+    src.index = src.index + 2
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (_drop_sync("RAW"), r"race"),
+        (_drop_sync("WAR"), r"race"),
+    ],
+    ids=["raw", "war"],
+)
+def test_checker_catches_a_missing_barrier(mutate, message):
+    fd, ins, _ = case(67, 131, 72, pingpong=False)
+    k, tensors, scalars, grid, block = launch_args(fd, ins, target=ONE_SM)
+    check_kernel(k, [t.clone() for t in tensors], scalars, grid, block, schedules=1)
+    mutate(k)
+    with pytest.raises(cb.CircbufError, match=message):
+        check_kernel(k, tensors, scalars, grid, block, schedules=4)
+
+
+def test_interpreter_catches_a_misplaced_pair():
+    fd, ins, ref = case(67, 131, 72)
+    k, tensors, scalars, grid, block = launch_args(fd, ins)
+    _row_one_column_late(k)
+    run_kernel(k, tensors, scalars, grid, block)
+    out = tensors[2]  # A, B, the output
+    assert out.shape == (67, 131)
+    assert not torch.allclose(out.double(), ref(), rtol=2e-2, atol=2e-2)
 
 
 def test_one_sm_walks_every_tile():
