@@ -244,6 +244,30 @@ def test_rows_refuses_an_fp32_output():
         fd.compile([torch.empty(64, 64, dtype=BF), torch.empty(64, 131, dtype=BF)], arch="sm_90a")
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_written_in_place(transposed):
+    """y = a @ b + x written into x: by rows where x's rows are contiguous; a
+    column-major x (its rows strided) is stored from registers, and store="rows"
+    names why not."""
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.matmul(a, b), x), D.BFloat16), alias_input=x)
+    A, B = torch.randn(67, 72, dtype=BF), torch.randn(72, 131, dtype=BF)
+    X = torch.randn(131, 67, dtype=BF).t() if transposed else torch.randn(67, 131, dtype=BF)
+    ref = A.double() @ B.double() + X.double()
+    assert fd.compile([A, B, X], arch="sm_90a").params.store == ("direct" if transposed else "rows")
+    interpret(fd, [A, B, X])
+    torch.testing.assert_close(X.double(), ref, rtol=2e-2, atol=2e-2)
+    if transposed:
+        fd.fusion.schedule(store="rows")
+        with pytest.raises(
+            cb.CircbufError, match=r"store='rows'\): output T\d+ is written into T\d+, whose rows"
+        ):
+            fd.compile([A, B, X], arch="sm_90a")
+
+
 # ------------------------------------------------------------ the kernel
 def test_generated_store():
     """The 2047^3 kernel: one staging tile per warpgroup, its own named barrier

@@ -30,19 +30,27 @@ STORES = ("tma", "rows", "direct")
 ROW_COLUMNS = (64, 32, 16)  # sub-tile widths a row store takes (16-bit: 128-, 64-, 32-byte swizzled rows)
 
 
-def _rows_refused(fusion, role) -> str | None:
-    """Why the outputs cannot be stored by rows from a staging tile, else None."""
-    for o in fusion.outputs:
+def _rows_refused(fusion, role, info=None) -> str | None:
+    """Why the outputs cannot be stored by rows from a staging tile, else None.
+    A row is contiguous in memory: the pieces of a row store are its neighbours."""
+    for k, o in enumerate(fusion.outputs):
         if o.dtype.size != 2:
             return f"output {o.name} is {o.dtype.name} (the row store takes 16-bit outputs)"
         if fusion.consumers(o):
             return f"output {o.name} is read again by the epilogue"
+        if o.domain.allocation_order()[-1] != o.ndim - 1:
+            return f"output {o.name}'s last axis is not innermost in memory (its stride order)"
+        j = fusion.aliases.get(k)
+        if j is not None and info is not None:
+            t = info.tensors[j]
+            if t.sizes[-1] > 1 and t.strides[-1] != 1:
+                return f"output {o.name} is written into {fusion.inputs[j].name}, whose rows are strided {t.strides}"
     if role:
         return "epilogue='role' (its warpgroup stores from registers)"
     return None
 
 
-def choose_store(fusion, ov, n, bn, epi, tma_ok, role, cp_async=False) -> tuple:
+def choose_store(fusion, ov, n, bn, epi, tma_ok, role, cp_async=False, info=None) -> tuple:
     """``(store, epilogue_tile)``: the ``store`` override checked (a CircbufError
     names why a value cannot apply), else ``"tma"`` where a TMA store can take
     every output, ``"rows"`` for 16-bit outputs with an odd N, else
@@ -54,7 +62,7 @@ def choose_store(fusion, ov, n, bn, epi, tma_ok, role, cp_async=False) -> tuple:
     store = ov.get("store")
     if store is not None and store not in STORES:
         raise CircbufError(f"schedule(store={store!r}): must be one of 'tma', 'rows', 'direct'")
-    why = _rows_refused(fusion, role)
+    why = _rows_refused(fusion, role, info)
     if store == "tma" and not tma_ok:
         raise CircbufError(
             "schedule(store='tma'): a TMA store needs 16-bit outputs whose rows are a multiple of 16 "
