@@ -219,7 +219,9 @@ class CudaCodegen:
 
     def visit_ForLoop(self, n: ForLoop):
         ext = self.scalar(n.extent)
-        if isinstance(n.extent, Const) and not n.strided and (n.extent.value <= 32 or n.unroll):
+        if n.unroll_by:
+            self.emit(f"#pragma unroll {n.unroll_by}")
+        elif isinstance(n.extent, Const) and not n.strided and (n.extent.value <= 32 or n.unroll):
             self.emit("#pragma unroll")
         v = n.index.name
         if n.strided:

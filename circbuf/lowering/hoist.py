@@ -53,8 +53,9 @@ _THREAD = ("threadIdx.", "blockIdx.", "gridDim.", "blockDim.")
 
 def _runtime_loop(n) -> bool:
     """A loop the CUDA text keeps as a loop (codegen unrolls the others)."""
-    return isinstance(n, ForLoop) and not (
-        isinstance(n.extent, Const) and not n.strided and (n.extent.value <= 32 or n.unroll)
+    return isinstance(n, ForLoop) and (
+        n.unroll_by > 0
+        or not (isinstance(n.extent, Const) and not n.strided and (n.extent.value <= 32 or n.unroll))
     )
 
 

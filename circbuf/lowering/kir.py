@@ -79,6 +79,7 @@ class ForLoop(Node):
     unroll: bool = False
     start: Scalar = field(default_factory=lambda: Const(0))
     step: Scalar = field(default_factory=lambda: Const(1))
+    unroll_by: int = 0  # kept a loop, unrolled this many iterations at a time (IterDomain.unroll)
 
     @property
     def strided(self) -> bool:
@@ -87,6 +88,7 @@ class ForLoop(Node):
     def lines(self, ind):
         tag = f" ({self.ptype.value})" if self.ptype != ParallelType.Serial else ""
         tag += " unroll" if self.unroll else ""
+        tag += f" unroll {self.unroll_by}" if self.unroll_by else ""
         rng = f"{self.start}..{self.extent} step {self.step}" if self.strided else f"0..{self.extent}"
         head = "  " * ind + f"FOR {self.index} in {rng}{tag}"
         return [head] + _block(self.body, ind + 1)

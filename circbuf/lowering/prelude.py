@@ -338,10 +338,9 @@ __device__ __forceinline__ void row_store2(T* dst, const T* src, index_t col, in
     if (col == 0) d[0] = (unsigned short)v;
     else {
       const unsigned s = (unsigned)__cvta_generic_to_shared(src);
-      const unsigned p = swizzle_addr<SW>(swizzle_addr<SW>(s) - 2);
-      unsigned short prev;
-      asm volatile("ld.shared.u16 %0, [%1];" : "=h"(prev) : "r"(p) : "memory");
-      *reinterpret_cast<unsigned*>(d - 1) = (unsigned)prev | (v << 16);
+      const int back = (int)swizzle_addr<SW>(swizzle_addr<SW>(s) - 2) - (int)s;  // bytes from src
+      const unsigned prev = *reinterpret_cast<const unsigned short*>(reinterpret_cast<const char*>(src) + back);
+      *reinterpret_cast<unsigned*>(d - 1) = prev | (v << 16);
     }
     if (left == 2 || (col + 2 == width && left > 2)) d[1] = (unsigned short)(v >> 16);
   }

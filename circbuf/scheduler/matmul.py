@@ -434,7 +434,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         and not fusion.consumers(o)
         for k, o in enumerate(fusion.outputs)
     )
-    store, epi = choose_store(fusion, ov, n, bn, epi, tma_ok, role, "cp.async" in (fa, fb), info)
+    store, epi = choose_store(fusion, ov, n, bn, epi, tma_ok, role, info)
     _check_peer_store(fusion, store, persistent, pingpong, role)
     # two staging buffers per warpgroup when a tile has an even number of
     # sub-tiles: a sub-tile is written while the last one's TMA store still reads

@@ -27,7 +27,8 @@ from __future__ import annotations
 from ..ir import CircbufError, ParallelType
 
 STORES = ("tma", "rows", "direct")
-ROW_COLUMNS = (64, 32, 16)  # sub-tile widths a row store takes (16-bit: 128-, 64-, 32-byte swizzled rows)
+ROW_COLUMNS = (64, 32, 16)
+ROW_UNROLL = 4  # row iterations of a row store unrolled at a time  # sub-tile widths a row store takes (16-bit: 128-, 64-, 32-byte swizzled rows)
 
 
 def _rows_refused(fusion, role, info=None) -> str | None:
@@ -50,15 +51,12 @@ def _rows_refused(fusion, role, info=None) -> str | None:
     return None
 
 
-def choose_store(fusion, ov, n, bn, epi, tma_ok, role, cp_async=False, info=None) -> tuple:
+def choose_store(fusion, ov, n, bn, epi, tma_ok, role, info=None) -> tuple:
     """``(store, epilogue_tile)``: the ``store`` override checked (a CircbufError
     names why a value cannot apply), else ``"tma"`` where a TMA store can take
     every output, ``"rows"`` for 16-bit outputs with an odd N, else
     ``"direct"``. A row store's default sub-tile is the widest of 64, 32, 16
-    columns dividing bn. Beside a cp.async operand fill (``cp_async``; not the
-    default path, which realigns the operands) the default stays ``"direct"``:
-    at 2047^3 the row store's addresses beside the cp.async producer's spilled
-    6 registers (24 bytes of stack, SASS for sm_90a); ``store="rows"`` asks for it."""
+    columns dividing bn."""
     store = ov.get("store")
     if store is not None and store not in STORES:
         raise CircbufError(f"schedule(store={store!r}): must be one of 'tma', 'rows', 'direct'")
@@ -71,7 +69,7 @@ def choose_store(fusion, ov, n, bn, epi, tma_ok, role, cp_async=False, info=None
     if store == "rows" and why is not None:
         raise CircbufError(f"schedule(store='rows'): {why}")
     if store is None:
-        store = "tma" if tma_ok else "rows" if why is None and n % 2 and not cp_async else "direct"
+        store = "tma" if tma_ok else "rows" if why is None and n % 2 else "direct"
     if store == "rows":
         if "epilogue_tile" not in ov:
             epi = (64, next(c for c in ROW_COLUMNS if bn % c == 0))
@@ -99,3 +97,7 @@ def rows_layout(tv, m64, n, en):
     tv.merge(m64 + 1)  # [I, P*L, V]
     tv.axis(m64 + 1).parallelize(ParallelType.TIDx)
     tv.axis(m64 + 2).parallelize(ParallelType.Vectorize)
+    if 64 // (128 // lanes) > ROW_UNROLL:
+        # 16 row iterations unrolled whole, each with its addresses, spilled 12 registers
+        # beside the accumulators of a 128x256 bias + gelu tile (SASS, sm_90a); 4 did not
+        tv.axis(m64).unroll(ROW_UNROLL)
