@@ -171,6 +171,8 @@ CORPUS = {
         "matmul", 2047, 2047, 2047, fill="cp.async"
     ),  # rows 2-byte aligned: via registers
     "mm_cp_async_8b_pp": _mm("matmul", 1000, 1032, 516, pingpong=True, fill="cp.async"),  # 8-byte A rows
+    "mm_rows_odd_n": _mm("matmul", 2047, 2047, 2047),  # output rows 2-byte aligned: row store
+    "mm_rows_pp_bias_gelu": _mm("linear", 1000, 1031, 520, bias=True, epilogue="gelu", pingpong=True),
     "mm_pp": _mm("matmul", 1000, 1032, 520, persistent=True, pingpong=True),
     "mm_pp_regs": _mm("matmul", 1000, 1032, 520, pingpong=True, tile=(64, 256, 64), registers=(24, 240)),
     "mm_pp_bias_gelu": _mm("linear", 1000, 1032, 520, bias=True, epilogue="gelu", pingpong=True),

@@ -70,9 +70,9 @@ def params_of(m, n, k, kind="matmul", a_off=0, b_off=0, dtype=BF, **ov):
 @pytest.mark.parametrize(
     "shape, kind, a_off, b_off, fill, vector, store",
     [
-        ((2047, 2047, 2047), "matmul", 0, 0, ("cp.async", "cp.async"), (1, 1), ("direct", 1)),
+        ((2047, 2047, 2047), "matmul", 0, 0, ("cp.async", "cp.async"), (1, 1), ("rows", 1)),
         ((4097, 4096, 4095), "matmul", 0, 0, ("cp.async", "tma"), (1, 0), ("tma", 1)),
-        ((4096, 50257, 768), "matmul", 0, 0, ("tma", "cp.async"), (0, 1), ("direct", 1)),
+        ((4096, 50257, 768), "matmul", 0, 0, ("tma", "cp.async"), (0, 1), ("rows", 1)),
         ((4096, 4096, 4096), "matmul", 1, 0, ("cp.async", "tma"), (1, 0), ("tma", 1)),
         ((4096, 4096, 4096), "matmul", 2, 0, ("cp.async", "tma"), (2, 0), ("tma", 1)),  # 4-byte pointer
         ((4096, 4096, 4096), "matmul", 4, 0, ("cp.async", "tma"), (4, 0), ("tma", 1)),  # 8-byte pointer
@@ -86,7 +86,8 @@ def test_fill_per_operand(shape, kind, a_off, b_off, fill, vector, store):
     """TMA where a tensor map describes the operand, else cp.async, as wide
     as the pointer and the strides allow (16/8/4 bytes; 1 element: through
     registers); outputs whose rows are not 16-byte aligned are stored from
-    registers, a pair per store where N is even."""
+    registers, a pair per store, where N is even, and by rows from a staging
+    tile where N is odd (tests/test_matmul_rows_store.py)."""
     p = params_of(*shape, kind, a_off, b_off).params
     assert p.simt is None
     assert (p.fill, p.copy_vector, (p.store, p.store_vector)) == (fill, vector, store)

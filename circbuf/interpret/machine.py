@@ -297,6 +297,8 @@ def _operand_type(e) -> DataType:
 def _compile_assign(p: Program, a: kir.Assign):
     lhs = a.lhs
     dt = lhs.tv.dtype
+    if a.row is not None:
+        return _compile_row_store(p, a)
     if lhs.vector > 1:
         rd, wr = p.reader(a.operands[0], lhs.vector), p.writer(lhs, lhs.vector)
         return lambda th: wr(th, rd(th))
@@ -325,6 +327,45 @@ def _compile_assign(p: Program, a: kir.Assign):
         x = p.value(ops[0], dt)
         return lambda th: wr(th, x(th))
     raise CircbufError(f"the interpreter has no semantics for {type(e).__name__} ({e})")
+
+
+def _compile_row_store(p: Program, a: kir.Assign):
+    """``cb::row_store2`` (lowering/prelude.py): a staging row's pair at column
+    ``col`` stored as one 4-byte piece where the output element's address is
+    4-byte aligned (the interpreted tensor's own address decides), else the
+    piece one element earlier (reading the staging element before the pair),
+    the staging row's first and last elements alone; ``left`` elements of the
+    output row are in range."""
+    r = a.row
+    rd, prev = p.reader(a.operands[0], 2), p.reader(r.prev)
+    col, left = p.sc(r.col), p.sc(r.left)
+    one, two = p.writer(a.lhs), p.writer(a.lhs, 2)
+    name, width, size = a.lhs.tv.name, r.width, a.lhs.tv.dtype.size
+    shift = {}  # the writers one element earlier (the shifted 4-byte piece) and one later (the tail)
+    for k, d in (("prev", -1), ("next", 1)):
+        ref = kir.TensorRef(a.lhs.tv, a.lhs.index + d)
+        shift[k] = p.writer(ref, 2 if d < 0 else 1)
+        p._assign[(id(a), k, "keep")] = ref
+
+    def run(th):
+        v = rd(th)
+        c, n = col(th.env), left(th.env)
+        base = th.cta.glob.params[name].data_ptr()  # the first element's address, as on the GPU
+        if (base + a_index(th.env) * size) % 4 == 0:
+            if n >= 2:
+                two(th, v)
+            else:
+                one(th, v[0])
+            return
+        if c == 0:
+            one(th, v[0])
+        else:
+            shift["prev"](th, [prev(th), v[0]])
+        if n == 2 or (c + 2 == width and n > 2):
+            shift["next"](th, v[1])
+
+    a_index = p.sc(a.lhs.index)
+    return run
 
 
 # ------------------------------------------------------------ a launch

@@ -75,7 +75,7 @@ class IterDomain:
     loop over this axis runs when it is inlined with a concrete axis.
     """
 
-    __slots__ = ("id", "extent", "iter_type", "parallel_type", "definition", "expanded_extent")
+    __slots__ = ("id", "extent", "iter_type", "parallel_type", "definition", "expanded_extent", "unroll_by")
 
     def __init__(self, extent, iter_type=IterType.Iteration, parallel_type=ParallelType.Serial):
         self.id = next(_ids)
@@ -84,6 +84,7 @@ class IterDomain:
         self.parallel_type = parallel_type
         self.definition = None  # Split or Merge that produced this axis
         self.expanded_extent = None
+        self.unroll_by = 0  # a serial loop kept a loop, unrolled this many at a time (0: the default)
 
     @property
     def is_reduction(self):
@@ -130,9 +131,27 @@ class IterDomain:
         self.parallel_type = ptype
         return self
 
+    def unroll(self, factor: int) -> IterDomain:
+        """Keep the loop over this serial axis a loop, unrolled ``factor``
+        iterations at a time (``#pragma unroll factor``), where a constant trip
+        count up to 32 would be unrolled whole: fewer values live at once (a
+        row store's 16 row iterations, each with its addresses, beside the
+        accumulator registers). Returns self.
+
+        >>> IterDomain(Const(16)).unroll(4).unroll_by
+        4
+        """
+        if not isinstance(factor, int) or isinstance(factor, bool) or factor < 1:
+            raise CircbufError(f"unroll({factor!r}): must be an int >= 1")
+        if self.parallel_type != ParallelType.Serial:
+            raise CircbufError(f"unroll: {self} is bound to {self.parallel_type.name}, not a serial loop")
+        self.unroll_by = factor
+        return self
+
     def clone(self) -> IterDomain:
         c = IterDomain(self.extent, self.iter_type, self.parallel_type)
         c.expanded_extent = self.expanded_extent
+        c.unroll_by = self.unroll_by
         return c
 
     def fresh(self) -> IterDomain:

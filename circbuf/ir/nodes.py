@@ -359,18 +359,28 @@ class TensorView:
         memory and one bulk tensor copy per box stores it to self; the box is
         made of self's ``Bulk`` axes.
 
+        ``op="rows"`` (self a global fusion output): ``c`` lives in shared
+        memory too and the threads store it a row piece at a time
+        (``self = rows(c)``): self's loop nest walks the tile's rows with
+        consecutive threads on consecutive columns; its innermost axis,
+        parallelized ``Vectorize``, is a pair of elements that each thread
+        stores with one access as wide as the row's alignment in memory allows
+        (a row of an odd-width 16-bit output starts 2-byte aligned every other
+        row: there the 4-byte pieces start one element earlier, and the tile
+        row's first and last elements are stored alone).
+
         >>> # ys = y.cache_before(op="tma"); ys.inline_at(2); y.axis(2).parallelize(ParallelType.Bulk)
         """
-        if op not in ("set", "tma"):
-            raise CircbufError(f"cache_before: op={op!r} is not supported (supported: 'set', 'tma')")
+        if op not in ("set", "tma", "rows"):
+            raise CircbufError(f"cache_before: op={op!r} is not supported (supported: 'set', 'tma', 'rows')")
         fusion = self._need_fusion("cache_before")
-        if op == "tma" and not (self in fusion.outputs and self.memory_type == MemoryType.Global):
-            raise CircbufError(f"cache_before(op='tma'): {self.name} must be a global fusion output")
+        if op != "set" and not (self in fusion.outputs and self.memory_type == MemoryType.Global):
+            raise CircbufError(f"cache_before(op={op!r}): {self.name} must be a global fusion output")
         fusion._caches_added = True
         d = self.definition
         if d is None:
             raise CircbufError(f"cache_before: {self.name} has no definition (is it an input?)")
-        mem = MemoryType.Shared if op == "tma" else MemoryType.Local
+        mem = MemoryType.Shared if op in ("tma", "rows") else MemoryType.Local
         c = TensorView([i.clone() for i in self.logical], self.dtype, mem)
         if self.domain.has_root:  # a reshape's output: the cache is the reshape now
             c.domain = self.domain.clone()

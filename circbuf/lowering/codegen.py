@@ -219,7 +219,9 @@ class CudaCodegen:
 
     def visit_ForLoop(self, n: ForLoop):
         ext = self.scalar(n.extent)
-        if isinstance(n.extent, Const) and not n.strided and (n.extent.value <= 32 or n.unroll):
+        if n.unroll_by:
+            self.emit(f"#pragma unroll {n.unroll_by}")
+        elif isinstance(n.extent, Const) and not n.strided and (n.extent.value <= 32 or n.unroll):
             self.emit("#pragma unroll")
         v = n.index.name
         if n.strided:
@@ -500,6 +502,15 @@ class CudaCodegen:
     def visit_Assign(self, a: Assign):
         lhs = a.lhs
         dt = lhs.tv.dtype
+        if a.row is not None:  # a pair of a row, stored as the row's alignment allows
+            r = a.row
+            assert lhs.vector == 2, "a row store moves pairs"
+            col, left = self.scalar(simplify(r.col)), self.scalar(simplify(r.left))
+            src = a.operands[0]  # (the helper finds the element before it by the buffer's swizzle)
+            self.emit(
+                f"cb::row_store2<{src.tv.swizzle_bytes}>(&{self.ref(lhs)}, &{self.ref(src)}, {col}, {r.width}, {left});"
+            )
+            return
         if lhs.vector > 1:
             src = a.operands[0]
             self.emit(f"cb::vec_copy<{lhs.vector}>(&{self.ref(lhs)}, &{self.ref(src)});")

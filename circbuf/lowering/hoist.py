@@ -52,7 +52,9 @@ _THREAD = ("threadIdx.", "blockIdx.", "gridDim.", "blockDim.")
 
 
 def _runtime_loop(n) -> bool:
-    """A loop the CUDA text keeps as a loop (codegen unrolls the others)."""
+    """A loop the CUDA text keeps as a loop (codegen unrolls the others). One
+    unrolled a few iterations at a time (``unroll_by``) counts as unrolled: its
+    values are named at the loop around it, their per-iteration rest left inline."""
     return isinstance(n, ForLoop) and not (
         isinstance(n.extent, Const) and not n.strided and (n.extent.value <= 32 or n.unroll)
     )
@@ -70,6 +72,11 @@ def _slots(node):
         ref(node.lhs)
         for o in node.operands:
             ref(o)
+        if node.row is not None:  # a row store's column and elements left (not prev: no CUDA reads it)
+            for k in ("col", "left"):
+                out.append(
+                    (lambda r=node.row, k=k: getattr(r, k), lambda v, r=node.row, k=k: setattr(r, k, v))
+                )
     elif isinstance(node, BlockReduce):
         ref(node.ref)
     elif isinstance(node, IfThenElse):

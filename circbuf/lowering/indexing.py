@@ -45,6 +45,7 @@ from .kir import (
     ExprStmt,
     Kernel,
     ReductionInit,
+    RowPiece,
     TensorMapSpec,
     TensorRef,
     TmaLoad,
@@ -151,6 +152,37 @@ class _Indexer:
             return TensorRef(p, self.global_index(p, plog))
         idx = self.buffer_index(p, logical_to_ids(p, plog))
         return TensorRef(p, swizzle_index(p, idx) if swizzled else idx)
+
+    def row_store(self, e, ids: dict, lhs, ops) -> Assign:
+        """A global output written from its staging tile by rows (kind ``"rows"``):
+        the copy, plus where its pair lies in the staging row and in the output's
+        row (:class:`~circbuf.lowering.kir.RowPiece`)."""
+        out, src = e.out, e.inputs[0]
+        assert src.memory_type == MemoryType.Shared and src.domain.allocation, f"{out.name}: no staging tile"
+        n_out = out.logical[-1]
+        plog, n_src = {}, None
+        for pa, ca in e.logical_map(src):
+            plog[pa.id] = ids.get(ca.id, Const(0))
+            if ca is n_out:
+                n_src = pa
+        row_ax = src.domain.allocation[-1]
+        width = simplify(row_ax.loop_extent)
+        sids = logical_to_ids(src, plog)
+        col = sids.get(row_ax.id)
+        assert n_src is not None and col is not None and isinstance(width, Const), (
+            f"{out.name}: a row store's staging tile holds a row of its last axis innermost"
+        )
+        sids[row_ax.id] = col - 1  # the element before the pair, in the same staging row
+        prev_ref = TensorRef(src, swizzle_index(src, self.buffer_index(src, sids)))
+        left = n_out.loop_extent - ids[n_out.id]
+        return Assign(
+            lhs,
+            e,
+            ops,
+            pred=predicate_terms(out, ids),
+            touches_global=True,
+            row=RowPiece(prev_ref, col, width.value, left),
+        )
 
     def _box(self, box_tv, g, g_axes, ids, cp_async=False):
         """The tensor-map dims of one bulk copy of global ``g``: the Bulk loop
@@ -355,6 +387,8 @@ class _Indexer:
             red = isinstance(e, ReductionOp)
             if red:
                 ops = [lhs] + ops
+            if isinstance(e, LoadStoreOp) and e.kind == "rows":
+                return self.row_store(e, ids, lhs, ops)
             return Assign(
                 lhs,
                 e,

@@ -79,6 +79,7 @@ class ForLoop(Node):
     unroll: bool = False
     start: Scalar = field(default_factory=lambda: Const(0))
     step: Scalar = field(default_factory=lambda: Const(1))
+    unroll_by: int = 0  # kept a loop, unrolled this many iterations at a time (IterDomain.unroll)
 
     @property
     def strided(self) -> bool:
@@ -87,6 +88,7 @@ class ForLoop(Node):
     def lines(self, ind):
         tag = f" ({self.ptype.value})" if self.ptype != ParallelType.Serial else ""
         tag += " unroll" if self.unroll else ""
+        tag += f" unroll {self.unroll_by}" if self.unroll_by else ""
         rng = f"{self.start}..{self.extent} step {self.step}" if self.strided else f"0..{self.extent}"
         head = "  " * ind + f"FOR {self.index} in {rng}{tag}"
         return [head] + _block(self.body, ind + 1)
@@ -188,6 +190,27 @@ class TensorRef:
 
 
 @dataclass(eq=False)
+class RowPiece:
+    """What a row store (``LoadStoreOp`` kind ``"rows"``: a global output
+    written from its shared staging tile, :meth:`TensorView.cache_before`)
+    needs beyond its copy: ``prev``, the staging element before the pair
+    (where the row's 4-byte pieces start one element earlier; the CUDA helper
+    finds it from the pair's address and the buffer's swizzle, the interpreter
+    and the sync pass read this reference); ``col``, the
+    pair's column in the staging row of ``width`` columns (the row's first
+    and last elements are stored alone there); ``left``, the output row's
+    elements in range from the pair's first (the guard holds ``left >= 1``)."""
+
+    prev: TensorRef
+    col: Scalar
+    width: int
+    left: Scalar
+
+    def __str__(self):
+        return f"row(prev {self.prev}, col {self.col} of {self.width}, left {self.left})"
+
+
+@dataclass(eq=False)
 class Assign(Node):
     """``lhs = op(operands)`` after indexing. ``op`` is the fusion expr (None for
     a plain copy or an init); ``operands`` are TensorRefs and Scalars."""
@@ -200,6 +223,7 @@ class Assign(Node):
     accumulate: bool = False  # reduction update: lhs = lhs op rhs
     init: Scalar | None = None
     fast: bool = False  # the op's fast approximate variant (set by the fast_math pass)
+    row: RowPiece | None = None  # a row store's alignment facts (indexing)
 
     def lines(self, ind):
         if self.init is not None:
@@ -207,7 +231,8 @@ class Assign(Node):
         else:
             args = ", ".join(str(o) for o in self.operands)
             rhs = f"{'fast_' * self.fast}{self.expr.op_name}({args})" if self.expr is not None else args
-        return ["  " * ind + f"{self.lhs} = {rhs}"]
+        row = f"  // {self.row}" if self.row is not None else ""
+        return ["  " * ind + f"{self.lhs} = {rhs}{row}"]
 
 
 @dataclass(eq=False)

@@ -129,7 +129,7 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
     def new_loop(ax, key):
         v = Var(f"j{counter[0]}", lo=0, hi=ax.loop_extent)
         counter[0] += 1
-        return ForLoop(v, ax.loop_extent, [], ax.parallel_type, key)
+        return ForLoop(v, ax.loop_extent, [], ax.parallel_type, key, unroll_by=ax.unroll_by)
 
     for e in exprs:
         out = e.out

@@ -313,6 +313,39 @@ template <int N, typename T> __device__ __forceinline__ void vec_copy(T* dst, co
   *reinterpret_cast<Array<T, N>*>(dst) = *reinterpret_cast<const Array<T, N>*>(src);
 }
 
+// A row store's pair: staging-row columns col, col + 1 (src, 4-byte aligned in shared
+// memory; col even, of a row of `width` columns) to dst = the output's element at col;
+// `left` >= 1 elements of the output row are in range from dst. Where dst is 4-byte
+// aligned the pair is one 4-byte store (2-byte where only dst is in range). Elsewhere (an
+// odd-width row) the row's 4-byte pieces start one element earlier: (col - 1, col) at
+// dst - 1, but the staging row's first element alone, and its last (col + 1) alone, as
+// the output row's last element (col + 1 when left == 2: the next pair is out of range).
+// The staging tile is swizzled in SW-byte rows (0: not swizzled; the buffer 1024-byte
+// aligned): address bits [4, 4 + log2(SW / 16)) are XORed with bits [7, ..), so the
+// element before src lies at swz(swz(src) - 2 bytes).
+template <int SW> __device__ __forceinline__ unsigned swizzle_addr(unsigned a) {
+  return SW ? a ^ ((a >> 3) & (unsigned)((SW / 16 - 1) << 4)) : a;
+}
+template <int SW, typename T>
+__device__ __forceinline__ void row_store2(T* dst, const T* src, index_t col, index_t width, index_t left) {
+  static_assert(sizeof(T) == 2, "a row store moves 16-bit elements");
+  const unsigned v = *reinterpret_cast<const unsigned*>(src);
+  unsigned short* d = reinterpret_cast<unsigned short*>(dst);
+  if ((reinterpret_cast<unsigned long long>(d) & 3) == 0) {
+    if (left >= 2) *reinterpret_cast<unsigned*>(d) = v;
+    else d[0] = (unsigned short)v;
+  } else {
+    if (col == 0) d[0] = (unsigned short)v;
+    else {
+      const unsigned s = (unsigned)__cvta_generic_to_shared(src);
+      const int back = (int)swizzle_addr<SW>(swizzle_addr<SW>(s) - 2) - (int)s;  // bytes from src
+      const unsigned prev = *reinterpret_cast<const unsigned short*>(reinterpret_cast<const char*>(src) + back);
+      *reinterpret_cast<unsigned*>(d - 1) = prev | (v << 16);
+    }
+    if (left == 2 || (col + 2 == width && left > 2)) d[1] = (unsigned short)(v >> 16);
+  }
+}
+
 // Reduce v over threadIdx.x (blockDim.x a multiple of 32), separately for each
 // threadIdx.y row; every thread gets the result. smem holds 32 * blockDim.y values.
 // A barrier over the first `threads` threads (named barrier `id`), or all of them.

@@ -50,6 +50,9 @@ def simplify_indices(kernel: Kernel) -> Kernel:
             ref(node.lhs)
             for o in node.operands:
                 ref(o)
+            if node.row is not None:
+                ref(node.row.prev)
+                node.row.col, node.row.left = simplify(node.row.col), simplify(node.row.left)
         elif isinstance(node, BlockReduce):
             ref(node.ref)
         elif isinstance(node, IfThenElse):

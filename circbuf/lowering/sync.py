@@ -32,7 +32,7 @@ allocated per role and per sync group, ``Kernel.role_barrier``)::
 
 from __future__ import annotations
 
-from ..ir import CircbufError, MemoryType
+from ..ir import CircbufError, Const, MemoryType, Var
 from ..ir.scalar import Scalar, free_vars
 from .kir import (
     Assign,
@@ -54,55 +54,106 @@ def _synced_by_barriers(tv) -> bool:
     return getattr(d, "kind", None) == "tma"  # mbarriers order these (circular-buffer pass)
 
 
-def _access(node, reads, writes):
+def _access(node, reads, writes, tvs=None):
     if isinstance(node, Assign):
         if node.lhs.tv.memory_type == MemoryType.Shared and not _synced_by_barriers(node.lhs.tv):
             writes.add(node.lhs.tv.name)
-        for o in node.operands:
+            if tvs is not None:
+                tvs[node.lhs.tv.name] = node.lhs.tv
+        refs = list(node.operands) + ([node.row.prev] if node.row is not None else [])
+        for o in refs:
             if (
                 isinstance(o, TensorRef)
                 and o.tv.memory_type == MemoryType.Shared
                 and not _synced_by_barriers(o.tv)
             ):
                 reads.add(o.tv.name)
+                if tvs is not None:
+                    tvs[o.tv.name] = o.tv
     elif isinstance(node, ForLoop):
         for n in node.body:
-            _access(n, reads, writes)
+            _access(n, reads, writes, tvs)
     elif isinstance(node, IfThenElse):
         for n in node.then + node.else_:
-            _access(n, reads, writes)
+            _access(n, reads, writes, tvs)
     elif isinstance(node, RoleSwitch):
         for body in node.bodies:
             for n in body:
-                _access(n, reads, writes)
+                _access(n, reads, writes, tvs)
+
+
+def _ends_synced(body: list) -> bool:
+    """``body`` ends with a sync after all of its accesses: a BlockSync, or a
+    loop that runs at least once and whose body ends so."""
+    if not body:
+        return False
+    last = body[-1]
+    if isinstance(last, BlockSync):
+        return True
+    return (
+        isinstance(last, ForLoop)
+        and isinstance(last.extent, Const)
+        and last.extent.value >= 1
+        and _ends_synced(last.body)
+    )
+
+
+def _private_slices(kernel: Kernel, role, tvs: list):
+    """The named barrier of one group of ``role``'s threads (``(id, threads)``)
+    when every buffer in ``tvs`` is allocated a slice per index of the role's
+    thread axis (a staging tile [W][64][en], a warpgroup's own rows) and the
+    role would otherwise sync all of its groups at once, else None: a
+    warpgroup that writes and reads only its own slice waits only for itself."""
+    if role is None or role.groups != 1 or role.hi - role.lo < 2 or role.threads % (role.hi - role.lo):
+        return None
+    per = role.threads // (role.hi - role.lo)
+    for tv in tvs:
+        alloc = tv.domain.allocation
+        if not alloc or not any(a.parallel_type == role.axis for a in alloc):
+            return None
+    if per % 32:
+        return None
+    name = " ".join(sorted(tv.name for tv in tvs))
+    base = kernel.named_barrier(f"{role.name} {name}", role.hi - role.lo)
+    gid = Var(role.axis.value) - role.lo if role.lo else Var(role.axis.value)
+    return (gid + base, per)
 
 
 def _sync_list(kernel: Kernel, nodes: list, bar) -> list:
-    """``bar()``: the barrier ``(id, threads)`` of the threads running ``nodes``
-    (a role's named barrier is allocated only when a sync needs it)."""
-    out, dirty = [], set()
+    """``bar(tvs)``: the barrier ``(id, threads)`` of the threads running ``nodes``
+    that syncs a hazard on the buffers ``tvs`` (a role's named barrier, or one
+    group's where each group owns a slice of them, is allocated only when a
+    sync needs it)."""
+    out, dirty, seen = [], set(), {}
     for n in nodes:
         if isinstance(n, ForLoop):
             n.body = _sync_list(kernel, n.body, bar)
-            r, w = set(), set()
-            _access(n, r, w)
-            if r & w and not (n.body and isinstance(n.body[-1], BlockSync)):
-                n.body.append(BlockSync("WAR across iterations on " + ", ".join(sorted(r & w)), bar()))
+            r, w, tvs = set(), set(), {}
+            _access(n, r, w, tvs)
+            if r & w and not _ends_synced(n.body):
+                n.body.append(
+                    BlockSync(
+                        "WAR across iterations on " + ", ".join(sorted(r & w)), bar([tvs[x] for x in r & w])
+                    )
+                )
         elif isinstance(n, RoleSwitch):  # each role syncs among its own threads
             n.bodies = [
-                _sync_list(kernel, b, lambda r=role: kernel.role_barrier(r))
+                _sync_list(
+                    kernel, b, lambda ts, r=role: _private_slices(kernel, r, ts) or kernel.role_barrier(r)
+                )
                 for role, b in zip(n.roles, n.bodies)
             ]
             # the roles' threads never meet: nothing after the switch waits on their writes
             out.append(n)
             continue
-        r, w = set(), set()
-        _access(n, r, w)
+        r, w, tvs = set(), set(), {}
+        _access(n, r, w, tvs)
         if r & dirty:
-            out.append(BlockSync("RAW on " + ", ".join(sorted(r & dirty)), bar()))
+            out.append(BlockSync("RAW on " + ", ".join(sorted(r & dirty)), bar([seen[x] for x in r & dirty])))
             dirty = set()
         out.append(n)
         dirty |= w
+        seen.update(tvs)
     return out
 
 
@@ -182,6 +233,6 @@ def insert_syncs(kernel: Kernel) -> Kernel:
     """Entry: add BlockSync nodes for shared-memory RAW/WAR hazards; in each
     branch of a warp-role switch they are the role's named barrier."""
     _role_syncs(kernel)
-    kernel.body = _merge_barriers(_sync_list(kernel, kernel.body, lambda: (0, 0)))
+    kernel.body = _merge_barriers(_sync_list(kernel, kernel.body, lambda _tvs: (0, 0)))
     _check_uniform_trips(kernel.body)
     return kernel

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..ir import BroadcastOp, CircbufError, LoadStoreOp, ParallelType, simplify
 from ..ir.scalar import Const, substitute
-from .kir import Assign, ForLoop, Kernel, TensorRef, rewrite
+from .kir import Assign, ForLoop, Kernel, RowPiece, TensorRef, rewrite
 
 
 def vectorize_loops(kernel: Kernel) -> Kernel:
@@ -46,7 +46,14 @@ def vectorize_loops(kernel: Kernel) -> Kernel:
         lhs = TensorRef(a.lhs.tv, substitute(a.lhs.index, zero), width)
         ops = [TensorRef(o.tv, substitute(o.index, zero), width) for o in a.operands]
         pred = [substitute(p, zero) for p in a.pred]
-        return Assign(lhs, a.expr, ops, pred=pred, touches_global=a.touches_global)
+        row = a.row
+        if row is not None:  # a row store: the pair's facts at its first element
+            prev = TensorRef(row.prev.tv, substitute(row.prev.index, zero))
+            row = RowPiece(prev, substitute(row.col, zero), row.width, substitute(row.left, zero))
+            assert width == 2 and a.lhs.tv.dtype.size == 2, (
+                f"a row store of {a.lhs.tv.name} moves 16-bit pairs"
+            )
+        return Assign(lhs, a.expr, ops, pred=pred, touches_global=a.touches_global, row=row)
 
     kernel.body = rewrite(kernel.body, fn)
     return kernel

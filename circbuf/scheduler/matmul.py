@@ -71,6 +71,7 @@ from ..ir.circular import REGISTERS_RULE
 from ..ir.scalar import is_const, simplify
 from . import matmul_reduce
 from .info import InputInfo
+from .matmul_store import choose_store, rows_layout, staging_bytes
 from .overrides import MATMUL, names
 from .params import MatmulParams
 from .utils import (
@@ -452,21 +453,19 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         for k, o in enumerate(fusion.outputs)
         if matmul_reduce.partial_source(o) is None  # (a row reduction's partials: their own stores)
     )
-    store = "tma" if tma_ok else "direct"
+    store, epi = choose_store(fusion, ov, n, bn, epi, tma_ok, role, info)
     _check_peer_store(fusion, store, persistent, pingpong, role)
     # two staging buffers per warpgroup when a tile has an even number of
     # sub-tiles: a sub-tile is written while the last one's TMA store still reads
     # epilogue inputs the producer loads by TMA (cooperative, TMA-stored outputs): a
     # stage per sub-tile of a tile, so the producer never waits on the epilogue for them
     # (a cp.async operand fill is the producer's only ring: its threads run the copy nest)
-    simple = not (pingpong or role or "cp.async" in (fa, fb)) and tma_ok
+    simple = not (pingpong or role or "cp.async" in (fa, fb)) and store == "tma"
     loaded = _tma_inputs(fusion, e, info, epi[1]) if simple else ()
     input_bytes = sum(loaded) * input_stages(bn, epi[1]) * bm * epi[1] * 2
     # (their rings take the shared memory of the second staging buffer)
-    buffers = 2 if tma_ok and (bn // epi[1]) % 2 == 0 and not loaded else 1
-    staging = (
-        buffers * 2 * 64 * epi[1] * 2 * len(matmul_reduce.tile_outputs(fusion)) if tma_ok else 0
-    )  # [B][2 warpgroups][64][en]
+    buffers = 2 if store == "tma" and (bn // epi[1]) % 2 == 0 and not loaded else 1
+    staging = staging_bytes(store, buffers, epi[1], len(matmul_reduce.tile_outputs(fusion)))
     # the epilogue role's ring: fp32 [bm x en] sub-tiles, a tile's worth when it fits in two
     handoff = 2 if role else 0  # a [128 x 128] tile's two sub-tiles; half a 128x256 tile
     handoff_bytes = handoff * bm * epi[1] * 4
@@ -1038,6 +1037,9 @@ def _fragment(tv, pos, params, kind, serial_w=False):
         w = p - 1
         tv.reorder(list(range(w)) + list(range(w + 1, m64)) + [w] + list(range(m64, len(tv.loop))))
     out["m64"], out["n"], out["inline"] = tv.axis(m64), tv.axis(n), m64
+    if kind == "rows":
+        rows_layout(tv, m64, n, en)
+        return out
     if kind == "store":
         tv.axis(m64).parallelize(ParallelType.Bulk)
         tv.axis(n).parallelize(ParallelType.Bulk)
@@ -1142,9 +1144,9 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         handoff.memory_type = MemoryType.Shared
     # outputs staged in shared memory and stored by TMA a [64 x en] box at a time
     staged = {}
-    if params.store == "tma":
+    if params.store in ("tma", "rows"):  # (rows: the threads store the staging tile by rows)
         for o in matmul_reduce.tile_outputs(fusion):
-            cs = o.cache_before(op="tma")
+            cs = o.cache_before(op=params.store)
             cr = cs.cache_before()  # the epilogue's last value, in registers
             staged[id(cs)] = (o, cs, cr)
     # outputs stored from registers a pair at a time: o = set(vec2 cr)
@@ -1177,6 +1179,7 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             raise CircbufError(f"{tv.name}: an axis that is not an axis of the matmul's output")
         pos = _tile(tv, roles, params, pingpong_split=params.pingpong)
         kind = "acc" if tv is acc else "store" if id(tv) in stores or tv in loaded else "epilogue"
+        kind = "rows" if kind == "store" and params.store == "rows" and tv not in loaded else kind
         # the epilogue role's values, and the producer's loads, walk both warpgroups' halves
         side = (handoff is not None and tv not in (acc, handoff)) or tv in loaded
         axes = _fragment(tv, pos, params, kind, serial_w=side)
@@ -1188,7 +1191,7 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
             tidy = axes["tidy"] or next(a for a in tv.loop if a.parallel_type == ParallelType.TIDy)
             buf = [axes["buffer"]] if "buffer" in axes else []
             tv.set_allocation(buf + [tidy, axes["m64"], axes["n"]])
-            tv.swizzle(128)
+            tv.swizzle(params.epilogue_tile[1] * tv.dtype.size)
             tv.inline_at(axes["inline"])
             tv.axis(-1).parallelize(ParallelType.Vectorize)  # e: a bf16 pair per store
         elif id(tv) in paired:

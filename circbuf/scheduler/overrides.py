@@ -208,6 +208,10 @@ MATMUL = _table(
              "default: tma, an operand a tensor map cannot describe copied to aligned rows first (realign; CIRCBUF_CP_ASYNC=1: cp.async)", **_choice("tma", "cp.async")),
     Override("realign", used_by={True: (MM,), False: (MM, MM_SIMT)}, doc="copy an operand a tensor map cannot describe into 16-byte-aligned rows "
              "before the kernel (default True; False: the SIMT path unless fill is given)", **_BOOL),
+    Override("store", used_by=(MM,), doc="how outputs are stored: 'tma' (staging tile, TMA store; 16-byte rows), "
+             "'rows' (staging tile, the threads store rows, 4-byte pieces as each row's alignment allows; "
+             "the default for 16-bit outputs with an odd N) or 'direct' (from the accumulator registers)",
+             **_choice("tma", "rows", "direct")),
     Override("split_k", used_by=(MM,), doc="chunks of K run as partial products, summed in a fixed order "
              "(deterministic); at most the k steps of 64", **_int(1)),
 )  # fmt: skip

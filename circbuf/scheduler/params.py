@@ -169,7 +169,9 @@ class MatmulParams(Params):
     handoff_stages: int = field(default=0, metadata={"hide_default": True})
     epilogue_tile: tuple = (64, 64)
     grid: int = DEFAULT.sm_count
-    store: str = "tma"  # outputs: "tma" (staged in shared memory, TMA stores) or "direct" (from registers)
+    # outputs: "tma" (staged in shared memory, TMA stores), "rows" (staged, the threads store
+    # rows: scheduler/matmul_store.py) or "direct" (from registers)
+    store: str = "tma"
     store_buffers: int = 2  # staging buffers per warpgroup that sub-tiles alternate between
     # store "direct": elements per store from registers (2: an accumulator pair, N even)
     store_vector: int = field(default=1, metadata={"hide_default": True})
