@@ -22,6 +22,9 @@ OUT=$T/tests SHARDS=${SHARDS:-16} TEST_TIMEOUT=${TEST_TIMEOUT:-240} PYTEST_ARGS=
 wait
 cp $T/tests/pytest.log "$O/pytest.log"
 for f in $T/fuzz_*.log; do echo "== $f"; sed -n '/^cases:/,$p' $f | head -30; done > "$O/fuzz.txt" 2>&1
+tail -n 20 $T/tests_summary.txt  # (printed now: a cut call still shows phase A)
+echo "== fuzz (summed)"; awk '/^cases:/{next} /^  [a-z]/{c[$1]+=$2} END {for (k in c) print "  " k, c[k]}' "$O/fuzz.txt"
+grep -a "bug:" "$O/fuzz.txt" | head -8
 bench() {  # matmul.py runs, ';'-separated argument lists, each under BENCH_TIMEOUT
   IFS=';'; for b in $1; do
     unset IFS; echo "=== benchmarks/matmul.py $b"; timeout ${BENCH_TIMEOUT:-90} python3 benchmarks/matmul.py $b 2>&1 | grep -av Warning
@@ -37,9 +40,6 @@ timeout ${MODELS_TIMEOUT:-150} python3 benchmarks/models.py ${MODELS_ARGS:---run
 timeout 60 python3 benchmarks/host_overhead.py > "$O/host.txt" 2>&1
 CIRCBUF_CACHE_DIR=/tmp/cbc_bench0 bench "${BENCHES0:-}" > "$O/bench0.txt" 2>&1
 wait
-tail -n 20 $T/tests_summary.txt
-echo "== fuzz (summed)"; awk '/^cases:/{next} /^  [a-z]/{c[$1]+=$2} END {for (k in c) print "  " k, c[k]}' "$O/fuzz.txt"
-grep -a "bug:" "$O/fuzz.txt" | head -8
 echo "== models"; cat "$O/models.txt" | head -40
 echo "== host"; tail -n 16 "$O/host.txt"
 echo "== bench"; cat "$O/bench0.txt" "$O/bench1.txt" | tail -n 45
