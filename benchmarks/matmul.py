@@ -90,7 +90,7 @@ def fill_path(p) -> str:
         fills.append(
             f"{x} {f}" + (f" {v * 2}B" if f == "cp.async" and v > 1 else " via regs" if v == 1 else "")
         )
-    store = "TMA store" if p.store == "tma" else f"stores of {p.store_vector * 2}B"
+    store = {"tma": "TMA store", "rows": "row stores"}.get(p.store, f"stores of {p.store_vector * 2}B")
     return f"wgmma, {', '.join(fills)}, {store}"
 
 

@@ -30,7 +30,11 @@ def _run(what, m, n, k, nan=False, **ov):
     if what == "sum":
         torch.testing.assert_close(rd, yd.sum(-1), rtol=1e-5, atol=1e-4 * max(n, 1) ** 0.5, equal_nan=True)
     else:
-        torch.testing.assert_close(rd, r_ref, rtol=0, atol=0, equal_nan=True)
+        # exact against the kernel's own stored y (y_ref rounds an fp64 product: at 4096x4096x1024
+        # an H200 gave 2 of 4096 row maxima an ulp apart from it, as y itself is), near r_ref
+        mine = (yd.abs() if what == "amax" else yd).amax(-1) if n else rd
+        torch.testing.assert_close(rd, mine, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(rd, r_ref, rtol=1.6e-2, atol=1.6e-2, equal_nan=True)
     if nan:
         assert torch.isnan(r[m // 2]) and not torch.isnan(r[: m // 2]).any()
     return fd, x, w, r
