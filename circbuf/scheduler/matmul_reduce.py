@@ -179,6 +179,8 @@ def split_row_reductions(fusion: Fusion, env, target=None) -> Fusion | None:
         return None
     if min(m, n, k) <= 0 or fusion.schedule_overrides.get("split_k", 1) != 1:
         return None
+    if _overrides_refuse(fusion.schedule_overrides):
+        return None
     if target is not None:
         from .split_k import heuristic_splits
 
@@ -189,11 +191,64 @@ def split_row_reductions(fusion: Fusion, env, target=None) -> Fusion | None:
     # the reductions read c rounded, as the fusion defines it (through a copy the
     # matmul's epilogue does not rewire to its fp32 accumulator)
     readers = [u for u in c.uses if u in f.exprs() and isinstance(u, CastOp)]
-    for r in _candidates(f):
+    todo = [r for r in _candidates(f) if _private_chain(f, r, c, readers)]
+    if not todo:
+        return None
+    for r in todo:
         x = r.inputs[0]
         _reread(f, x, c, readers)
         _split(f, r)
     return f
+
+
+def _overrides_refuse(ov: dict) -> bool:
+    """Overrides under which the matmul cannot hold the partials (:func:`check_params`),
+    or may run on the SIMT path (``realign=False``): the fusion keeps its reduction whole."""
+    tile, epi = ov.get("tile"), ov.get("epilogue_tile")
+    return (
+        ov.get("epilogue", "inline") != "inline"
+        or ov.get("realign") is False
+        or (
+            isinstance(tile, (tuple, list))
+            and len(tile) == 3
+            and isinstance(tile[1], int)
+            and tile[1] % GROUP != 0
+        )
+        or (isinstance(epi, (tuple, list)) and len(epi) == 2 and epi[1] != GROUP)
+    )
+
+
+def _private_chain(f: Fusion, r: ReductionOp, c: TensorView, readers: list) -> bool:
+    """Whether the values from ``c``'s casts to ``r`` feed nothing but ``r``: no
+    fusion output on the way and no other reader. The split makes the reduction
+    read ``c`` rounded (:func:`_reread`); a value another output shares would be
+    rounded for it too (an ``amax`` added beside a ``gelu`` output would change
+    the gelu's values), so such a reduction stays whole."""
+    chain, todo = set(), [r.inputs[0]]
+    while todo:
+        t = todo.pop()
+        if id(t) in chain or t.definition is None:
+            continue
+        chain.add(id(t))
+        todo += t.definition.tv_inputs()
+    live = {id(e) for e in f.exprs()}
+    outputs = {id(o) for o in f.outputs}
+    todo = [u.out for u in readers if id(u.out) in chain]
+    seen = set()
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if id(t) in outputs:
+            return False
+        for e in t.uses:
+            if id(e) not in live or e is r:
+                continue
+            if not all(id(o) in chain for o in e.outputs):
+                return False
+            todo += e.outputs
+    return True
 
 
 def _reread(f: Fusion, x: TensorView, c: TensorView, readers: list) -> None:

@@ -156,10 +156,28 @@ def segment(
     asked (the compile driver keeps it in its disk cache). ``target``: the
     GPU the sizes in ``env`` are compiled for (a matmul the split-K
     heuristic splits there keeps a row reduction of its output to itself)."""
-    from .matmul_reduce import split_row_reductions
+    from .matmul_reduce import is_partial, split_row_reductions
 
-    # a row reduction of a matmul's output: partials in the matmul's epilogue, then their reduction
-    fusion = split_row_reductions(fusion, env, target) or fusion
+    # a row reduction of a matmul's output: partials in the matmul's epilogue, then their
+    # reduction; kept only where the matmul's segment holds every partial (an in-place
+    # output beside it, say, can make the partials a segment of their own: the unsplit
+    # fusion then). The split fusion's verdicts are kept apart: its expr positions differ.
+    split = split_row_reductions(fusion, env, target)
+    if split is not None:
+        vs = None if verdicts is None else verdicts.setdefault(("row reductions split",), {})
+        try:
+            seg = _segment(split, env, vs)
+        except CircbufError:
+            seg = None
+        if seg is not None and all(
+            s.scheduler == "matmul" for s in seg.segments if any(is_partial(e) for e in s.fusion.exprs())
+        ):
+            return seg
+    return _segment(fusion, env, verdicts)
+
+
+def _segment(fusion: Fusion, env, verdicts) -> SegmentedFusion:
+    """:func:`segment` of ``fusion`` as it is."""
     exprs = fusion.exprs()
     n = len(exprs)
     # verdicts are asked of ``judged``: the fusion, or, where a reshape's
