@@ -82,20 +82,17 @@ def _access(node, reads, writes, tvs=None):
                 _access(n, reads, writes, tvs)
 
 
-def _ends_synced(body: list) -> bool:
-    """``body`` ends with a sync after all of its accesses: a BlockSync, or a
-    loop that runs at least once and whose body ends so."""
+def _last_sync(body: list):
+    """The BlockSync ``body`` ends with after all of its accesses (itself, or
+    that of a loop that runs at least once and whose body ends so), else None."""
     if not body:
-        return False
+        return None
     last = body[-1]
     if isinstance(last, BlockSync):
-        return True
-    return (
-        isinstance(last, ForLoop)
-        and isinstance(last.extent, Const)
-        and last.extent.value >= 1
-        and _ends_synced(last.body)
-    )
+        return last
+    if isinstance(last, ForLoop) and isinstance(last.extent, Const) and last.extent.value >= 1:
+        return _last_sync(last.body)
+    return None
 
 
 def _private_slices(kernel: Kernel, role, tvs: list):
@@ -130,12 +127,14 @@ def _sync_list(kernel: Kernel, nodes: list, bar) -> list:
             n.body = _sync_list(kernel, n.body, bar)
             r, w, tvs = set(), set(), {}
             _access(n, r, w, tvs)
-            if r & w and not _ends_synced(n.body):
-                n.body.append(
-                    BlockSync(
-                        "WAR across iterations on " + ", ".join(sorted(r & w)), bar([tvs[x] for x in r & w])
-                    )
-                )
+            if r & w:
+                # (a sync the body ends with covers the hazard only if it is this hazard's
+                # barrier or the whole block's: one warpgroup's own barrier, for its slice
+                # of a staging tile, does not order another buffer both warpgroups share)
+                want = bar([tvs[x] for x in r & w])
+                done = _last_sync(n.body)
+                if done is None or not (done.barrier == want or is_block_wide(done.barrier)):
+                    n.body.append(BlockSync("WAR across iterations on " + ", ".join(sorted(r & w)), want))
         elif isinstance(n, RoleSwitch):  # each role syncs among its own threads
             n.bodies = [
                 _sync_list(
