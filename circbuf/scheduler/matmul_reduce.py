@@ -218,19 +218,25 @@ def _overrides_refuse(ov: dict) -> bool:
     )
 
 
-def _private_chain(f: Fusion, r: ReductionOp, c: TensorView, readers: list) -> bool:
-    """Whether the values from ``c``'s casts to ``r`` feed nothing but ``r``: no
-    fusion output on the way and no other reader. The split makes the reduction
-    read ``c`` rounded (:func:`_reread`); a value another output shares would be
-    rounded for it too (an ``amax`` added beside a ``gelu`` output would change
-    the gelu's values), so such a reduction stays whole."""
-    chain, todo = set(), [r.inputs[0]]
+def _computed_from(x: TensorView) -> set:
+    """ids of ``x`` and every computed tensor it is made from."""
+    chain, todo = set(), [x]
     while todo:
         t = todo.pop()
         if id(t) in chain or t.definition is None:
             continue
         chain.add(id(t))
         todo += t.definition.tv_inputs()
+    return chain
+
+
+def _private_chain(f: Fusion, r: ReductionOp, c: TensorView, readers: list) -> bool:
+    """Whether the values from ``c``'s casts to ``r`` feed nothing but ``r``: no
+    fusion output on the way and no other reader. The split makes the reduction
+    read ``c`` rounded (:func:`_reread`); a value another output shares would be
+    rounded for it too (an ``amax`` added beside a ``gelu`` output would change
+    the gelu's values), so such a reduction stays whole."""
+    chain = _computed_from(r.inputs[0])
     live = {id(e) for e in f.exprs()}
     outputs = {id(o) for o in f.outputs}
     todo = [u.out for u in readers if id(u.out) in chain]
@@ -253,13 +259,7 @@ def _private_chain(f: Fusion, r: ReductionOp, c: TensorView, readers: list) -> b
 
 def _reread(f: Fusion, x: TensorView, c: TensorView, readers: list) -> None:
     """Casts of ``c`` on ``x``'s chain read ``set(c)`` instead of ``c``."""
-    chain, todo = set(), [x]
-    while todo:
-        t = todo.pop()
-        if id(t) in chain or t.definition is None:
-            continue
-        chain.add(id(t))
-        todo += t.definition.tv_inputs()
+    chain = _computed_from(x)
     for u in readers:
         if id(u.out) in chain and c in u.inputs:
             copy = f.register(TensorView([i.fresh() for i in c.domain.no_reductions()], c.dtype))
