@@ -11,6 +11,7 @@
     PYTHONPATH=. python benchmarks/matmul.py --decode [--variants]
                                                         # M = 1..64 linears: TF/s, GB/s, path (and schedules)
     PYTHONPATH=. python benchmarks/matmul.py --odd       # shapes TMA cannot describe (the cp.async fill)
+    PYTHONPATH=. python benchmarks/matmul.py --fp32      # fp32 operands: TF32 on (vs cuBLAS TF32), then off
 
 TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
 for each shape (torch._dynamo.reset(), dynamic=False).
@@ -25,7 +26,10 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from benchmarks.common import bench_ms, gpu_name, require_cuda, static_compile, write_json  # noqa: E402
+from circbuf import DataType  # noqa: E402
 from tests.test_gpu_matmul import mm_fusion  # noqa: E402
+
+Float = DataType.Float
 
 # (M, N, K, kind): kind "matmul" is A @ B with B [K, N]; "linear" is x @ W.T with W [N, K]
 SHAPES = [
@@ -503,6 +507,63 @@ def breakdown():
         print(f"{m}x{n}x{k}: " + " | ".join(line), flush=True)
 
 
+# fp32 operands (issue 18): with TF32 allowed, against cuBLAS's TF32 GEMM; with it off
+# (torch's default), against cuBLAS's fp32 GEMM (the IEEE rows are the smaller shapes:
+# the SIMT sum of products takes ~0.2 s at 4096^3)
+FP32_SHAPES = [
+    (2048, 2048, 2048, "matmul", True),
+    (4096, 4096, 4096, "matmul", True),
+    (4096, 4096, 4096, "linear", True),
+    (8192, 8192, 1024, "matmul", False),
+    (4096, 14336, 4096, "linear", False),
+    (2047, 2047, 2047, "matmul", False),
+]
+
+
+def fp32():
+    """fp32 matmuls: TF32 where torch allows it, else IEEE fp32; cuBLAS under
+    the same switch, in the same run."""
+    print(f"GPU: {gpu_name()}  fp32 operands, do_bench median, TFLOP/s")
+    print(f"{'shape':>24s} {'kind':>6s} {'math':>5s} {'cuBLAS':>8s} {'circbuf':>8s} {'ratio':>6s}  path")
+    rows = []
+    m_ = torch.backends.cuda.matmul
+    for tf32 in (True, False):
+        m_.allow_tf32 = tf32
+        try:
+            for m, n, k, kind, ieee_too in FP32_SHAPES:
+                if not tf32 and not ieee_too:
+                    continue
+                g = torch.Generator(device="cuda").manual_seed(m + n + k)
+                a = torch.randn(m, k, device="cuda", generator=g)
+                b = torch.randn((n, k) if kind == "linear" else (k, n), device="cuda", generator=g)
+                fd = mm_fusion(kind, dtype=Float)
+                (out,) = fd.execute([a, b])
+                fn = torch_mm(kind)
+                ref = fn(a.double(), b.double())
+                err_cb = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+                err_t = ((fn(a, b).double() - ref).abs().max() / ref.abs().max()).item()
+                t_torch = bench_ms(lambda f=fn, a=a, b=b: f(a, b))
+                t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
+                r = t_torch / t_cb
+                p = fd.last_params()
+                where = path(fd) + (
+                    f", realigned {', '.join(fd._get_executor().realigned)}"
+                    if fd._get_executor().realigned
+                    else ""
+                )
+                print(
+                    f"{f'{m}x{n}x{k}':>24s} {kind:>6s} {'tf32' if tf32 else 'ieee':>5s} "
+                    f"{tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} {r:6.3f}  {where} "
+                    f"(max err / max: circbuf {err_cb:.1e}, torch {err_t:.1e})",
+                    flush=True,
+                )
+                rows.append(dict(m=m, n=n, k=k, kind=kind, tf32=tf32, torch_ms=t_torch, circbuf_ms=t_cb,
+                                 params=str(p), err=err_cb, torch_err=err_t))  # fmt: skip
+        finally:
+            m_.allow_tf32 = False
+    write_json("bench_matmul_fp32.json", rows)
+
+
 if __name__ == "__main__":
     require_cuda()
     if "--sweep" in sys.argv:
@@ -515,6 +576,8 @@ if __name__ == "__main__":
         breakdown()
     elif "--decode" in sys.argv:
         decode()
+    elif "--fp32" in sys.argv:
+        fp32()
     elif "--odd" in sys.argv:
         print(f"GPU: {gpu_name()}  bf16, do_bench median, TFLOP/s")
         write_json("bench_matmul_odd.json", odd())

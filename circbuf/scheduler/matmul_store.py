@@ -86,9 +86,10 @@ def choose_store(fusion, ov, n, bn, epi, tma_ok, role, info=None) -> tuple:
     return store, tuple(epi)
 
 
-def staging_bytes(store, buffers, en, outputs) -> int:
-    """Shared memory of the staging tiles: [buffers][2 warpgroups][64][en] 16-bit per output."""
-    return buffers * 2 * 64 * en * 2 * outputs if store in ("tma", "rows") else 0
+def staging_bytes(store, buffers, en, sizes) -> int:
+    """Shared memory of the staging tiles: [buffers][2 warpgroups][64][en] per
+    output (``sizes``: their element sizes in bytes)."""
+    return buffers * 2 * 64 * en * sum(sizes) if store in ("tma", "rows") else 0
 
 
 def rows_layout(tv, m64, n, en):

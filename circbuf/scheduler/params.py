@@ -178,6 +178,9 @@ class MatmulParams(Params):
     a_major: str = "K"  # which axis of A is contiguous in memory: "K" or "M"
     b_major: str = "K"  # of B: "K" (linear's [N, K] weight) or "N" (matmul's [K, N])
     simt: object = None  # ReductionParams: the sum-of-products path
+    # fp32 operands on TF32 tensor cores (torch allows TF32 for fp32 matmuls): K-major tiles,
+    # 32 fp32 of K per 128-byte swizzled row, k8 wgmmas
+    tf32: bool = field(default=False, metadata={"hide_default": True})
     # per fusion input: the epilogue reads it an accumulator pair (two elements adjacent
     # along N) at a time, one vector load (contiguous along N, N even, aligned)
     vectorize_inputs: tuple = field(default=(), metadata={"hide_default": True})
@@ -201,6 +204,8 @@ class MatmulParams(Params):
             kind += f", epilogue role ({self.handoff_stages} hand-off stages)"
         if any(self.tma_inputs):
             kind += f", {sum(self.tma_inputs)} epilogue input(s) by TMA"
+        if self.tf32:
+            kind += ", TF32"
         grid = "persistent" if self.persistent else "one CTA per tile"
         return (
             f"tile {bm}x{bn}x{bk}, {self.stages} stages (prefetch {self.prefetch}), {grid}, {kind}, "
