@@ -11,6 +11,8 @@
     PYTHONPATH=. python benchmarks/matmul.py --decode [--variants]
                                                         # M = 1..64 linears: TF/s, GB/s, path (and schedules)
     PYTHONPATH=. python benchmarks/matmul.py --odd       # shapes TMA cannot describe (the cp.async fill)
+    PYTHONPATH=. python benchmarks/matmul.py --fp32      # fp32 operands, TF32 off: the FFMA path vs cuBLAS's
+                                                        # fp32 GEMM (torch.backends.cuda.matmul.allow_tf32 = False)
 
 TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
 for each shape (torch._dynamo.reset(), dynamic=False).
@@ -26,6 +28,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from benchmarks.common import bench_ms, gpu_name, require_cuda, static_compile, write_json  # noqa: E402
 from tests.test_gpu_matmul import mm_fusion  # noqa: E402
+from tests.util import D  # noqa: E402
 
 # (M, N, K, kind): kind "matmul" is A @ B with B [K, N]; "linear" is x @ W.T with W [N, K]
 SHAPES = [
@@ -84,7 +87,7 @@ def inputs(m, n, k, kind, a_off=0):
 def fill_path(p) -> str:
     """The path a matmul took: SIMT, or the tensor cores with each operand's fill."""
     if p.simt is not None:
-        return "SIMT sum of products"
+        return p.brief()
     fills = []
     for x, f, v in zip("AB", p.fill, p.copy_vector):
         fills.append(
@@ -503,8 +506,51 @@ def breakdown():
         print(f"{m}x{n}x{k}: " + " | ".join(line), flush=True)
 
 
+# issue 18, fp32 operands: (M, N, K, kind); TF32 off, as torch's default
+FP32_SHAPES = [
+    (4096, 4096, 4096, "matmul"),
+    (2048, 2048, 2048, "matmul"),
+    (4096, 4096, 4096, "linear"),
+    (8192, 8192, 1024, "matmul"),
+    (4095, 4097, 4093, "matmul"),  # ragged: element loads along K, bounds checks
+    (1024, 1024, 1024, "matmul"),
+]
+
+
+def fp32() -> list:
+    """fp32 GEMMs with TF32 off: circbuf's FFMA path against cuBLAS's fp32 GEMM
+    (torch.matmul with allow_tf32 False), same run, same inputs. Issue 18's target:
+    >= 0.8x cuBLAS at 4096^3."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"GPU: {gpu_name()}  fp32 (TF32 off), do_bench median, TFLOP/s")
+    print(f"{'shape':>24s} {'kind':>6s} {'cuBLAS':>8s} {'circbuf':>8s} {'ratio':>6s}  path")
+    rows = []
+    for m, n, k, kind in FP32_SHAPES:
+        a = torch.randn(m, k, device="cuda")
+        b = torch.randn((n, k) if kind == "linear" else (k, n), device="cuda")
+        fd = mm_fusion(kind, D.Float)
+        (out,) = fd.execute([a, b])
+        fn = torch_mm(kind)
+        ref = fn(a.double(), b.double())
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        t_torch = bench_ms(lambda f=fn, a=a, b=b: f(a, b))
+        t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
+        print(
+            f"{f'{m}x{n}x{k}':>24s} {kind:>6s} {tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} "
+            f"{t_torch / t_cb:6.3f}  {path(fd)} (err {err:.1e})",
+            flush=True,
+        )
+        rows.append(
+            dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, params=path(fd), err=err)
+        )
+    return rows
+
+
 if __name__ == "__main__":
     require_cuda()
+    if "--fp32" in sys.argv:
+        write_json("bench_matmul_fp32.json", fp32())
+        sys.exit(0)
     if "--sweep" in sys.argv:
         sweep()
     elif "--clusters" in sys.argv:
