@@ -7,6 +7,7 @@ twins run the same cases with NaN-poisoned outputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 import circbuf as cb
 from circbuf.interpret import interpret
 from circbuf.scheduler.params import FfmaParams
+from circbuf.target import DEFAULT
 from tests.util import D, seeded
 
 DEV = "cuda"
@@ -100,22 +102,25 @@ def _check_case(kind, m, n, k, device="cpu", **kw):
     batch, bbatch = kw.pop("batch", ()), kw.pop("bbatch", ())
     a_major, b_major = kw.pop("a_major", "K"), kw.pop("b_major", None)
     offset = kw.pop("offset", False)
+    target = kw.pop("target", None)
     assert not kw, kw
     a, b = _operands(kind, m, n, k, batch, bbatch, dtype, a_major, b_major)
-    if offset:  # a data pointer 4 bytes past a 16-byte boundary
-        a = torch.cat([torch.zeros(1, dtype=dtype), a.reshape(-1)])[1:].view(a.shape)
-    dt = D.Float if dtype == torch.float32 else D.Double
-    bshape = [1 if d == 1 else -1 for d in bbatch] + [-1, -1]  # a batch axis of 1 broadcasts
-    fd = _fusion(kind, dt, a.ndim, b.ndim, bias=bias, epilogue=epilogue, bshape=bshape)
     xs = [a, b]
     if bias:
         xs.append(torch.randn(n, generator=seeded(n), dtype=dtype))
-    refs = _ref(kind, *[x.double() for x in xs], epilogue=epilogue)
+    # on the device with the same strides (a transposed view stays one)
+    xs = [torch.empty_strided(x.shape, x.stride(), dtype=dtype, device=device).copy_(x) for x in xs]
+    if offset:  # A's data pointer 4 bytes past a 16-byte boundary
+        a = xs[0]
+        xs[0] = torch.cat([torch.zeros(1, dtype=dtype, device=device), a.reshape(-1)])[1:].view(a.shape)
+    dt = D.Float if dtype == torch.float32 else D.Double
+    bshape = [1 if d == 1 else -1 for d in bbatch] + [-1, -1]  # a batch axis of 1 broadcasts
+    fd = _fusion(kind, dt, a.ndim, b.ndim, bias=bias, epilogue=epilogue, bshape=bshape)
+    refs = [r.cpu() for r in _ref(kind, *[x.double() for x in xs], epilogue=epilogue)]
     if device == "cpu":
-        outs = interpret(fd, xs)
+        outs = interpret(fd, xs, target=target)
     else:
-        outs = fd.execute([x.to(device) for x in xs])
-        outs = [o.cpu() for o in outs]
+        outs = [o.cpu() for o in fd.execute(xs)]
     for o, r in zip(outs, refs):
         assert o.dtype == dtype
         _close(o, r, k, dtype)
@@ -155,23 +160,52 @@ def _id(c):
     return f"{kind}-{m}x{n}x{k}" + "".join(f"-{k_}={v}" for k_, v in kw.items())
 
 
+# one SM: every output of these small cases makes more tiles than SMs, so they run the
+# [128 x 128] tiles of 8 x 8 a thread that large outputs get (H100: [64 x 64] of 4 x 4)
+ONE_SM = dataclasses.replace(DEFAULT, sm_count=1)
+
+
+@pytest.mark.parametrize("thread_tile", [8, 4])
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_interpreted(case):
+def test_interpreted(case, thread_tile):
     kind, m, n, k, kw = case
-    fd = _check_case(kind, m, n, k, **kw)
+    fd = _check_case(kind, m, n, k, target=ONE_SM if thread_tile == 8 else None, **kw)
     p = fd.last_params()
-    assert isinstance(p.simt, FfmaParams), p
+    assert isinstance(p.simt, FfmaParams) and p.simt.thread_tile == (thread_tile,) * 2, p
+    if kw.get("offset"):  # 16-byte loads need a 16-byte aligned pointer
+        assert (p.simt.vectorize_a, p.simt.vectorize_b) == ("", "N"), p
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     kind=st.sampled_from(["matmul", "linear"]),
     m=st.sampled_from([1, 2, 3, 5, 8, 13, 31, 64, 67, 129]),
     n=st.sampled_from([1, 2, 4, 7, 16, 33, 61, 128, 131]),
     k=st.sampled_from([1, 3, 4, 5, 8, 11, 16, 37]),
+    a_major=st.sampled_from(["K", "M"]),
+    b_major=st.sampled_from([None, "K", "N"]),
+    batch=st.sampled_from([(), (2,)]),
+    extra=st.sampled_from([{}, {"bias": True}, {"epilogue": "relu"}, {"epilogue": "two outputs"}]),
+    one_sm=st.booleans(),
 )
-def test_interpreted_shapes(kind, m, n, k):
-    _check_case(kind, m, n, k)
+def test_interpreted_shapes(kind, m, n, k, a_major, b_major, batch, extra, one_sm):
+    if kind == "linear":
+        b_major = None if b_major == "K" else b_major
+    elif b_major == "N":
+        b_major = None
+    if extra.get("bias") and kind != "linear":
+        extra = {}
+    _check_case(
+        kind,
+        m,
+        n,
+        k,
+        a_major=a_major,
+        b_major=b_major,
+        batch=batch,
+        target=ONE_SM if one_sm else None,
+        **extra,
+    )
 
 
 def test_k_zero_keeps_the_sum_of_products():
@@ -194,18 +228,35 @@ def test_a_matrix_vector_product_keeps_the_sum_of_products():
     assert p.simt is not None and not isinstance(p.simt, FfmaParams)
 
 
+def test_a_batch_past_the_grid_keeps_the_sum_of_products():
+    # blockIdx.z takes 65535 batches at most
+    fd = _fusion(arank=3, brank=3)
+    ck = fd.compile([torch.empty(65536, 2, 3), torch.empty(65536, 3, 2)], arch="sm_90a")
+    assert ck.params.simt is not None and not isinstance(ck.params.simt, FfmaParams)
+    fd = _fusion(arank=3, brank=3)
+    ck = fd.compile([torch.empty(65535, 2, 3), torch.empty(65535, 3, 2)], arch="sm_90a")
+    assert isinstance(ck.params.simt, FfmaParams)
+
+
 def test_variant_and_printing():
     from circbuf.scheduler.matmul import MatmulScheduler
 
     fd = _fusion()
-    fd.compile([torch.randn(256, 64), torch.randn(64, 256)], arch="sm_90a")
+    fd.compile([torch.randn(256, 64), torch.randn(64, 256)], arch="sm_90a", target=ONE_SM)
     p = fd.last_params()
     assert MatmulScheduler.variant(p) == "ffma"
     assert p.brief() == (
         "FFMA tile 128x128x4, 8x8 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; "
-        "2 CTAs/SM; compiled for K = 64"
+        "2 CTAs/SM; compiled for M = 256, N = 256, K = 64"
     )
     assert "tile: (128, 128, 4)" in str(p) and "thread_tile: (8, 8)" in str(p)
+    # four [128 x 128] tiles on an H100's 132 SMs: [64 x 64] tiles of 4 x 4 instead
+    fd = _fusion()
+    fd.compile([torch.randn(256, 64), torch.randn(64, 256)], arch="sm_90a")
+    assert fd.last_params().brief() == (
+        "FFMA tile 64x64x4, 4x4 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; "
+        "compiled for M = 256, N = 256, K = 64"
+    )
 
 
 def _sass_ops(sass: str) -> Counter:
@@ -215,6 +266,19 @@ def _sass_ops(sass: str) -> Counter:
         if mm:
             ops[mm.group(1)] += 1
     return ops
+
+
+def _k_loop(sass: str) -> Counter:
+    """Instruction counts of the kernel's one loop (its label to its back branch)."""
+    ins = []
+    for line in sass.splitlines():
+        mm = re.search(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", line)
+        if mm:
+            ins.append((int(mm.group(1), 16), mm.group(2), mm.group(3)))
+    back = [(int(r.split()[0], 16), a) for a, op, r in ins if op == "BRA" and int(r.split()[0], 16) < a]
+    assert len(back) == 1, back
+    lo, hi = back[0]
+    return Counter(op for a, op, _ in ins if lo <= a <= hi)
 
 
 @pytest.mark.parametrize(
@@ -241,6 +305,12 @@ def test_sass_ffma_dominates(kind, a_major, b_major):
     # one 16-byte load per four operand values of a k step (A's [tm x bk], B's [bk x tn])
     assert ops["LDG.E.128"] == (tm + tn) * bk // 4, ops
     assert ops["STG.E.128"] == tm * tn // 4, ops
+    # whole tiles: compiled for M, N, K, the loop has no bounds checks (no zeroed registers
+    # for guarded loads): 256 FFMA of 281-285 instructions (the 474 of a symbolic shape)
+    assert p.extents == (m, n, k), p
+    loop = _k_loop(ck.sass())
+    assert loop["FFMA"] == tm * tn * bk and "CS2R" not in loop, loop
+    assert loop["FFMA"] >= 0.88 * sum(loop.values()), loop
 
 
 def test_scalar_loads_where_rows_do_not_allow_vectors():
@@ -249,7 +319,8 @@ def test_scalar_loads_where_rows_do_not_allow_vectors():
     p = ck.params.simt
     assert (p.vectorize_a, p.vectorize_b) == ("", ""), p
     ops = _sass_ops(ck.sass())
-    assert "LDG.E.128" not in ops and ops["FFMA"] >= 256, ops
+    tm, tn = p.thread_tile
+    assert "LDG.E.128" not in ops and ops["FFMA"] >= tm * tn * p.tile[2], ops
 
 
 @pytest.mark.gpu

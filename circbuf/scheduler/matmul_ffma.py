@@ -82,16 +82,17 @@ def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
         return None, "an empty operand or output"
     item = a.dtype.size
     vec = VECTOR_BYTES // item
+    # 8 x 8 outputs a thread, [128 x 128] a CTA; where that makes fewer tiles than SMs,
+    # 4 x 4 ([64 x 64]): four times the CTAs at about half the FFMA share of the k loop
     tm = tn = 8
+    if -(-m // 128) * -(-n // 128) * batch < info.target.sm_count:
+        tm = tn = 4
     ty, tx = 16, 16
-    # small outputs: thinner CTAs along the axis that is short (fewer idle threads)
-    while ty > 1 and (ty // 2) * tm >= m:
+    # a short M or N: fewer threads along it (never under a warp a CTA)
+    while (ty // 2) * tm >= m and (ty // 2) * tx >= 32:
         ty //= 2
-    while tx > 1 and (tx // 2) * tn >= n:
+    while (tx // 2) * tn >= n and ty * (tx // 2) >= 32:
         tx //= 2
-    if ty * tx < 32:  # at least a warp
-        tx = min(32 // ty, 16) if ty * 16 >= 32 else 16
-        ty = max(1, 32 // tx)
     bm, bn = ty * tm, tx * tn
     if batch > MAX_GRID_YZ or -(-m // bm) > MAX_GRID_YZ:
         return None, f"a grid of {batch} x {-(-m // bm)} tiles (blockIdx.y and z reach {MAX_GRID_YZ})"
@@ -102,7 +103,7 @@ def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
     # B's [4 x 8] or [8]) let two CTAs share an SM; both operands loaded along K (linear's
     # [N, K] weight) leave an epilogue no room at 128 (it spilled with bias and gelu): one
     # CTA, as fp64 (twice the registers) and ragged K (element loads, bounds checks)
-    two = item == 4 and k % ku == 0 and (va, vb) != ("K", "K")
+    two = item == 4 and tm == 8 and k % ku == 0 and (va, vb) != ("K", "K")
     return (
         FfmaParams(
             tile=(bm, bn, ku),
@@ -110,7 +111,9 @@ def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
             threads=(ty, tx),
             vectorize_a=va,
             vectorize_b=vb,
-            k=k if k % ku == 0 else 0,
+            # compiled for M, N (K) where they are whole tiles (k steps): the loads' and
+            # stores' bounds checks simplify away (one kernel per such shape)
+            extents=(m if m % bm == 0 else 0, n if n % bn == 0 else 0, k if k % ku == 0 else 0),
             blocks_per_sm=2 if two else 0,
             vectorize_outputs=tuple(
                 _output_vector(fusion, info, j, vec, n) for j in range(len(fusion.outputs))
@@ -156,10 +159,12 @@ def schedule_ffma(fusion: Fusion, params: FfmaParams) -> None:
     hoist_broadcasts(fusion)
     caches = [cache_output(fusion, o) for o in list(fusion.outputs)]
     red = next(e.out for e in fusion.exprs() if isinstance(e, ReductionOp))
-    if params.k:
-        ext = next(i for i in red.logical if i.is_reduction).extent
-        if hasattr(ext, "name"):
-            specialize_extent(fusion, ext.name, params.k)
+    # M, N, K as constants where the params say (whole tiles): no bounds checks in the loops
+    rows, cols = [i for i in red.logical if not i.is_reduction][-2:]
+    kax = next(i for i in red.logical if i.is_reduction)
+    for ax, value in zip((rows, cols, kax), params.extents):
+        if value and hasattr(ax.extent, "name"):
+            specialize_extent(fusion, ax.extent.name, value)
     prod = red.definition.inputs[0]
     ab, bb = prod.definition.inputs  # a[.., M, K, 1] * b[.., 1, K, N] (linear: [.., M, 1, K], [.., 1, N, K])
     chain = {id(t) for t in (red, prod, ab, bb)}

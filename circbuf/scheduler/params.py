@@ -145,8 +145,8 @@ class FfmaParams(Params):
     the axis along which each operand is loaded 16 bytes at a time ("" for
     one element per load).
 
-    >>> FfmaParams(blocks_per_sm=2, k=4096).brief()
-    'FFMA tile 128x128x4, 8x8 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; 2 CTAs/SM; compiled for K = 4096'
+    >>> FfmaParams(blocks_per_sm=2, extents=(0, 4096, 4096)).brief()
+    'FFMA tile 128x128x4, 8x8 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; 2 CTAs/SM; compiled for N = 4096, K = 4096'
     """
 
     name = "FFMA matmul params"
@@ -157,7 +157,9 @@ class FfmaParams(Params):
     vectorize_b: str = "N"
     vectorize_outputs: tuple = ()
     blocks_per_sm: int = 0  # > 0: __launch_bounds__ caps registers so that this many CTAs fit per SM
-    k: int = 0  # > 0: compiled for this K (a multiple of bk: the k steps need no bounds checks)
+    # (M, N, K) the kernel is compiled for, 0 where symbolic: M and N where they are
+    # multiples of the tile, K of bk (no bounds checks in the loops); one kernel per shape
+    extents: tuple = (0, 0, 0)
 
     def brief(self) -> str:
         bm, bn, bk = self.tile
@@ -170,8 +172,9 @@ class FfmaParams(Params):
         out = f"FFMA tile {bm}x{bn}x{bk}, {tm}x{tn} per thread, {ty * tx} threads; {loads}"
         if self.blocks_per_sm:
             out += f"; {self.blocks_per_sm} CTAs/SM"
-        if self.k:
-            out += f"; compiled for K = {self.k}"
+        fixed = [f"{x} = {v}" for x, v in zip("MNK", self.extents) if v]
+        if fixed:
+            out += f"; compiled for {', '.join(fixed)}"
         return out
 
 
