@@ -88,7 +88,7 @@ def inputs(m, n, k, kind, a_off=0):
 def fill_path(p) -> str:
     """The path a matmul took: SIMT, or the tensor cores with each operand's fill."""
     if p.simt is not None:
-        return "SIMT sum of products"
+        return p.brief()
     fills = []
     for x, f, v in zip("AB", p.fill, p.copy_vector):
         fills.append(
@@ -508,15 +508,16 @@ def breakdown():
 
 
 # fp32 operands (issue 18): with TF32 allowed, against cuBLAS's TF32 GEMM; with it off
-# (torch's default), against cuBLAS's fp32 GEMM (the IEEE rows are the smaller shapes:
-# the SIMT sum of products takes ~0.2 s at 4096^3)
-FP32_SHAPES = [
-    (2048, 2048, 2048, "matmul", True),
-    (4096, 4096, 4096, "matmul", True),
-    (4096, 4096, 4096, "linear", True),
-    (8192, 8192, 1024, "matmul", False),
-    (4096, 14336, 4096, "linear", False),
-    (2047, 2047, 2047, "matmul", False),
+# (torch's default: the FFMA path), against cuBLAS's fp32 GEMM; target >= 0.8x at 4096^3
+FP32_SHAPES = [  # (M, N, K, kind, with TF32, with TF32 off)
+    (2048, 2048, 2048, "matmul", True, True),
+    (4096, 4096, 4096, "matmul", True, True),
+    (4096, 4096, 4096, "linear", True, True),
+    (8192, 8192, 1024, "matmul", True, True),
+    (4096, 14336, 4096, "linear", True, False),
+    (2047, 2047, 2047, "matmul", True, False),
+    (4095, 4097, 4093, "matmul", False, True),  # ragged: element loads along K, bounds checks
+    (1024, 1024, 1024, "matmul", False, True),
 ]
 
 
@@ -530,8 +531,8 @@ def fp32():
     for tf32 in (True, False):
         m_.allow_tf32 = tf32
         try:
-            for m, n, k, kind, ieee_too in FP32_SHAPES:
-                if not tf32 and not ieee_too:
+            for m, n, k, kind, with_tf32, with_ieee in FP32_SHAPES:
+                if not (with_tf32 if tf32 else with_ieee):
                     continue
                 g = torch.Generator(device="cuda").manual_seed(m + n + k)
                 a = torch.randn(m, k, device="cuda", generator=g)

@@ -69,11 +69,11 @@ from ..ir import (
 )
 from ..ir.circular import REGISTERS_RULE
 from ..ir.scalar import is_const, simplify
-from . import matmul_reduce
+from . import matmul_ffma, matmul_reduce
 from .info import InputInfo
 from .matmul_store import choose_store, rows_layout, staging_bytes
 from .overrides import MATMUL, names
-from .params import MatmulParams
+from .params import FfmaParams, MatmulParams
 from .utils import (
     LogicalMap,
     cache_output,
@@ -147,6 +147,8 @@ class MatmulScheduler:
 
     @staticmethod
     def variant(params) -> str:
+        if isinstance(params.simt, FfmaParams):
+            return "ffma"
         return "simt" if params.simt is not None else "tensor cores"
 
     # ------------------------------------------------------------ params
@@ -172,6 +174,9 @@ class MatmulScheduler:
             )
         from .reduction import ReductionScheduler
 
+        ffma, _ = matmul_ffma.ffma_params(fusion, info)
+        if ffma is not None:
+            return MatmulParams(simt=ffma)
         f2 = fusion.clone()
         decompose(f2)
         why2 = ReductionScheduler.can_schedule(f2)
@@ -181,6 +186,10 @@ class MatmulScheduler:
     # ---------------------------------------------------------- schedule
     @staticmethod
     def schedule(fusion: Fusion, params: MatmulParams):
+        if isinstance(params.simt, FfmaParams):
+            decompose(fusion)
+            matmul_ffma.schedule_ffma(fusion, params.simt)
+            return
         if params.simt is not None:
             from .reduction import ReductionScheduler
 

@@ -118,6 +118,7 @@ RED = "reduction:plain"
 OUTER = "outer_reduction:tma ring"
 MM = "matmul:tensor cores"
 MM_SIMT = "matmul:simt"
+MM_FFMA = "matmul:ffma"
 
 _RING_STAGES = _int(2, 32)
 _RING_PREFETCH = _int(1, 31)
@@ -206,7 +207,7 @@ MATMUL = _table(
              **_ints(2, ("rows", "cols"))),
     Override("fill", used_by=(MM,), doc="operand ring fill: 'tma' (tensor maps) or 'cp.async' (producer threads); "
              "default: tma, an operand a tensor map cannot describe copied to aligned rows first (realign; CIRCBUF_CP_ASYNC=1: cp.async)", **_choice("tma", "cp.async")),
-    Override("realign", used_by={True: (MM,), False: (MM, MM_SIMT)}, doc="copy an operand a tensor map cannot describe into 16-byte-aligned rows "
+    Override("realign", used_by={True: (MM,), False: (MM, MM_SIMT, MM_FFMA)}, doc="copy an operand a tensor map cannot describe into 16-byte-aligned rows "
              "before the kernel (default True; False: the SIMT path unless fill is given)", **_BOOL),
     Override("store", used_by=(MM,), doc="how outputs are stored: 'tma' (staging tile, TMA store; 16-byte rows), "
              "'rows' (staging tile, the threads store rows, 4-byte pieces as each row's alignment allows; "

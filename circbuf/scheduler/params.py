@@ -138,6 +138,47 @@ class ReductionParams(Params):
 
 
 @dataclass(frozen=True)
+class FfmaParams(Params):
+    """The FFMA path of a matmul (fp32/fp64 operands on the CUDA cores): each CTA
+    computes a [bm x bn] output tile, threads [ty x tx] each a [tm x tn] block
+    in registers, K walked serially ``bk`` values per step; ``vectorize_a``/``_b``:
+    the axis along which each operand is loaded 16 bytes at a time ("" for
+    one element per load).
+
+    >>> FfmaParams(blocks_per_sm=2, extents=(0, 4096, 4096)).brief()
+    'FFMA tile 128x128x4, 8x8 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; 2 CTAs/SM; compiled for N = 4096, K = 4096'
+    """
+
+    name = "FFMA matmul params"
+    tile: tuple = (128, 128, 4)
+    thread_tile: tuple = (8, 8)
+    threads: tuple = (16, 16)  # (ty, tx)
+    vectorize_a: str = "K"
+    vectorize_b: str = "N"
+    vectorize_outputs: tuple = ()
+    blocks_per_sm: int = 0  # > 0: __launch_bounds__ caps registers so that this many CTAs fit per SM
+    # (M, N, K) the kernel is compiled for, 0 where symbolic: M and N where they are
+    # multiples of the tile, K of bk (no bounds checks in the loops); one kernel per shape
+    extents: tuple = (0, 0, 0)
+
+    def brief(self) -> str:
+        bm, bn, bk = self.tile
+        tm, tn = self.thread_tile
+        ty, tx = self.threads
+        loads = "; ".join(
+            f"{w} 16-byte loads along {v}" if v else f"{w} element loads"
+            for w, v in (("A", self.vectorize_a), ("B", self.vectorize_b))
+        )
+        out = f"FFMA tile {bm}x{bn}x{bk}, {tm}x{tn} per thread, {ty * tx} threads; {loads}"
+        if self.blocks_per_sm:
+            out += f"; {self.blocks_per_sm} CTAs/SM"
+        fixed = [f"{x} = {v}" for x, v in zip("MNK", self.extents) if v]
+        if fixed:
+            out += f"; compiled for {', '.join(fixed)}"
+        return out
+
+
+@dataclass(frozen=True)
 class MatmulParams(Params):
     """A Hopper matmul: [bm x bn] output tiles, K in steps of bk, operand
     tiles staged by TMA through a ``stages``-deep ring that a producer warp
@@ -177,7 +218,9 @@ class MatmulParams(Params):
     store_vector: int = field(default=1, metadata={"hide_default": True})
     a_major: str = "K"  # which axis of A is contiguous in memory: "K" or "M"
     b_major: str = "K"  # of B: "K" (linear's [N, K] weight) or "N" (matmul's [K, N])
-    simt: object = None  # ReductionParams: the sum-of-products path
+    # the CUDA-core paths: ReductionParams (the sum of products, the reduction
+    # scheduler's) or FfmaParams (register-tiled FFMA, fp32/fp64 operands)
+    simt: object = None
     # fp32 operands on TF32 tensor cores (torch allows TF32 for fp32 matmuls): K-major tiles,
     # 32 fp32 of K per 128-byte swizzled row, k8 wgmmas
     tf32: bool = field(default=False, metadata={"hide_default": True})
@@ -196,6 +239,8 @@ class MatmulParams(Params):
     copy_vector: tuple = field(default=(0, 0), metadata={"hide_default": True})
 
     def brief(self) -> str:
+        if isinstance(self.simt, FfmaParams):
+            return self.simt.brief()
         if self.simt is not None:
             return f"SIMT sum of products ({self.simt.threads} threads)"
         bm, bn, bk = self.tile

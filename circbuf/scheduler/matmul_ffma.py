@@ -1,0 +1,239 @@
+"""The FFMA path: a register-tiled fp32 (and fp64) matmul on the CUDA cores.
+
+Where the tensor cores cannot take a matmul for its operands' dtype (fp32
+with TF32 not allowed, fp64), the fusion is decomposed into a sum of
+products (``decompose``: ``cast(sum(a[.., M, K, 1] * b[.., 1, K, N], K))``)
+and scheduled here instead of by the reduction scheduler: each CTA computes
+a [bm x bn] tile of the output, each thread a [tm x tn] block of it in
+registers, walking K serially (no cross-thread reduction). Per step of ``ku``
+values of K, every thread loads its [tm x ku] slice of A and its [ku x tn]
+slice of B into registers (16-byte loads along whichever axis is contiguous
+in memory, where extents, strides and pointers allow) and runs ``tm * tn *
+ku`` FFMAs on them. Operands come through L1; no shared memory.
+
+The reduction after scheduling (matmul's product space [batch, M, K, N];
+linear's [batch, M, N, K] is reordered alike)::
+
+    red [iblockIdx.z{batch}, iblockIdx.y{M/bm}, iblockIdx.x{N/bn}, ithreadIdx.y{bm/tm},
+         ithreadIdx.x{bn/tn}, rS{K/ku}, rUR{ku}, iUR{tm}, iUR{tn}]          ca_pos(5)
+
+the operand tiles (A's broadcast along N; B's along M likewise)::
+
+    ab  [iblockIdx.z, iblockIdx.y, bS, ithreadIdx.y, bS, iS{K/ku},          ca_pos(6)
+         iUR{tm}, bUR{tn}, iV{ku}]     (A contiguous along K: 4 values of K per load)
+
+and the epilogue (bias, activation, cast; the output) over [.., tm, tn] per
+thread, the output stored 16 bytes at a time where its rows allow.
+"""
+
+from __future__ import annotations
+
+from ..ir import (
+    DataType,
+    Fusion,
+    LinearOp,
+    MemoryType,
+    ParallelType,
+    ReductionOp,
+    evaluate,
+)
+from .info import InputInfo
+from .params import FfmaParams
+from .utils import (
+    LogicalMap,
+    cache_output,
+    concretize_broadcasts,
+    contractions,
+    hoist_broadcasts,
+    output_vectorizable,
+    propagate,
+    recompute_multi_use,
+    specialize_extent,
+    vector_access,
+)
+
+MAX_GRID_YZ = 65535
+VECTOR_BYTES = 16
+
+
+def _operands(e):
+    return e.inputs[0], e.inputs[1]
+
+
+def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
+    """(FfmaParams, None) for a matmul the FFMA path takes, else (None, why not)."""
+    e = contractions(fusion)[0]
+    a, b = _operands(e)
+    if a.dtype not in (DataType.Float, DataType.Double) or b.dtype != a.dtype:
+        return None, f"{a.dtype.name} x {b.dtype.name} operands (the FFMA path takes Float or Double)"
+    if a.ndim < 2 or b.ndim < 2:
+        return None, "a 1-D operand (a matrix-vector product)"
+    if isinstance(e, LinearOp) and b.ndim != 2:
+        return None, "a linear weight that is not 2-D"
+    c = e.out
+    env = info.extents
+    m = evaluate(c.logical[-2].loop_extent, env)
+    n = evaluate(c.logical[-1].loop_extent, env)
+    k = evaluate(a.logical[-1].loop_extent, env)
+    batch = 1
+    for i in c.logical[:-2]:
+        batch *= evaluate(i.loop_extent, env)
+    if 0 in (m, n, k, batch):
+        return None, "an empty operand or output"
+    item = a.dtype.size
+    vec = VECTOR_BYTES // item
+    # 8 x 8 outputs a thread, [128 x 128] a CTA; where that makes fewer tiles than SMs,
+    # 4 x 4 ([64 x 64]): four times the CTAs at about half the FFMA share of the k loop
+    tm = tn = 8
+    if -(-m // 128) * -(-n // 128) * batch < info.target.sm_count:
+        tm = tn = 4
+    ty, tx = 16, 16
+    # a short M or N: fewer threads along it (never under a warp a CTA)
+    while (ty // 2) * tm >= m and (ty // 2) * tx >= 32:
+        ty //= 2
+    while (tx // 2) * tn >= n and ty * (tx // 2) >= 32:
+        tx //= 2
+    bm, bn = ty * tm, tx * tn
+    if batch > MAX_GRID_YZ or -(-m // bm) > MAX_GRID_YZ:
+        return None, f"a grid of {batch} x {-(-m // bm)} tiles (blockIdx.y and z reach {MAX_GRID_YZ})"
+    ku = vec
+    va = _operand_vector(fusion, info, a, e, "A", vec, (m, k))
+    vb = _operand_vector(fusion, info, b, e, "B", vec, (k, n))
+    # fp32 with whole k steps: 128 registers a thread (64 accumulators, A's [8 x 4] values,
+    # B's [4 x 8] or [8]) let two CTAs share an SM; both operands loaded along K (linear's
+    # [N, K] weight) leave an epilogue no room at 128 (it spilled with bias and gelu): one
+    # CTA, as fp64 (twice the registers) and ragged K (element loads, bounds checks)
+    two = item == 4 and tm == 8 and k % ku == 0 and (va, vb) != ("K", "K")
+    return (
+        FfmaParams(
+            tile=(bm, bn, ku),
+            thread_tile=(tm, tn),
+            threads=(ty, tx),
+            vectorize_a=va,
+            vectorize_b=vb,
+            # compiled for M, N (K) where they are whole tiles (k steps): the loads' and
+            # stores' bounds checks simplify away (one kernel per such shape)
+            extents=(m if m % bm == 0 else 0, n if n % bn == 0 else 0, k if k % ku == 0 else 0),
+            blocks_per_sm=2 if two else 0,
+            vectorize_outputs=tuple(
+                _output_vector(fusion, info, j, vec, n) for j in range(len(fusion.outputs))
+            ),
+        ),
+        None,
+    )
+
+
+def _operand_vector(fusion, info, x, e, which, vec, extents) -> str:
+    """The axis ("M", "N" or "K") along which operand ``x`` is loaded ``vec``
+    elements at a time, or "" (one element per load): a fusion input,
+    contiguous along that axis, whose extent there ``vec`` divides, other
+    strides and pointer aligned to a vector (:func:`.utils.vector_access`)."""
+    if not x.is_input:
+        return ""
+    t = info.tensors[fusion.inputs.index(x)]
+    if t is None or len(t.sizes) < 2:
+        return ""
+    linear = isinstance(e, LinearOp)
+    # the roles of x's last two axes
+    if which == "A":
+        roles = ("M", "K")
+    else:
+        roles = ("N", "K") if linear else ("K", "N")
+    ext = {"M": extents[0], "K": extents[1]} if which == "A" else {"K": extents[0], "N": extents[1]}
+    nd = len(t.sizes)
+    for d, role in ((nd - 1, roles[1]), (nd - 2, roles[0])):
+        if ext[role] % vec == 0 and vector_access(t, d, vec):
+            return role
+    return ""
+
+
+def _output_vector(fusion, info, j, vec, n) -> bool:
+    o = fusion.outputs[j]
+    if o.ndim < 2 or n % vec:
+        return False
+    return output_vectorizable(fusion, info, j, o.ndim - 1, vec)
+
+
+def schedule_ffma(fusion: Fusion, params: FfmaParams) -> None:
+    """Schedule the decomposed fusion (``matmul.decompose``) with ``params``."""
+    hoist_broadcasts(fusion)
+    caches = [cache_output(fusion, o) for o in list(fusion.outputs)]
+    red = next(e.out for e in fusion.exprs() if isinstance(e, ReductionOp))
+    # M, N, K as constants where the params say (whole tiles): no bounds checks in the loops
+    rows, cols = [i for i in red.logical if not i.is_reduction][-2:]
+    kax = next(i for i in red.logical if i.is_reduction)
+    for ax, value in zip((rows, cols, kax), params.extents):
+        if value and hasattr(ax.extent, "name"):
+            specialize_extent(fusion, ax.extent.name, value)
+    prod = red.definition.inputs[0]
+    ab, bb = prod.definition.inputs  # a[.., M, K, 1] * b[.., 1, K, N] (linear: [.., M, 1, K], [.., 1, N, K])
+    chain = {id(t) for t in (red, prod, ab, bb)}
+    lmap = LogicalMap(fusion)
+    # an epilogue value read twice is computed once per reader (registers, inlined)
+    recompute_multi_use(fusion, keep=lambda tv: id(tv) in chain, lmap=lmap)
+    lmap = LogicalMap(fusion)
+    concretize_broadcasts(fusion, lmap)
+
+    bm, bn, ku = params.tile
+    tm, tn = params.thread_tile
+    vec = VECTOR_BYTES // red.dtype.size
+    rank = len(red.logical)
+    kpos = next(d for d, i in enumerate(red.logical) if i.is_reduction)
+    nb = rank - 3
+    mpos, npos = (nb, nb + 1) if kpos == rank - 1 else (nb, nb + 2)
+    red.reorder([*range(nb), mpos, npos, kpos])  # [batch.., M, N, K]
+    for _ in range(nb - 1):
+        red.merge(0)
+    p = 1 if nb else 0  # [B?, M, N, K]
+    # M -> [M/bm, tm/v, ty, v] and N -> [N/bn, tn/v, tx, v]: a thread's rows (columns) are
+    # runs of v, those of neighbouring threads adjacent (a warp's 16-byte loads of B's row
+    # and stores of C's read and write 256 contiguous bytes)
+    red.split(p + 2, ku)  # [B?, M, N, K/ku, ku]
+    red.split(p + 1, vec)  # [B?, M, N/v, v, K/ku, ku]
+    red.split(p + 1, bn // tn)  # [B?, M, N/v/tx, tx, v, K/ku, ku]
+    red.split(p + 1, tn // vec)  # [B?, M, N/bn, tn/v, tx, v, K/ku, ku]
+    red.split(p, vec)  # [B?, M/v, v, N/bn, tn/v, tx, v, K/ku, ku]
+    red.split(p, bm // tm)  # [B?, M/v/ty, ty, v, ...]
+    red.split(p, tm // vec)  # [B?, M/bm, tm/v, ty, v, N/bn, tn/v, tx, v, K/ku, ku]
+    # -> [B?, M/bm, N/bn, ty, tx, K/ku, ku, tm/v, v, tn/v, v]
+    red.reorder([*range(p), *(p + d for d in (0, 4, 2, 6, 8, 9, 1, 3, 5, 7))])
+    if p:
+        red.axis(0).parallelize(ParallelType.BIDz)
+    red.axis(p).parallelize(ParallelType.BIDy)
+    red.axis(p + 1).parallelize(ParallelType.BIDx)
+    red.axis(p + 2).parallelize(ParallelType.TIDy)
+    red.axis(p + 3).parallelize(ParallelType.TIDx)
+    for d in range(p + 5, p + 10):
+        red.axis(d).parallelize(ParallelType.Unroll)
+    propagate(red, fusion.used_tvs(), lmap)
+
+    thread_pos = p + 4  # inside the thread axes
+    k_pos = p + 5  # inside the K/ku loop
+    red.inline_at(thread_pos)
+    fusion.launch_min_blocks = params.blocks_per_sm
+    prod.inline_at(len(prod.loop))
+    # the operand tiles: loaded along K, a [tm x ku] ([ku x tn]) tile per k step, else
+    # a [tm] ([tn]) slice per k; the vectorized axis innermost
+    for x, axis in ((ab, params.vectorize_a), (bb, params.vectorize_b)):
+        if axis == "K":  # [.., K/ku | ku, tm/v, v, tn/v, v] -> [ku/v, tm/v, v, tn/v, v, v]
+            x.inline_at(k_pos)
+            x.split(k_pos, vec)
+            x.reorder([*range(k_pos), k_pos, k_pos + 2, k_pos + 3, k_pos + 4, k_pos + 5, k_pos + 1])
+        else:  # [.., K/ku, ku | tm/v, v, tn/v, v]
+            x.inline_at(k_pos + 1)
+            if axis == "M":  # -> [tm/v, tn/v, v, v]
+                x.reorder([*range(k_pos + 1), k_pos + 1, k_pos + 3, k_pos + 4, k_pos + 2])
+        if axis:
+            x.axis(-1).parallelize(ParallelType.Vectorize)
+    for tv in fusion.used_tvs():
+        if not tv.is_input:
+            tv.memory_type = MemoryType.Global if tv.is_output else MemoryType.Local
+    # the epilogue: [B?, M/bm, N/bn, ty, tx, tm/v, v, tn/v, v], inlined into the outputs' loops
+    for tv in fusion.used_tvs():
+        if tv.is_input or tv.is_output or id(tv) in chain:
+            continue
+        tv.inline_at(len(tv.loop))
+    for j, (o, c) in enumerate(zip(fusion.outputs, caches)):
+        if params.vectorize_outputs[j] and len(o.loop) == thread_pos + 4:
+            c.inline_at(len(c.loop) - 1)
+            o.axis(-1).parallelize(ParallelType.Vectorize)
