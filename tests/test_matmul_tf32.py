@@ -232,3 +232,21 @@ def test_one_column_b_keeps_the_fp32_path(tf32):
     assert fd.last_params().simt is not None
     ref = xs[0].double() @ xs[1].double()
     assert (out.double() - ref).abs().max() < 1e-4
+
+
+def test_no_copy_without_tf32():
+    """With TF32 off the CUDA cores take an fp32 matmul as it lies: no operand
+    is copied (realign is for tensor maps)."""
+    from circbuf.scheduler.realign import choose
+
+    fd = _fusion("matmul")
+    xs = [torch.randn(33, 31), torch.randn(31, 17)]
+    ex = fd._get_executor()
+    info, _ = ex._bind(xs, need_cuda=False)
+    assert not info.tf32 and choose(fd.fusion, info, {}) == ()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        info, _ = ex._bind(xs, need_cuda=False)
+        assert info.tf32 and choose(fd.fusion, info, {}) == ((0, -1), (1, -2))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False

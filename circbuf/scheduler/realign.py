@@ -91,7 +91,9 @@ def choose(fusion: Fusion, info, overrides: dict) -> tuple:
         t = info.tensors[j]
         if t is None or j in written or j in [k for k, _ in out] or any(s == 0 for s in t.sizes):
             continue
-        unit = tf32_k_axis(cs[0], x) if x.dtype == DataType.Float and info.tf32 else None
+        if x.dtype == DataType.Float and not info.tf32:
+            continue  # (fp32 without TF32 runs on the CUDA cores: FFMA, which reads any strides)
+        unit = tf32_k_axis(cs[0], x) if x.dtype == DataType.Float else None
         major, why = _operand_layout(t)
         if why is None and (unit is None or major == ("inner" if unit == -1 else "outer")):
             continue
