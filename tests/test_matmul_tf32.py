@@ -250,3 +250,56 @@ def test_no_copy_without_tf32():
         assert info.tf32 and choose(fd.fusion, info, {}) == ((0, -1), (1, -2))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = False
+
+
+# ---- fp32 outputs of a bf16 GEMM (the 64 x 32 TMA-stored sub-tiles): found by review
+
+
+def _bf16_linear(outputs):
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        outputs(fd, fd.ops.linear(x, w))
+    g = seeded(3)
+    xs = [torch.randn(256, 64, generator=g).bfloat16(), torch.randn(512, 64, generator=g).bfloat16()]
+    return fd, xs, xs[0].double() @ xs[1].double().T
+
+
+def _close(out, ref, rel=2.0**-8):
+    """Within one bf16 rounding of the float64 product (linear's bf16 result,
+    rounded from the fp32 accumulator, then cast to fp32)."""
+    err = (out.double() - ref).abs()
+    assert (err <= rel * ref.abs() + 1e-6).all(), err.max()
+
+
+def test_row_reduction_beside_an_fp32_output():
+    """cast(y, fp32) beside amax(y): the row reduction's partials keep their
+    64-column sub-tiles (an fp32 output alone would take 32)."""
+
+    def outputs(fd, y):
+        fd.add_output(fd.ops.cast(y, D.Float))
+        fd.add_output(fd.ops.max(fd.ops.abs(y), [-1]))
+
+    fd, xs, y = _bf16_linear(outputs)
+    yf, amax = interpret(fd, xs)
+    _close(yf, y)
+    _close(amax, y.abs().amax(-1))
+
+
+@pytest.mark.parametrize("count, store", [(1, "tma"), (5, "tma"), (6, "direct")])
+def test_several_fp32_outputs_fit(count, store):
+    """Each fp32 output staged for its TMA store takes 16 KB per buffer: five
+    keep one buffer and 3 operand stages, six store from registers (they
+    raised for want of shared memory once)."""
+
+    def outputs(fd, y):
+        c = fd.ops.cast(y, D.Float)
+        for k in range(count):
+            fd.add_output(fd.ops.mul(c, float(k + 1)) if k else c)
+
+    fd, xs, y = _bf16_linear(outputs)
+    outs = interpret(fd, xs)
+    p = fd.last_params()
+    assert p.store == store and p.stages >= 3, p
+    for k, o in enumerate(outs):
+        _close(o, y * (k + 1), 2.0**-8 + 2.0**-22)

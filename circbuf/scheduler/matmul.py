@@ -92,6 +92,7 @@ _EPILOGUE = (*ELEMENTWISE, BroadcastOp)
 SMEM_RESERVED = 1024  # of the opt-in shared memory per block: barriers and alignment
 WARPGROUP = 128
 SWIZZLE_ROW = 128  # bytes of K in one swizzled row of an operand tile (the 128-byte swizzle)
+MIN_STAGES = 3  # operand stages the heuristic keeps before it gives up output staging buffers
 WGMMA_K = 32  # bytes of K one wgmma takes (k16 of bf16/fp16, k8 of tf32)
 
 
@@ -471,9 +472,11 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         )
     # sub-tiles of one 128-byte swizzled row of bf16; a bn that is no multiple
     # of 64 is one sub-tile (stored from registers: TMA boxes need the 128 bytes)
-    # (fp32 outputs: 32 columns, still one 128-byte swizzled row per sub-tile row)
+    # (fp32 outputs only: 32 columns, still one 128-byte swizzled row per sub-tile row; a
+    # row reduction's partials take 64-column sub-tiles, and bf16 beside fp32 outputs keep 64)
     sizes = {o.dtype.size for o in matmul_reduce.tile_outputs(fusion)}
-    cols = SWIZZLE_ROW // 4 if sizes and max(sizes) == 4 else 64
+    partials = len(matmul_reduce.tile_outputs(fusion)) < len(fusion.outputs)
+    cols = SWIZZLE_ROW // 4 if sizes == {4} and not partials else 64
     epi = ov.get("epilogue_tile", (64, cols if bn % cols == 0 else bn))
     if not (
         isinstance(epi, (tuple, list)) and len(epi) == 2 and all(isinstance(x, int) and x > 0 for x in epi)
@@ -520,6 +523,18 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     stage_bytes = (bm + bn) * bk * a.dtype.size
     budget = info.target.smem_per_block - SMEM_RESERVED - staging - handoff_bytes - input_bytes
     fit = budget // stage_bytes
+    if "store" not in ov and "stages" not in ov and fit < MIN_STAGES and staging:
+        # several outputs' staging tiles leave too few operand stages (five fp32 outputs:
+        # 160 KB): one staging buffer, else stores from registers (no staging at all)
+        buffers = 1
+        staging = staging_bytes(store, 1, epi[1], [o.dtype.size for o in matmul_reduce.tile_outputs(fusion)])
+        budget = info.target.smem_per_block - SMEM_RESERVED - staging - handoff_bytes - input_bytes
+        fit = budget // stage_bytes
+        peers = any(o.peer_store is not None for o in fusion.outputs)  # (TMA stores only)
+        if fit < MIN_STAGES and not role and not peers:
+            store, staging, loaded, input_bytes = "direct", 0, (), 0
+            budget = info.target.smem_per_block - SMEM_RESERVED - handoff_bytes
+            fit = budget // stage_bytes
     if "stages" not in ov and fit < 2:
         raise CircbufError(
             f"schedule(tile={tuple(tile)}{', epilogue=' + repr(epilogue) if role else ''}): two operand "
