@@ -254,7 +254,7 @@ def test_variant_and_printing():
     fd = _fusion()
     fd.compile([torch.randn(256, 64), torch.randn(64, 256)], arch="sm_90a")
     assert fd.last_params().brief() == (
-        "FFMA tile 64x64x4, 4x4 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; "
+        "FFMA tile 64x64x8, 4x4 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; "
         "compiled for M = 256, N = 256, K = 64"
     )
 

@@ -96,7 +96,9 @@ def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
     bm, bn = ty * tm, tx * tn
     if batch > MAX_GRID_YZ or -(-m // bm) > MAX_GRID_YZ:
         return None, f"a grid of {batch} x {-(-m // bm)} tiles (blockIdx.y and z reach {MAX_GRID_YZ})"
-    ku = vec
+    # a k step of 4 (fp64: 2) values, one 16-byte load along K; 4 x 4 thread tiles take
+    # two such loads a step where K allows (half the loop's overhead per FFMA)
+    ku = 2 * vec if tm == 4 and k % (2 * vec) == 0 else vec
     va = _operand_vector(fusion, info, a, e, "A", vec, (m, k))
     vb = _operand_vector(fusion, info, b, e, "B", vec, (k, n))
     # fp32 with whole k steps: 128 registers a thread (64 accumulators, A's [8 x 4] values,
