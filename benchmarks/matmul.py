@@ -11,8 +11,10 @@
     PYTHONPATH=. python benchmarks/matmul.py --decode [--variants]
                                                         # M = 1..64 linears: TF/s, GB/s, path (and schedules)
     PYTHONPATH=. python benchmarks/matmul.py --odd       # shapes TMA cannot describe (the cp.async fill)
-    PYTHONPATH=. python benchmarks/matmul.py --fp32      # fp32 operands, TF32 off: the FFMA path vs cuBLAS's
-                                                        # fp32 GEMM (torch.backends.cuda.matmul.allow_tf32 = False)
+    PYTHONPATH=. python benchmarks/matmul.py --fp32 [--variants]
+                                                        # fp32 operands, TF32 off: the FFMA path vs cuBLAS's
+                                                        # fp32 GEMM (torch.backends.cuda.matmul.allow_tf32 = False);
+                                                        # --variants: thread_tile / k_step / blocks_per_sm sets
 
 TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
 for each shape (torch._dynamo.reset(), dynamic=False).
@@ -543,7 +545,27 @@ def fp32() -> list:
         rows.append(
             dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, params=path(fd), err=err)
         )
+        if "--variants" in sys.argv and k % 8 == 0:
+            for ov in FP32_VARIANTS:
+                fd = mm_fusion(kind, D.Float)
+                fd.fusion.schedule(**ov)
+                fd.execute([a, b])
+                t = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
+                print(
+                    f"{'':>24s} {'':>6s} {'':>8s} {tflops(m, n, k, t):8.1f} {t_torch / t:6.3f}  {ov}",
+                    flush=True,
+                )
+                rows.append(dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t, overrides=str(ov)))
     return rows
+
+
+# --fp32 --variants: the FFMA path's overrides against its heuristic, same inputs
+FP32_VARIANTS = [
+    dict(thread_tile=8, k_step=4, blocks_per_sm=1),  # 163 registers: one CTA an SM
+    dict(thread_tile=8, k_step=8),  # 210 registers (at 128: a 24-byte spill)
+    dict(thread_tile=4, k_step=8),
+    dict(thread_tile=4, k_step=16),
+]
 
 
 if __name__ == "__main__":

@@ -238,6 +238,48 @@ def test_a_batch_past_the_grid_keeps_the_sum_of_products():
     assert isinstance(ck.params.simt, FfmaParams)
 
 
+def test_overrides():
+    a, b = torch.empty(4096, 4096), torch.empty(4096, 4096)
+    for ov, want in [
+        (dict(thread_tile=4), dict(thread_tile=(4, 4), tile=(64, 64, 8))),
+        (dict(k_step=8), dict(thread_tile=(8, 8), tile=(128, 128, 8), blocks_per_sm=0)),
+        (dict(blocks_per_sm=1, k_step=4), dict(tile=(128, 128, 4), blocks_per_sm=1)),
+    ]:
+        fd = _fusion()
+        fd.fusion.schedule(**ov)
+        p = fd.compile([a, b], arch="sm_90a").params.simt
+        assert isinstance(p, FfmaParams) and all(getattr(p, k) == v for k, v in want.items()), (ov, p)
+    fd = _fusion()
+    fd.fusion.schedule(k_step=2)
+    with pytest.raises(cb.CircbufError, match=r"^schedule\(k_step=2\): a k step is whole 16-byte loads"):
+        fd.compile([a, b], arch="sm_90a")
+    fd = _fusion()
+    fd.fusion.schedule(stages=3, k_step=8)
+    with pytest.raises(
+        cb.CircbufError,
+        match=r"^schedule\(stages\): this matmul runs on the SIMT path \(.*; the FFMA kernel\), which takes "
+        r"thread_tile, k_step, blocks_per_sm",
+    ):
+        fd.compile([a, b], arch="sm_90a")
+    # a bf16 matmul (the tensor cores) does not use them
+    from tests.test_gpu_matmul import mm_fusion
+
+    fd = mm_fusion("matmul")
+    fd.fusion.schedule(thread_tile=4)
+    with pytest.raises(cb.CircbufError, match=r"thread_tile=4\): the kernel chosen, matmul \(tensor cores\)"):
+        fd.compile([a.bfloat16(), b.bfloat16()], arch="sm_90a")
+
+
+def test_interpreted_with_overrides():
+    fd = _fusion("linear")
+    fd.fusion.schedule(thread_tile=8, k_step=16, blocks_per_sm=1)
+    a, b = torch.randn(40, 48), torch.randn(24, 48)
+    (out,) = interpret(fd, [a, b])
+    _close(out, a.double() @ b.double().T, 48, torch.float32)
+    p = fd.last_params().simt
+    assert p.thread_tile == (8, 8) and p.tile[2] == 16 and p.blocks_per_sm == 1, p
+
+
 def test_variant_and_printing():
     from circbuf.scheduler.matmul import MatmulScheduler
 

@@ -165,16 +165,19 @@ class MatmulScheduler:
                 f"cannot take these inputs ({why or 'the tensor-core path cannot take it'})"
             )
         asked = sorted(k for k in overrides if k != "realign")  # (realign=False asks for this path)
-        if asked:
+        ffma, _ = matmul_ffma.ffma_params(fusion, info, overrides)
+        other = [k for k in asked if ffma is None or k not in matmul_ffma.OVERRIDES]
+        if other:
+            takes = ", ".join(matmul_ffma.OVERRIDES) if ffma is not None else "no matmul overrides"
             raise CircbufError(
-                f"schedule({', '.join(asked)}): this matmul runs on the SIMT path "
-                f"({why or 'the tensor-core path cannot take it'}), which takes no matmul overrides"
+                f"schedule({', '.join(other)}): this matmul runs on the SIMT path "
+                f"({why or 'the tensor-core path cannot take it'}"
+                f"{'; the FFMA kernel' if ffma is not None else ''}), which takes {takes}"
             )
-        from .reduction import ReductionScheduler
-
-        ffma, _ = matmul_ffma.ffma_params(fusion, info)
         if ffma is not None:
             return MatmulParams(simt=ffma)
+        from .reduction import ReductionScheduler
+
         f2 = fusion.clone()
         decompose(f2)
         why2 = ReductionScheduler.can_schedule(f2)

@@ -29,6 +29,7 @@ thread, the output stored 16 bytes at a time where its rows allow.
 from __future__ import annotations
 
 from ..ir import (
+    CircbufError,
     DataType,
     Fusion,
     LinearOp,
@@ -52,6 +53,7 @@ from .utils import (
     vector_access,
 )
 
+OVERRIDES = ("thread_tile", "k_step", "blocks_per_sm")
 MAX_GRID_YZ = 65535
 VECTOR_BYTES = 16
 
@@ -60,8 +62,10 @@ def _operands(e):
     return e.inputs[0], e.inputs[1]
 
 
-def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
-    """(FfmaParams, None) for a matmul the FFMA path takes, else (None, why not)."""
+def ffma_params(fusion: Fusion, info: InputInfo, overrides: dict | None = None) -> tuple:
+    """(FfmaParams, None) for a matmul the FFMA path takes, else (None, why not).
+    ``overrides``: ``thread_tile``, ``k_step``, ``blocks_per_sm`` (others are ignored here)."""
+    ov = overrides or {}
     e = contractions(fusion)[0]
     a, b = _operands(e)
     if a.dtype not in (DataType.Float, DataType.Double) or b.dtype != a.dtype:
@@ -87,6 +91,7 @@ def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
     tm = tn = 8
     if -(-m // 128) * -(-n // 128) * batch < info.target.sm_count:
         tm = tn = 4
+    tm = tn = ov.get("thread_tile", tm)
     ty, tx = 16, 16
     # a short M or N: fewer threads along it (never under a warp a CTA)
     while (ty // 2) * tm >= m and (ty // 2) * tx >= 32:
@@ -99,13 +104,20 @@ def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
     # a k step of 4 (fp64: 2) values, one 16-byte load along K; 4 x 4 thread tiles take
     # two such loads a step where K allows (half the loop's overhead per FFMA)
     ku = 2 * vec if tm == 4 and k % (2 * vec) == 0 else vec
+    ku = ov.get("k_step", ku)
+    if ku % vec:
+        raise CircbufError(
+            f"schedule(k_step={ku}): a k step is whole 16-byte loads along K, a multiple of {vec} "
+            f"for {a.dtype.name} operands"
+        )
     va = _operand_vector(fusion, info, a, e, "A", vec, (m, k))
     vb = _operand_vector(fusion, info, b, e, "B", vec, (k, n))
     # fp32 with whole k steps: 128 registers a thread (64 accumulators, A's [8 x 4] values,
     # B's [4 x 8] or [8]) let two CTAs share an SM; both operands loaded along K (linear's
     # [N, K] weight) leave an epilogue no room at 128 (it spilled with bias and gelu): one
     # CTA, as fp64 (twice the registers) and ragged K (element loads, bounds checks)
-    two = item == 4 and tm == 8 and k % ku == 0 and (va, vb) != ("K", "K")
+    # (a k step of 8 at 128 registers spilled 24 bytes: one CTA there too)
+    two = item == 4 and tm == 8 and ku == vec and k % ku == 0 and (va, vb) != ("K", "K")
     return (
         FfmaParams(
             tile=(bm, bn, ku),
@@ -116,7 +128,7 @@ def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
             # compiled for M, N (K) where they are whole tiles (k steps): the loads' and
             # stores' bounds checks simplify away (one kernel per such shape)
             extents=(m if m % bm == 0 else 0, n if n % bn == 0 else 0, k if k % ku == 0 else 0),
-            blocks_per_sm=2 if two else 0,
+            blocks_per_sm=ov.get("blocks_per_sm", 2 if two else 0),
             vectorize_outputs=tuple(
                 _output_vector(fusion, info, j, vec, n) for j in range(len(fusion.outputs))
             ),
