@@ -208,6 +208,61 @@ def test_interpreted_shapes(kind, m, n, k, a_major, b_major, batch, extra, one_s
     )
 
 
+def _edge(kind):
+    """Fusions around the matmul that the FFMA path schedules whole: (build, shapes, reference)."""
+
+    def build(fd):
+        a, b = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        if kind == "column scale":  # an epilogue input broadcast along N
+            c = fd.define_tensor([-1, 1])
+            fd.add_output(fd.ops.mul(fd.ops.matmul(a, b), c))
+        elif kind == "in place":  # the output written into the residual it reads
+            r = fd.define_tensor([-1, -1])
+            fd.add_output(fd.ops.add(fd.ops.matmul(a, b), r), alias_input=r)
+        elif kind == "prologue":  # operands computed in the fusion: element loads
+            fd.add_output(fd.ops.matmul(fd.ops.relu(a), fd.ops.mul(b, 2.0)))
+
+    shapes = {"column scale": [(37, 20), (20, 41), (37, 1)], "in place": [(36, 20), (20, 44), (36, 44)]}
+    shapes["prologue"] = [(36, 20), (20, 40)]
+
+    def ref(a, b, *rest):
+        if kind == "column scale":
+            return [(a @ b) * rest[0]]
+        if kind == "in place":
+            return [a @ b + rest[0]]
+        return [torch.relu(a) @ (b * 2)]
+
+    return build, shapes[kind], ref
+
+
+EDGES = ["column scale", "in place", "prologue"]
+
+
+def _check_edge(kind, device):
+    build, shapes, ref = _edge(kind)
+    with cb.FusionDefinition() as fd:
+        build(fd)
+    g = seeded(len(kind))
+    xs = [torch.randn(*s, generator=g).to(device) for s in shapes]
+    refs = [r.cpu() for r in ref(*[x.double() for x in xs])]  # (before the in-place output)
+    outs = interpret(fd, xs) if device == "cpu" else [o.cpu() for o in fd.execute(xs)]
+    for o, r in zip(outs, refs):
+        _close(o, r, shapes[0][1], torch.float32)
+    assert isinstance(fd.last_params().simt, FfmaParams)
+
+
+@pytest.mark.parametrize("kind", EDGES)
+def test_interpreted_around_the_matmul(kind):
+    _check_edge(kind, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", EDGES)
+def test_gpu_around_the_matmul(monkeypatch, kind):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    _check_edge(kind, DEV)
+
+
 def test_k_zero_keeps_the_sum_of_products():
     fd = _fusion()
     out = interpret(fd, [torch.randn(5, 0), torch.randn(0, 7)])[0]
