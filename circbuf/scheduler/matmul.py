@@ -32,10 +32,11 @@ time: one 4-byte load of two bf16 (``_hoist_epilogue_inputs``).
 An operand whose strides or data pointer a tensor map cannot describe is
 staged by the producer warpgroup's threads instead (the ring's fill kind
 ``cp.async``, :func:`_operand_fill`): same tiles, same swizzled stages, same
-wgmma consumers. Fusions the tensor cores cannot take (fp32 or mixed
-operands, 1-D operands, K = 0, prologue math on the operands) are
-translated to a sum of products and run by the plain reduction scheduler:
-correct, not fast.
+wgmma consumers. Fusions the tensor cores cannot take are translated to a
+sum of products: fp32 and fp64 operands of 2-D and batched matmuls run it
+as a register-tiled GEMM on the CUDA cores (:mod:`.matmul_ffma`); the rest
+(1-D operands, K = 0, prologue math on 16-bit operands) by the plain
+reduction scheduler: correct, not fast.
 """
 
 from __future__ import annotations

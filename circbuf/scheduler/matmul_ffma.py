@@ -5,25 +5,30 @@ with TF32 not allowed, fp64), the fusion is decomposed into a sum of
 products (``decompose``: ``cast(sum(a[.., M, K, 1] * b[.., 1, K, N], K))``)
 and scheduled here instead of by the reduction scheduler: each CTA computes
 a [bm x bn] tile of the output, each thread a [tm x tn] block of it in
-registers, walking K serially (no cross-thread reduction). Per step of ``ku``
+registers (8 x 8, or 4 x 4 where [128 x 128] tiles would be fewer than the
+SMs), walking K serially (no cross-thread reduction). Per step of ``ku``
 values of K, every thread loads its [tm x ku] slice of A and its [ku x tn]
 slice of B into registers (16-byte loads along whichever axis is contiguous
-in memory, where extents, strides and pointers allow) and runs ``tm * tn *
-ku`` FFMAs on them. Operands come through L1; no shared memory.
+in memory, where extents, strides and pointers allow; a slice per k where
+that axis is M or N) and runs ``tm * tn * ku`` FFMAs on them. Operands come
+through L1; no shared memory. M, N and K are compiled in as constants where
+they are whole tiles (k steps): the bounds checks simplify away.
 
 The reduction after scheduling (matmul's product space [batch, M, K, N];
-linear's [batch, M, N, K] is reordered alike)::
+linear's [batch, M, N, K] is reordered alike; v = 4 fp32 values, 16 bytes)::
 
-    red [iblockIdx.z{batch}, iblockIdx.y{M/bm}, iblockIdx.x{N/bn}, ithreadIdx.y{bm/tm},
-         ithreadIdx.x{bn/tn}, rS{K/ku}, rUR{ku}, iUR{tm}, iUR{tn}]          ca_pos(5)
+    red [iblockIdx.z{batch}, iblockIdx.y{M/bm}, iblockIdx.x{N/bn}, ithreadIdx.y{ty},
+         ithreadIdx.x{tx}, rS{K/ku}, rUR{ku}, iUR{tm/v}, iUR{v}, iUR{tn/v}, iUR{v}]   ca_pos(4)
 
-the operand tiles (A's broadcast along N; B's along M likewise)::
+a thread's rows are ``tm/v`` runs of ``v`` rows, ``ty * v`` apart (its columns
+likewise), so a warp's 16-byte loads of a B row and stores of a C row cover
+contiguous bytes. The operand tiles (A's broadcast along N; B's along M)::
 
-    ab  [iblockIdx.z, iblockIdx.y, bS, ithreadIdx.y, bS, iS{K/ku},          ca_pos(6)
-         iUR{tm}, bUR{tn}, iV{ku}]     (A contiguous along K: 4 values of K per load)
+    ab  [.., iS{K/ku}, iUR{ku/v}, iUR{tm/v}, iUR{v}, bUR.., iV{v}]    ca_pos(5)  (A contiguous along K)
+    bb  [.., iS{K/ku}, rUR{ku}, bUR.., iUR{tn/v}, iV{v}]               ca_pos(6)  (B contiguous along N)
 
-and the epilogue (bias, activation, cast; the output) over [.., tm, tn] per
-thread, the output stored 16 bytes at a time where its rows allow.
+and the epilogue (bias, activation, cast; the output) over [.., tm/v, v,
+tn/v, v] per thread, the output stored 16 bytes at a time where its rows allow.
 """
 
 from __future__ import annotations
