@@ -59,7 +59,6 @@ from .utils import (
 )
 
 OVERRIDES = ("thread_tile", "k_step", "blocks_per_sm")
-MAX_GRID_YZ = 65535
 VECTOR_BYTES = 16
 
 
@@ -104,8 +103,9 @@ def ffma_params(fusion: Fusion, info: InputInfo, overrides: dict | None = None) 
     while (tx // 2) * tn >= n and ty * (tx // 2) >= 32:
         tx //= 2
     bm, bn = ty * tm, tx * tn
-    if batch > MAX_GRID_YZ or -(-m // bm) > MAX_GRID_YZ:
-        return None, f"a grid of {batch} x {-(-m // bm)} tiles (blockIdx.y and z reach {MAX_GRID_YZ})"
+    grid_yz = info.target.max_grid_yz
+    if batch > grid_yz or -(-m // bm) > grid_yz:
+        return None, f"a grid of {batch} x {-(-m // bm)} tiles (blockIdx.y and z reach {grid_yz})"
     # a k step of 4 (fp64: 2) values, one 16-byte load along K; 4 x 4 thread tiles take
     # two such loads a step where K allows (half the loop's overhead per FFMA)
     ku = 2 * vec if tm == 4 and k % (2 * vec) == 0 else vec
