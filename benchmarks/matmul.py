@@ -12,9 +12,8 @@
                                                         # M = 1..64 linears: TF/s, GB/s, path (and schedules)
     PYTHONPATH=. python benchmarks/matmul.py --odd       # shapes TMA cannot describe (the cp.async fill)
     PYTHONPATH=. python benchmarks/matmul.py --fp32 [--variants]
-                                                        # fp32 operands, TF32 off: the FFMA path vs cuBLAS's
-                                                        # fp32 GEMM (torch.backends.cuda.matmul.allow_tf32 = False);
-                                                        # --variants: thread_tile / k_step / blocks_per_sm sets
+                                                        # fp32 operands: TF32 on (vs cuBLAS TF32), then off;
+                                                        # --variants: the FFMA path's override sets (TF32 off)
 
 TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
 for each shape (torch._dynamo.reset(), dynamic=False).
@@ -29,8 +28,10 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from benchmarks.common import bench_ms, gpu_name, require_cuda, static_compile, write_json  # noqa: E402
+from circbuf import DataType  # noqa: E402
 from tests.test_gpu_matmul import mm_fusion  # noqa: E402
-from tests.util import D  # noqa: E402
+
+Float = DataType.Float
 
 # (M, N, K, kind): kind "matmul" is A @ B with B [K, N]; "linear" is x @ W.T with W [N, K]
 SHAPES = [
@@ -508,58 +509,21 @@ def breakdown():
         print(f"{m}x{n}x{k}: " + " | ".join(line), flush=True)
 
 
-# issue 18, fp32 operands: (M, N, K, kind); TF32 off, as torch's default
-FP32_SHAPES = [
-    (4096, 4096, 4096, "matmul"),
-    (2048, 2048, 2048, "matmul"),
-    (4096, 4096, 4096, "linear"),
-    (8192, 8192, 1024, "matmul"),
-    (4095, 4097, 4093, "matmul"),  # ragged: element loads along K, bounds checks
-    (1024, 1024, 1024, "matmul"),
+# fp32 operands (issue 18): with TF32 allowed, against cuBLAS's TF32 GEMM; with it off
+# (torch's default: the FFMA path), against cuBLAS's fp32 GEMM; target >= 0.8x at 4096^3
+FP32_SHAPES = [  # (M, N, K, kind, with TF32, with TF32 off)
+    (2048, 2048, 2048, "matmul", True, True),
+    (4096, 4096, 4096, "matmul", True, True),
+    (4096, 4096, 4096, "linear", True, True),
+    (8192, 8192, 1024, "matmul", True, True),
+    (4096, 14336, 4096, "linear", True, False),
+    (2047, 2047, 2047, "matmul", True, False),
+    (4095, 4097, 4093, "matmul", False, True),  # ragged: element loads along K, bounds checks
+    (1024, 1024, 1024, "matmul", False, True),
 ]
 
 
-def fp32() -> list:
-    """fp32 GEMMs with TF32 off: circbuf's FFMA path against cuBLAS's fp32 GEMM
-    (torch.matmul with allow_tf32 False), same run, same inputs. Issue 18's target:
-    >= 0.8x cuBLAS at 4096^3."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    print(f"GPU: {gpu_name()}  fp32 (TF32 off), do_bench median, TFLOP/s")
-    print(f"{'shape':>24s} {'kind':>6s} {'cuBLAS':>8s} {'circbuf':>8s} {'ratio':>6s}  path")
-    rows = []
-    for m, n, k, kind in FP32_SHAPES:
-        a = torch.randn(m, k, device="cuda")
-        b = torch.randn((n, k) if kind == "linear" else (k, n), device="cuda")
-        fd = mm_fusion(kind, D.Float)
-        (out,) = fd.execute([a, b])
-        fn = torch_mm(kind)
-        ref = fn(a.double(), b.double())
-        err = ((out.double() - ref).norm() / ref.norm()).item()
-        t_torch = bench_ms(lambda f=fn, a=a, b=b: f(a, b))
-        t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
-        print(
-            f"{f'{m}x{n}x{k}':>24s} {kind:>6s} {tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} "
-            f"{t_torch / t_cb:6.3f}  {path(fd)} (err {err:.1e})",
-            flush=True,
-        )
-        rows.append(
-            dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, params=path(fd), err=err)
-        )
-        if "--variants" in sys.argv and k % 8 == 0:
-            for ov in FP32_VARIANTS:
-                fd = mm_fusion(kind, D.Float)
-                fd.fusion.schedule(**ov)
-                fd.execute([a, b])
-                t = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
-                print(
-                    f"{'':>24s} {'':>6s} {'':>8s} {tflops(m, n, k, t):8.1f} {t_torch / t:6.3f}  {ov}",
-                    flush=True,
-                )
-                rows.append(dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t, overrides=str(ov)))
-    return rows
-
-
-# --fp32 --variants: the FFMA path's overrides against its heuristic, same inputs
+# --fp32 --variants: the FFMA path's overrides against its heuristic (TF32 off), same inputs
 FP32_VARIANTS = [
     dict(thread_tile=8, k_step=4, blocks_per_sm=1),  # 163 registers: one CTA an SM
     dict(thread_tile=8, k_step=8),  # 210 registers (at 128: a 24-byte spill)
@@ -568,11 +532,71 @@ FP32_VARIANTS = [
 ]
 
 
+def _ffma_variants(m, n, k, kind, a, b, t_torch) -> list:
+    rows = []
+    for ov in FP32_VARIANTS:
+        fd = mm_fusion(kind, dtype=Float)
+        fd.fusion.schedule(**ov)
+        fd.execute([a, b])
+        t = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
+        print(
+            f"{'':>24s} {'':>6s} {'ieee':>5s} {'':>8s} {tflops(m, n, k, t):8.1f} {t_torch / t:6.3f}  {ov}",
+            flush=True,
+        )
+        rows.append(
+            dict(m=m, n=n, k=k, kind=kind, tf32=False, torch_ms=t_torch, circbuf_ms=t, overrides=str(ov))
+        )
+    return rows
+
+
+def fp32():
+    """fp32 matmuls: TF32 where torch allows it, else IEEE fp32; cuBLAS under
+    the same switch, in the same run."""
+    print(f"GPU: {gpu_name()}  fp32 operands, do_bench median, TFLOP/s")
+    print(f"{'shape':>24s} {'kind':>6s} {'math':>5s} {'cuBLAS':>8s} {'circbuf':>8s} {'ratio':>6s}  path")
+    rows = []
+    m_ = torch.backends.cuda.matmul
+    for tf32 in (True, False):
+        m_.allow_tf32 = tf32
+        try:
+            for m, n, k, kind, with_tf32, with_ieee in FP32_SHAPES:
+                if not (with_tf32 if tf32 else with_ieee):
+                    continue
+                g = torch.Generator(device="cuda").manual_seed(m + n + k)
+                a = torch.randn(m, k, device="cuda", generator=g)
+                b = torch.randn((n, k) if kind == "linear" else (k, n), device="cuda", generator=g)
+                fd = mm_fusion(kind, dtype=Float)
+                (out,) = fd.execute([a, b])
+                fn = torch_mm(kind)
+                ref = fn(a.double(), b.double())
+                err_cb = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+                err_t = ((fn(a, b).double() - ref).abs().max() / ref.abs().max()).item()
+                t_torch = bench_ms(lambda f=fn, a=a, b=b: f(a, b))
+                t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
+                r = t_torch / t_cb
+                p = fd.last_params()
+                where = path(fd) + (
+                    f", realigned {', '.join(fd._get_executor().realigned)}"
+                    if fd._get_executor().realigned
+                    else ""
+                )
+                print(
+                    f"{f'{m}x{n}x{k}':>24s} {kind:>6s} {'tf32' if tf32 else 'ieee':>5s} "
+                    f"{tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} {r:6.3f}  {where} "
+                    f"(max err / max: circbuf {err_cb:.1e}, torch {err_t:.1e})",
+                    flush=True,
+                )
+                rows.append(dict(m=m, n=n, k=k, kind=kind, tf32=tf32, torch_ms=t_torch, circbuf_ms=t_cb,
+                                 params=str(p), err=err_cb, torch_err=err_t))  # fmt: skip
+                if "--variants" in sys.argv and not tf32 and k % 8 == 0:
+                    rows += _ffma_variants(m, n, k, kind, a, b, t_torch)
+        finally:
+            m_.allow_tf32 = False
+    write_json("bench_matmul_fp32.json", rows)
+
+
 if __name__ == "__main__":
     require_cuda()
-    if "--fp32" in sys.argv:
-        write_json("bench_matmul_fp32.json", fp32())
-        sys.exit(0)
     if "--sweep" in sys.argv:
         sweep()
     elif "--clusters" in sys.argv:
@@ -583,6 +607,8 @@ if __name__ == "__main__":
         breakdown()
     elif "--decode" in sys.argv:
         decode()
+    elif "--fp32" in sys.argv:
+        fp32()
     elif "--odd" in sys.argv:
         print(f"GPU: {gpu_name()}  bf16, do_bench median, TFLOP/s")
         write_json("bench_matmul_odd.json", odd())

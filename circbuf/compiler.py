@@ -62,6 +62,7 @@ from .runtime.executor import (
     SegmentedPlan,
     torch_dtype,
 )
+from .runtime.precision import allows_tf32
 from .scheduler import InputInfo, TensorInfo
 from .scheduler.registry import Unschedulable, apply, compute_params
 from .scheduler.segmenter import segment
@@ -102,6 +103,12 @@ class FusionExecutor:
         self._split_run = None  # circbuf.split_k.SplitKRun once a call splits K
         self.realigned = ()  # names of the operands the last plan copied (circbuf.realign)
         self.may_split_k = True  # False for the steps of a split-K run (never split again)
+        # an fp32 matmul runs on TF32 tensor cores when torch would (circbuf.runtime.precision):
+        # the setting is part of the plan's key (a call after it changes makes a new plan)
+        self._fp32_mm = any(
+            isinstance(e, (MatmulOp, LinearOp)) and e.inputs[0].dtype == DataType.Float
+            for e in fusion.exprs()
+        )
         self.last: CompiledKernel | CompiledFusion | None = None
 
     # ------------------------------------------------------------- bind
@@ -192,7 +199,7 @@ class FusionExecutor:
             device = torch.device("cuda", torch.cuda.current_device())
         if need_cuda:
             target = Target.from_device(device)  # read once per device
-        return InputInfo(tuple(infos), env, target), device
+        return InputInfo(tuple(infos), env, target, tf32=self._fp32_mm and allows_tf32()), device
 
     # ---------------------------------------------------------- compile
     def _layout(self, info: InputInfo, out_shapes):
@@ -371,6 +378,7 @@ class FusionExecutor:
             repr(info.tensors),
             repr(env),
             repr(info.target),
+            repr(info.tf32),
             arch,
             repr((knobs.debug_hang(), knobs.fast_math(), knobs.cp_async(), knobs.matmul_cluster())),
             repr([s[0].name for s in registry.SCHEDULERS]),
@@ -494,7 +502,7 @@ class FusionExecutor:
             from .realign import substitute
 
             ck = self.compile(substitute(inputs, ra, copy=False), arch, target)
-            self.realigned = tuple(self.fusion.inputs[j].name for j in ra)
+            self.realigned = tuple(self.fusion.inputs[j].name for j, _ in ra)
             return ck
         sk = self._split_k(info)
         if sk is not None:
@@ -672,6 +680,8 @@ class FusionExecutor:
             parts += [f"x{k}.dtype", f"x{k}.shape", f"x{k}.stride()", f"x{k}.data_ptr() & 15", f"x{k}.device"]
         parts.append("fusion.schedule_version")
         parts += [f"x{k}" for k in self._shape_scalars]  # scalars sizes are built from (full, reshape)
+        if self._fp32_mm:
+            parts.append("tf32()")  # torch's fp32 matmul precision, read at each call
         return "(" + ", ".join(parts) + ",)"
 
     def _fast_execute(self):
@@ -700,6 +710,7 @@ class FusionExecutor:
         g = {
             "plans_get": self._plans.get,
             "fusion": self.fusion,
+            "tf32": allows_tf32,
             "slow": lambda inputs: self._plan(inputs).run(inputs),
             "_SCALAR": (int, float, bool),
             "_SEQ": (list, tuple),
@@ -716,7 +727,7 @@ class FusionExecutor:
                 src = self._key_source()
                 names = "".join(f"x{k}, " for k in range(self.n_inputs))
                 self._key_fn = (
-                    eval(f"lambda {names}: {src}", {"fusion": self.fusion})  # noqa: S307 - see _key_source
+                    eval(f"lambda {names}: {src}", {"fusion": self.fusion, "tf32": allows_tf32})  # noqa: S307 - see _key_source
                     if src is not None
                     else False
                 )
@@ -728,6 +739,7 @@ class FusionExecutor:
                 key = (
                     self.fusion.schedule_version,
                     *(inputs[k] for k in self._shape_scalars),
+                    self._fp32_mm and allows_tf32(),
                     torch.cuda.current_device() if torch.cuda.is_available() else None,
                 )
             plan = self._plans.get(key)

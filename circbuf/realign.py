@@ -9,20 +9,22 @@ from __future__ import annotations
 from .scheduler.realign import realigned_strides
 
 
-def realigned(x, copy: bool = True):
+def realigned(x, copy: bool = True, unit: int | None = None):
     """``x``'s values (with ``copy=False``, its shape only) in a buffer whose
-    rows are 16-byte aligned."""
+    rows are 16-byte aligned (``unit``: the axis, -1 or -2, made contiguous)."""
     import torch
 
-    y = torch.empty_strided(x.shape, realigned_strides(tuple(x.shape), x.stride(), x.element_size()),
+    y = torch.empty_strided(x.shape, realigned_strides(tuple(x.shape), x.stride(), x.element_size(), unit),
                             dtype=x.dtype, device=x.device)  # fmt: skip
     return y.copy_(x) if copy else y
 
 
 def substitute(inputs, positions, copy: bool = True) -> list:
+    """``inputs`` with the operands ``positions`` names (scheduler.realign.choose's
+    ``(position, unit)`` pairs) copied."""
     new = list(inputs)
-    for j in positions:
-        new[j] = realigned(inputs[j], copy)
+    for j, unit in positions:
+        new[j] = realigned(inputs[j], copy, unit)
     return new
 
 
@@ -34,7 +36,9 @@ class RealignPlan:
 
     def __init__(self, ex, positions, scalar_slots):
         self.ex, self.positions, self.scalar_slots = ex, positions, scalar_slots
-        self.names = tuple(ex.fusion.inputs[j].name for j in positions)  # what ex.realigned says after a run
+        self.names = tuple(
+            ex.fusion.inputs[j].name for j, _ in positions
+        )  # what ex.realigned says after a run
         self.inner = None  # the plan of the realigned signature, once made
 
     def run(self, inputs, finish=True):

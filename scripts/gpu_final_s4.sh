@@ -35,8 +35,10 @@ bench() {  # matmul.py runs, ';'-separated argument lists, each under BENCH_TIME
   bench "${BENCHES1:---odd}" > "$O/bench1.txt" 2>&1
 ) &
 export CUDA_VISIBLE_DEVICES=0 CIRCBUF_CACHE_DIR=/tmp/cbc_models
-timeout ${MODELS_TIMEOUT:-150} python3 benchmarks/models.py ${MODELS_ARGS:---runs forward --modes eager,circbuf,inductor} 2>&1 \
-  | grep -av "Warning\|AUTOTUNE\|triton_mm\|^  mm \|strides:\|dtypes:\|Autotune\|num_choices\|select_algorithm\|warn" > "$O/models.txt"
+if [[ ${MODELS_ARGS:-} != none ]]; then  # MODELS_ARGS=none: no model table
+  timeout ${MODELS_TIMEOUT:-150} python3 benchmarks/models.py ${MODELS_ARGS:---runs forward --modes eager,circbuf,inductor} 2>&1 \
+    | grep -av "Warning\|AUTOTUNE\|triton_mm\|^  mm \|strides:\|dtypes:\|Autotune\|num_choices\|select_algorithm\|warn" > "$O/models.txt"
+fi
 timeout 60 python3 benchmarks/host_overhead.py > "$O/host.txt" 2>&1
 CIRCBUF_CACHE_DIR=/tmp/cbc_bench0 bench "${BENCHES0:-}" > "$O/bench0.txt" 2>&1
 wait

@@ -57,6 +57,7 @@ FLOATS = (D.Float, D.Double, D.Half, D.BFloat16)
 INTS = (D.Int32, D.Int64)
 # comparison tolerance of the least precise floating type a case computes in
 TOL = {D.BFloat16: 1.6e-2, D.Half: 2e-3, D.Float: 2e-5, D.Double: 1e-12}
+TF32_TOL = 1e-3  # an fp32 matmul on TF32 tensor cores (10 mantissa bits read of each operand)
 EXTENTS = (0, 1, 1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 33, 64, 127, 128, 257)
 BIG = 1 << 16  # most elements a case's base shape has
 INTERP_MAX = 1 << 11  # the interpreter runs every thread in Python: small cases only
@@ -182,6 +183,7 @@ class Case:
     base: list = field(default_factory=list)  # input storages (CPU), in input order
     has_matmul: bool = False
     numel: int = 0
+    tf32: bool = False  # run with torch's TF32 switch on (a case with an fp32 matmul, half of them)
 
     # ---------------------------------------------------------- inputs
     def input_tensors(self, device="cpu"):
@@ -223,8 +225,10 @@ class Case:
             "import torch",
             "import circbuf as cb",
             "D = cb.DataType",
-            "with cb.FusionDefinition() as fd:",
         ]
+        if self.tf32:
+            L.append("torch.backends.cuda.matmul.allow_tf32 = True  # the fp32 matmul on TF32 tensor cores")
+        L.append("with cb.FusionDefinition() as fd:")
         for s in self.inputs:
             c = f", contiguity={s.contiguity}" if s.contiguity is not None else ""
             L.append(f"    {s.name} = fd.define_tensor({s.define}{c}, dtype=D.{s.dtype.name})")
@@ -1162,6 +1166,8 @@ class Gen:
         r, c = self.r, self.c
         c.has_matmul = True
         dt = r.choice((D.BFloat16, D.Half, D.BFloat16, D.Float))
+        if dt == D.Float:  # (a stream of its own: the cases' other draws stay as they were)
+            c.tf32 = random.Random(zlib.crc32(f"{c.seed}:{c.index}:tf32".encode())).random() < 0.5
         M, N, K = (r.choice((1, 7, 16, 33, 64, 128, 130)) for _ in range(3))
         if r.random() < 0.5:
             a = self.new_input([M, K], dt, layout=r.choice(("contig", "contig", "permute")))
@@ -1329,7 +1335,7 @@ def _tolerance(case: Case):
     if not dts and any(v.dtype in FLOATS for v in case.vals.values()):
         dts = [D.Float]
     t = max((TOL[d] for d in dts), default=TOL[D.Float])
-    return 8 * t
+    return 8 * max(t, TF32_TOL if case.tf32 else 0)
 
 
 def compare(out, v: Val, tol):
@@ -1440,7 +1446,12 @@ class Result:
 
 def run_case(case: Case, mode: str) -> Result:
     t0 = time.perf_counter()
-    res = _run_case(case, mode)
+    switch = torch.backends.cuda.matmul
+    switch.allow_tf32 = case.tf32
+    try:
+        res = _run_case(case, mode)
+    finally:
+        switch.allow_tf32 = False
     res.seconds = time.perf_counter() - t0
     return res
 

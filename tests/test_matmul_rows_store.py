@@ -224,7 +224,7 @@ def test_store_chosen(shape, kind, ov, store, epi):
     "ov, message",
     [
         ({"store": "fast"}, r"schedule\(store='fast'\): must be 'tma' or 'rows' or 'direct'"),
-        ({"store": "tma"}, r"schedule\(store='tma'\): a TMA store needs 16-bit row-major outputs"),
+        ({"store": "tma"}, r"schedule\(store='tma'\): a TMA store needs 16- or 32-bit row-major outputs"),
         ({"store": "rows", "epilogue": "role"}, r"schedule\(store='rows'\): epilogue='role'"),
         ({"store": "rows", "epilogue_tile": (64, 8)}, r"a row store's sub-tile is 64, 32 or 16"),
     ],

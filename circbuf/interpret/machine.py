@@ -1531,7 +1531,10 @@ def _do_wgmma(cta, n, wg, arrived):
         buf = cta.shared[name]
         flat, get = _operand(cta, op, a_off if op is n.a else b_off, base, mn, k, esize, len(buf))
         reads.append((name, flat))
-        mats.append(torch.tensor(get(buf), dtype=torch.float64).reshape(mn, k))
+        vals = torch.tensor(get(buf), dtype=torch.float32 if op.tv.dtype == DataType.Float else torch.float64)
+        if op.tv.dtype == DataType.Float:  # tf32: the tensor cores read 10 of the 23 mantissa bits
+            vals = (vals.view(torch.int32) & ~0x1FFF).view(torch.float32)
+        mats.append(vals.to(torch.float64).reshape(mn, k))
     d = mats[0] @ mats[1].T  # [m, n]
     vc = None
     if cta.checker is not None:

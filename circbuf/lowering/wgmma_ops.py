@@ -107,6 +107,8 @@ def lower_mma(ix, node) -> Wgmma:
         mn_id = m_id if k == 0 else n_id
         extent = 64 if k == 0 else n_inst
         ops.append(_operand(ix, e, p, off, ids0, mn_id, k_id, extent))
+    if e.inputs[0].dtype == DataType.Float and any(op.transpose for op in ops):
+        raise CircbufError(f"{out.name}: a tf32 wgmma reads K-major operand tiles only (no transpose)")
     w = Wgmma(acc, ops[0], ops[1], (64, n_inst, k_inst), _scale_d(out, node.index))
     for op in (w.a, w.b):
         desc = (op.lbo, op.sbo, op.swizzle)
@@ -269,7 +271,7 @@ def release_after_wait_group(body, ring_loop, ring, label) -> int:
 # ------------------------------------------------------------ codegen
 
 _SWIZZLE_CODE = {128: 1, 64: 2, 32: 3, 0: 0}
-_MMA_TYPE = {DataType.BFloat16: "bf16", DataType.Half: "f16"}
+_MMA_TYPE = {DataType.BFloat16: "bf16", DataType.Half: "f16", DataType.Float: "tf32"}
 
 
 def descriptor_decl(name: str, desc) -> str:
@@ -307,16 +309,20 @@ def call(n: Wgmma, scalar, ref) -> str:
 
 
 def _wgmma_helper(name: str, n: int, ab: DataType) -> str:
-    """One warpgroup MMA m64nNk16 with both operands from shared-memory
-    descriptors, accumulating into N/2 fp32 registers per thread; scale_d
-    0 computes D = A x B (the first k step of a tile)."""
+    """One warpgroup MMA m64nNk16 (k8 for tf32: 32 bytes of K either way)
+    with both operands from shared-memory descriptors, accumulating into
+    N/2 fp32 registers per thread; scale_d 0 computes D = A x B (the first
+    k step of a tile). tf32 takes no transpose operands (K-major tiles only:
+    TA and TB are 0, checked by the caller's descriptors)."""
     regs = n // 2
     outs = ", ".join(f"%{k}" for k in range(regs))
     t = _MMA_TYPE[ab]
+    k = 32 // ab.size
+    trans = "" if ab == DataType.Float else f", %{regs + 3}, %{regs + 4}"
     asm = (
         f"{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
-        f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{outs}}}, %{regs}, %{regs + 1}, "
-        f"p, 1, 1, %{regs + 3}, %{regs + 4};\\n}}\\n"
+        f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{t}.{t} {{{outs}}}, %{regs}, %{regs + 1}, "
+        f"p, 1, 1{trans};\\n}}\\n"
     )
     dst = ", ".join(f'"+f"(d[{k}])' for k in range(regs))
     return "\n".join(

@@ -22,6 +22,9 @@ class InputInfo:
     tensors: tuple  # TensorInfo or None (scalar), one per fusion input
     extents: dict  # symbolic extent name -> value
     target: Target = DEFAULT  # the GPU's limits (an H100 when compiling without one)
+    # torch would run an fp32 matmul on TF32 tensor cores now (circbuf.runtime.precision);
+    # read only for fusions with an fp32 matmul
+    tf32: bool = False
 
     def __hash__(self):
         return hash(self.tensors)

@@ -14,7 +14,7 @@ by step, up to the kernel the heuristic produces.
 
 from __future__ import annotations
 
-from ..ir import CircbufError, Fusion, LoadStoreOp, TensorView
+from ..ir import CircbufError, DataType, Fusion, LoadStoreOp, TensorView
 from .matmul import _mma_structure, translate
 from .params import MatmulParams
 from .utils import LogicalMap, concretize_broadcasts, contractions
@@ -53,6 +53,10 @@ def mma_form(fusion: Fusion) -> tuple[TensorView, TensorView, TensorView]:
         )
     e = cs[0]
     why = _mma_structure(fusion, e)
+    if why is None and e.inputs[0].dtype == DataType.Float:
+        # (TF32 follows torch's switch, read per call by the scheduler; a hand schedule
+        # has no call to read it from, and its k slices are 16-bit ones)
+        why = "Float operands (TF32 runs only where the scheduler reads torch's switch)"
     if why is not None:
         raise CircbufError(f"mma_form: the tensor cores cannot take matmul {e.out.name}: {why}")
     if any(isinstance(x, TensorView) and not x.is_input for x in e.inputs):

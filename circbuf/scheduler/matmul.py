@@ -92,6 +92,9 @@ OVERRIDES = names(MATMUL)
 _EPILOGUE = (*ELEMENTWISE, BroadcastOp)
 SMEM_RESERVED = 1024  # of the opt-in shared memory per block: barriers and alignment
 WARPGROUP = 128
+SWIZZLE_ROW = 128  # bytes of K in one swizzled row of an operand tile (the 128-byte swizzle)
+MIN_STAGES = 3  # operand stages the heuristic keeps before it gives up output staging buffers
+WGMMA_K = 32  # bytes of K one wgmma takes (k16 of bf16/fp16, k8 of tf32)
 
 
 def cta_threads(epilogue_role: bool) -> int:
@@ -250,10 +253,11 @@ def _simt_refuses(fusion: Fusion) -> str | None:
 
 def _mma_structure(fusion: Fusion, e) -> str | None:
     """Why the tensor-core path cannot take this fusion whatever its inputs,
-    else None."""
+    else None (fp32 operands: on TF32 tensor cores when torch allows it, which
+    :func:`_mma_unsupported` asks)."""
     a, b, _ = _operands(e)
-    if a.dtype not in (DataType.BFloat16, DataType.Half):
-        return f"{a.dtype.name} operands (the tensor-core path takes BFloat16 and Half)"
+    if a.dtype not in (DataType.BFloat16, DataType.Half, DataType.Float):
+        return f"{a.dtype.name} operands (the tensor-core path takes BFloat16, Half, and Float as TF32)"
     if a.ndim < 2 or b.ndim < 2:
         return "a 1-D operand (a matrix-vector product)"
     if isinstance(e, LinearOp) and b.ndim != 2:
@@ -293,6 +297,16 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo, overrides=None) -> str 
         t = info.tensors[fusion.inputs.index(x)]
         if any(s == 0 for s in t.sizes):
             return f"{x.name} is empty"
+    if a.dtype == DataType.Float:
+        if not info.tf32:
+            return (
+                "Float operands while torch's fp32 matmuls are IEEE (TF32 tensor cores only where torch "
+                "would use them: torch.backends.cuda.matmul.fp32_precision = 'tf32' or allow_tf32)"
+            )
+        for x in (a, b):
+            why = tf32_layout(e, x, info.tensors[fusion.inputs.index(x)])
+            if why:  # (the runtime copies such an operand K-major first: scheduler/realign.py)
+                return f"operand {x.name}: {why}"
     # strides or a pointer a tensor map cannot describe: the runtime copies such an operand
     # into aligned rows before scheduling (scheduler/realign.py); one it may not copy (defined
     # contiguous, written in place) has its ring filled by the producer threads' cp.asyncs
@@ -306,6 +320,22 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo, overrides=None) -> str 
             if why is not None:
                 return f"operand {x.name}: {why}; schedule(fill='cp.async') takes it to the tensor cores"
     return None
+
+
+def tf32_k_axis(e, x) -> int:
+    """The axis of operand ``x`` of contraction ``e`` that is K: -1 for A
+    [.., M, K] and linear's weight [N, K], -2 for matmul's B [.., K, N]."""
+    return -2 if isinstance(e, MatmulOp) and x is e.inputs[1] else -1
+
+
+def tf32_layout(e, x, t) -> str | None:
+    """Why TF32 wgmmas cannot read operand ``x`` (TensorInfo ``t``) through a
+    tensor map as it lies, else None: they read K-major tiles only (the
+    transposed layouts are for 16-bit types)."""
+    major, why = _operand_layout(t)
+    if why is None and major != ("inner" if tf32_k_axis(e, x) == -1 else "outer"):
+        why = "TF32 tensor cores read K-major tiles only, and its K axis is not contiguous"
+    return why
 
 
 def _operand_layout(t) -> tuple:
@@ -384,6 +414,9 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     fill = ov.get("fill")
     if fill is not None and fill not in FILLS:
         raise CircbufError(f"schedule(fill={fill!r}): must be one of 'tma', 'cp.async'")
+    tf32 = a.dtype == DataType.Float
+    if tf32 and fill == "cp.async":
+        raise CircbufError("schedule(fill='cp.async'): TF32 operands are filled by TMA only (K-major tiles)")
     fa, la, va = _operand_fill(ta, fill)
     fb, lb, vb = _operand_fill(tb, fill)
     for x, f, why in ((a, fa, la), (b, fb, lb)):
@@ -417,7 +450,8 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         bn_d = 128
     if small and pingpong:
         bm_d, bn_d = 64, small_m_bn(m, n, batch, info.target.sm_count)
-    tile = ov.get("tile", (bm_d, bn_d, 64))
+    row = SWIZZLE_ROW // a.dtype.size  # K elements in one 128-byte swizzled row
+    tile = ov.get("tile", (bm_d, bn_d, row))
     if not (isinstance(tile, (tuple, list)) and len(tile) == 3 and all(isinstance(x, int) for x in tile)):
         raise CircbufError(f"schedule(tile={tile!r}): must be (bm, bn, bk), three ints")
     bm, bn, bk = tile
@@ -431,9 +465,10 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         raise CircbufError(
             f"schedule(tile={tuple(tile)}): bn = {bn} must be a multiple of 16 in [16, 256] (the wgmma N)"
         )
-    if bk % 64 or not 64 <= bk <= 128:
+    if bk not in (row, 2 * row):
         raise CircbufError(
-            f"schedule(tile={tuple(tile)}): bk = {bk} must be 64 or 128 (128-byte swizzled rows of 16-bit K)"
+            f"schedule(tile={tuple(tile)}): bk = {bk} must be {row} or {2 * row} "
+            f"(128-byte swizzled rows of {a.dtype.size}-byte K)"
         )
     if b_major == "N" and bn % 64:
         raise CircbufError(
@@ -441,7 +476,12 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         )
     # sub-tiles of one 128-byte swizzled row of bf16; a bn that is no multiple
     # of 64 is one sub-tile (stored from registers: TMA boxes need the 128 bytes)
-    epi = ov.get("epilogue_tile", (64, 64 if bn % 64 == 0 else bn))
+    # (fp32 outputs only: 32 columns, still one 128-byte swizzled row per sub-tile row; a
+    # row reduction's partials take 64-column sub-tiles, and bf16 beside fp32 outputs keep 64)
+    sizes = {o.dtype.size for o in matmul_reduce.tile_outputs(fusion)}
+    partials = len(matmul_reduce.tile_outputs(fusion)) < len(fusion.outputs)
+    cols = SWIZZLE_ROW // 4 if sizes == {4} and not partials else 64
+    epi = ov.get("epilogue_tile", (64, cols if bn % cols == 0 else bn))
     if not (
         isinstance(epi, (tuple, list)) and len(epi) == 2 and all(isinstance(x, int) and x > 0 for x in epi)
     ):
@@ -458,7 +498,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     # epilogue input's layout, or written into an input, whose layout and address
     # are the caller's, is stored through its strides)
     tma_ok = all(
-        o.dtype.size == 2
+        o.dtype.size in (2, 4)
         and _row_major(o)
         and k not in fusion.aliases
         and epi[1] * o.dtype.size == 128
@@ -478,13 +518,27 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     input_bytes = sum(loaded) * input_stages(bn, epi[1]) * bm * epi[1] * 2
     # (their rings take the shared memory of the second staging buffer)
     buffers = 2 if store == "tma" and (bn // epi[1]) % 2 == 0 and not loaded else 1
-    staging = staging_bytes(store, buffers, epi[1], len(matmul_reduce.tile_outputs(fusion)))
+    staging = staging_bytes(
+        store, buffers, epi[1], [o.dtype.size for o in matmul_reduce.tile_outputs(fusion)]
+    )
     # the epilogue role's ring: fp32 [bm x en] sub-tiles, a tile's worth when it fits in two
     handoff = 2 if role else 0  # a [128 x 128] tile's two sub-tiles; half a 128x256 tile
     handoff_bytes = handoff * bm * epi[1] * 4
     stage_bytes = (bm + bn) * bk * a.dtype.size
     budget = info.target.smem_per_block - SMEM_RESERVED - staging - handoff_bytes - input_bytes
     fit = budget // stage_bytes
+    if "store" not in ov and "stages" not in ov and fit < MIN_STAGES and staging:
+        # several outputs' staging tiles leave too few operand stages (five fp32 outputs:
+        # 160 KB): one staging buffer, else stores from registers (no staging at all)
+        buffers = 1
+        staging = staging_bytes(store, 1, epi[1], [o.dtype.size for o in matmul_reduce.tile_outputs(fusion)])
+        budget = info.target.smem_per_block - SMEM_RESERVED - staging - handoff_bytes - input_bytes
+        fit = budget // stage_bytes
+        peers = any(o.peer_store is not None for o in fusion.outputs)  # (TMA stores only)
+        if fit < MIN_STAGES and not role and not peers:
+            store, staging, loaded, input_bytes = "direct", 0, (), 0
+            budget = info.target.smem_per_block - SMEM_RESERVED - handoff_bytes
+            fit = budget // stage_bytes
     if "stages" not in ov and fit < 2:
         raise CircbufError(
             f"schedule(tile={tuple(tile)}{', epilogue=' + repr(epilogue) if role else ''}): two operand "
@@ -633,6 +687,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         tma_inputs=loaded,
         fill=(fa, fb),
         copy_vector=(va or 0, vb or 0),
+        tf32=tf32,
     )
 
 
@@ -1065,8 +1120,8 @@ def _fragment(tv, pos, params, kind, serial_w=False):
     head = list(range(m64))
     if kind == "acc":
         k = m64 + 6
-        _k_loops(tv, k, bk)  # [Ko, Kc, K64]
-        tv.split(k + 2, 16)  # [Ko, Kc, Kw, K16]
+        _k_loops(tv, k, bk, _operand_size(params))  # [Ko, Kc, K64]
+        tv.split(k + 2, WGMMA_K // _operand_size(params))  # [Ko, Kc, Kw, K16]
         # the k loops outside the MMA tile: [.., Ko, Kc, Mb, frag.., Kw, K16]
         order = head[:p] + [k, k + 1] + head[p:] + frag + [k + 2, k + 3]
         q = m64 + 2
@@ -1083,11 +1138,16 @@ def _fragment(tv, pos, params, kind, serial_w=False):
     return out
 
 
-def _k_loops(tv, k, bk):
-    """K -> [K/bk (the k loop), bk/64, 64]: a 64-element piece is one
-    128-byte swizzled row of the operand tiles."""
+def _operand_size(params) -> int:
+    """Bytes of an operand element: 4 for TF32 (fp32 in memory), else 2."""
+    return 4 if params.tf32 else 2
+
+
+def _k_loops(tv, k, bk, size):
+    """K -> [K/bk (the k loop), bk/row, row]: a row of 64 16-bit (32 fp32)
+    elements is one 128-byte swizzled row of the operand tiles."""
     tv.split(k, bk)
-    tv.split(k + 1, 64)
+    tv.split(k + 1, SWIZZLE_ROW // size)
 
 
 def _operand_tile(xs, roles, params, mn_role, major):
@@ -1097,7 +1157,7 @@ def _operand_tile(xs, roles, params, mn_role, major):
     (boxes [64 x 64])."""
     pos = _tile(xs, roles, params, pingpong_split=False)
     # [T.., Mi, Ni, K] at pos
-    _k_loops(xs, pos + 2, params.tile[2])  # [Mi, Ni, Ko, Kc, K64]
+    _k_loops(xs, pos + 2, params.tile[2], _operand_size(params))  # [Mi, Ni, Ko, Kc, K64]
     mn, other = (pos, pos + 1) if mn_role == "M" else (pos + 1, pos)
     ko, kc, k64 = pos + 2, pos + 3, pos + 4
     if major == "K":

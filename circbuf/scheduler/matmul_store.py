@@ -67,9 +67,9 @@ def choose_store(fusion, ov, n, bn, epi, tma_ok, role, info=None) -> tuple:
     why = _rows_refused(fusion, role, info)
     if store == "tma" and not tma_ok:
         raise CircbufError(
-            "schedule(store='tma'): a TMA store needs 16-bit row-major outputs, not written into an "
-            f"input, whose rows are a multiple of 16 bytes (N = {n}), read by nothing else, and "
-            f"64-column sub-tiles (epilogue_tile={tuple(epi)})"
+            "schedule(store='tma'): a TMA store needs 16- or 32-bit row-major outputs, not written into "
+            f"an input, whose rows are a multiple of 16 bytes (N = {n}), and sub-tiles of one 128-byte "
+            f"row (64 columns of a 16-bit type, 32 of fp32; epilogue_tile={tuple(epi)})"
         )
     if store == "rows" and why is not None:
         raise CircbufError(f"schedule(store='rows'): {why}")
@@ -86,9 +86,10 @@ def choose_store(fusion, ov, n, bn, epi, tma_ok, role, info=None) -> tuple:
     return store, tuple(epi)
 
 
-def staging_bytes(store, buffers, en, outputs) -> int:
-    """Shared memory of the staging tiles: [buffers][2 warpgroups][64][en] 16-bit per output."""
-    return buffers * 2 * 64 * en * 2 * outputs if store in ("tma", "rows") else 0
+def staging_bytes(store, buffers, en, sizes) -> int:
+    """Shared memory of the staging tiles: [buffers][2 warpgroups][64][en] per
+    output (``sizes``: their element sizes in bytes)."""
+    return buffers * 2 * 64 * en * sum(sizes) if store in ("tma", "rows") else 0
 
 
 def rows_layout(tv, m64, n, en):

@@ -194,7 +194,7 @@ MATMUL = _table(
     Override("epilogue", used_by=(MM,),
              doc="'inline': the MMA warpgroups run the epilogue; 'role': an epilogue warpgroup fed finished sub-tiles",
              **_choice("inline", "role")),
-    Override("tile", used_by=(MM,), doc="bm: 64 per warpgroup (128 or 256 cooperative), bn: 16 to 256 by 16, bk: 64 or 128",
+    Override("tile", used_by=(MM,), doc="bm: 64 per warpgroup (128 or 256 cooperative), bn: 16 to 256 by 16, bk: one or two 128-byte rows of K (64 or 128 16-bit, 32 or 64 TF32)",
              **_ints(3, ("bm", "bn", "bk"))),
     Override("cluster", used_by=(MM,), doc="thread-block clusters: cx CTAs along M share B's tile, cy along N share A's (TMA multicast); must divide the tile grid",
              **_ints(2, ("cx", "cy"))),

@@ -221,6 +221,9 @@ class MatmulParams(Params):
     # the CUDA-core paths: ReductionParams (the sum of products, the reduction
     # scheduler's) or FfmaParams (register-tiled FFMA, fp32/fp64 operands)
     simt: object = None
+    # fp32 operands on TF32 tensor cores (torch allows TF32 for fp32 matmuls): K-major tiles,
+    # 32 fp32 of K per 128-byte swizzled row, k8 wgmmas
+    tf32: bool = field(default=False, metadata={"hide_default": True})
     # per fusion input: the epilogue reads it an accumulator pair (two elements adjacent
     # along N) at a time, one vector load (contiguous along N, N even, aligned)
     vectorize_inputs: tuple = field(default=(), metadata={"hide_default": True})
@@ -246,6 +249,8 @@ class MatmulParams(Params):
             kind += f", epilogue role ({self.handoff_stages} hand-off stages)"
         if any(self.tma_inputs):
             kind += f", {sum(self.tma_inputs)} epilogue input(s) by TMA"
+        if self.tf32:
+            kind += ", TF32"
         grid = "persistent" if self.persistent else "one CTA per tile"
         return (
             f"tile {bm}x{bn}x{bk}, {self.stages} stages (prefetch {self.prefetch}), {grid}, {kind}, "

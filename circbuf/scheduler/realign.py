@@ -22,22 +22,26 @@ stays available: ``schedule(fill="cp.async")`` or ``CIRCBUF_CP_ASYNC=1``.
 (1024, 8, 1)
 >>> realigned_strides((768, 50257), (1, 768), 2)   # column-major stays column-major
 (1, 768)
+>>> realigned_strides((4096, 512), (512, 1), 4, unit=-2)   # a TF32 B [K, N] made K-major
+(1, 4096)
 """
 
 from __future__ import annotations
 
 from .. import knobs
-from ..ir import CircbufError, Fusion
+from ..ir import CircbufError, DataType, Fusion
 
 
-def realigned_strides(sizes: tuple, strides: tuple, itemsize: int) -> tuple:
+def realigned_strides(sizes: tuple, strides: tuple, itemsize: int, unit: int | None = None) -> tuple:
     """Strides of the copy: the unit-stride axis of the last two stays
-    innermost (the last when neither is), the other is padded to 16 bytes,
-    batch axes outermost and dense."""
+    innermost (the last when neither is; ``unit``, -1 or -2, when given: a TF32
+    operand's K), the other is padded to 16 bytes, batch axes outermost and dense."""
     n = len(sizes)
     # (a last-but-one axis of size 1 is no reason for a column layout: the copy's rows
     # are then the last axis, dense, as torch would lay it out)
     col = n >= 2 and strides[-1] != 1 and sizes[-1] > 1 and strides[-2] == 1 and sizes[-2] > 1
+    if unit is not None:
+        col = n >= 2 and unit == -2
     unit, other = (n - 2, n - 1) if col else (n - 1, n - 2)
     per16 = 16 // itemsize
     out = [0] * n
@@ -54,12 +58,16 @@ def realigned_strides(sizes: tuple, strides: tuple, itemsize: int) -> tuple:
 
 
 def choose(fusion: Fusion, info, overrides: dict) -> tuple:
-    """Positions among the fusion's inputs of the matmul operands to copy
-    into a realigned buffer for these inputs; () when none (a tensor map
-    describes each operand, the fusion is no tensor-core matmul, an operand
-    is written in place, returned (as is or as a view) or defined
-    contiguous, or a fill was asked for)."""
-    from .matmul import _mma_structure, _operand_layout, _operands
+    """The matmul operands to copy into a realigned buffer for these inputs:
+    ``(position among the fusion's inputs, unit)`` pairs (``unit``: the axis,
+    -1 or -2, the copy makes contiguous; None keeps the operand's own); ()
+    when none (a tensor map describes each operand, the fusion is no
+    tensor-core matmul, an operand is written in place, returned (as is or
+    as a view) or defined contiguous, or a fill was asked for). An fp32
+    operand that TF32 tensor cores will read is copied K-major when it is not
+    (wgmma reads tf32 tiles K-major only)."""
+    from .info import TensorInfo
+    from .matmul import _mma_structure, _operand_layout, _operands, tf32_k_axis, tf32_layout
     from .utils import contractions
 
     asked = overrides.get("realign")
@@ -81,12 +89,19 @@ def choose(fusion: Fusion, info, overrides: dict) -> tuple:
             continue
         j = fusion.inputs.index(x)
         t = info.tensors[j]
-        if t is None or j in written or j in out or any(s == 0 for s in t.sizes):
+        if t is None or j in written or j in [k for k, _ in out] or any(s == 0 for s in t.sizes):
             continue
-        if _operand_layout(t)[1] is None:
+        if x.dtype == DataType.Float and not info.tf32:
+            continue  # (fp32 without TF32 runs on the CUDA cores: FFMA, which reads any strides)
+        unit = tf32_k_axis(cs[0], x) if x.dtype == DataType.Float else None
+        major, why = _operand_layout(t)
+        if why is None and (unit is None or major == ("inner" if unit == -1 else "outer")):
             continue
+        strides = realigned_strides(t.sizes, t.strides, t.itemsize, unit)
+        if unit is not None and tf32_layout(cs[0], x, TensorInfo(t.sizes, strides, t.itemsize, 16)):
+            continue  # (no copy TF32 reads either: a B of one column; the fp32 path takes it)
         # an input defined contiguous (a segment's, dynamo's) keeps its rows dense: the
         # copy's padded rows would break that promise; the cp.async fill takes it instead
-        if x.domain.broken_contiguity(t.sizes, realigned_strides(t.sizes, t.strides, t.itemsize)) is None:
-            out.append(j)
+        if x.domain.broken_contiguity(t.sizes, strides) is None:
+            out.append((j, unit))
     return tuple(out)

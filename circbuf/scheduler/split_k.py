@@ -28,7 +28,8 @@ with and without splits: a [64 x bn] tile (M <= 64) or the cooperative
 [128 x 256] tile streams ``(rows + bn) x kc`` operand elements; the grid
 takes ``ceil(tiles / SMs)`` of them in turn, each SM at the lesser of its
 share of the copy bandwidth and its ring's bytes in flight over a loaded
-latency (few CTAs each draw more); a split adds the workspace
+latency (few CTAs each draw more), after a fixed cost per kernel (launch,
+the ring's fill, the epilogue: a split must save 15% of the whole); a split adds the workspace
 (written and read once, at the copy bandwidth) and a launch. For M <= 64
 only B counts: the few rows of A that every CTA reads stay in L2. Only
 splits without a tail are chosen (a tail is a second partial launch after
@@ -60,9 +61,14 @@ MIN_STEPS = 4  # k steps per split the heuristic keeps (the ring's prologue and 
 MIN_GAIN = 0.85  # a split must cut the modeled time by 15%: it costs a launch and the workspace
 TIE = 0.05  # splits whose modeled times are this close count as equal (the fewest wins)
 LAUNCH_S = 3e-6  # the reduction kernel's launch and ramp, seconds
-# a loaded load's latency as one SM sees it: the 16 CTAs of 128x256 tiles (128 KB of
-# B in flight each) drew 851 GB/s on an H200, 53 GB/s per SM: 128 KB / 53 GB/s = 2.4 us
-LOADED_LATENCY_S = 2.4e-6
+# Fit to the unsplit decode kernels (M = 1, N = 4096, 64 CTAs of 64x64 with 96 KB of B in
+# flight each) at K = 4096 and 14336 on an H100 and an H200 (`matmul.py --decode --variants`,
+# NOTES 2026-11-26): 27.7 and 72 us, i.e. a fixed ~10 us (launch, the ring's fill, the
+# epilogue) plus the weight streamed at ~30 GB/s per CTA: 96 KB / 30 GB/s = 3.2 us. (The first
+# fit, 2.4 us and no fixed cost, from 16 CTAs of 128x256 on an H200, split no decode shape on an
+# H100, where split 2 measured 14% faster at 1x4096x14336.)
+LOADED_LATENCY_S = 3.2e-6
+KERNEL_FIXED_S = 10e-6
 RING_RESERVED = 1024 + 32768  # shared memory beside the ring: barriers, the output staging
 
 
@@ -138,7 +144,7 @@ def _model(m: int, n: int, k: int, splits: int, itemsize: int, target) -> float:
     stages = min((target.smem_per_block - RING_RESERVED) // stage, SMALL_M_STAGES if small else 7)
     in_flight = stages * (rows + bn) * K_STEP * itemsize
     rate = min(target.copy_bandwidth / min(tiles, sms), in_flight / LOADED_LATENCY_S)
-    t = ceil_div(tiles, sms) * (rows + bn) * kc * itemsize / rate
+    t = KERNEL_FIXED_S + ceil_div(tiles, sms) * (rows + bn) * kc * itemsize / rate
     if splits > 1:
         ws = splits * m * n * 4
         t += (2 * ws + m * n * itemsize) / target.copy_bandwidth + LAUNCH_S
