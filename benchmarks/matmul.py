@@ -11,7 +11,9 @@
     PYTHONPATH=. python benchmarks/matmul.py --decode [--variants]
                                                         # M = 1..64 linears: TF/s, GB/s, path (and schedules)
     PYTHONPATH=. python benchmarks/matmul.py --odd       # shapes TMA cannot describe (the cp.async fill)
-    PYTHONPATH=. python benchmarks/matmul.py --fp32      # fp32 operands: TF32 on (vs cuBLAS TF32), then off
+    PYTHONPATH=. python benchmarks/matmul.py --fp32 [--variants]
+                                                        # fp32 operands: TF32 on (vs cuBLAS TF32), then off;
+                                                        # --variants: the FFMA path's override sets (TF32 off)
 
 TFLOP/s = 2 M N K / time. A torch.compile baseline is compiled statically
 for each shape (torch._dynamo.reset(), dynamic=False).
@@ -521,6 +523,32 @@ FP32_SHAPES = [  # (M, N, K, kind, with TF32, with TF32 off)
 ]
 
 
+# --fp32 --variants: the FFMA path's overrides against its heuristic (TF32 off), same inputs
+FP32_VARIANTS = [
+    dict(thread_tile=8, k_step=4, blocks_per_sm=1),  # 163 registers: one CTA an SM
+    dict(thread_tile=8, k_step=8),  # 210 registers (at 128: a 24-byte spill)
+    dict(thread_tile=4, k_step=8),
+    dict(thread_tile=4, k_step=16),
+]
+
+
+def _ffma_variants(m, n, k, kind, a, b, t_torch) -> list:
+    rows = []
+    for ov in FP32_VARIANTS:
+        fd = mm_fusion(kind, dtype=Float)
+        fd.fusion.schedule(**ov)
+        fd.execute([a, b])
+        t = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
+        print(
+            f"{'':>24s} {'':>6s} {'ieee':>5s} {'':>8s} {tflops(m, n, k, t):8.1f} {t_torch / t:6.3f}  {ov}",
+            flush=True,
+        )
+        rows.append(
+            dict(m=m, n=n, k=k, kind=kind, tf32=False, torch_ms=t_torch, circbuf_ms=t, overrides=str(ov))
+        )
+    return rows
+
+
 def fp32():
     """fp32 matmuls: TF32 where torch allows it, else IEEE fp32; cuBLAS under
     the same switch, in the same run."""
@@ -560,6 +588,8 @@ def fp32():
                 )
                 rows.append(dict(m=m, n=n, k=k, kind=kind, tf32=tf32, torch_ms=t_torch, circbuf_ms=t_cb,
                                  params=str(p), err=err_cb, torch_err=err_t))  # fmt: skip
+                if "--variants" in sys.argv and not tf32 and k % 8 == 0:
+                    rows += _ffma_variants(m, n, k, kind, a, b, t_torch)
         finally:
             m_.allow_tf32 = False
     write_json("bench_matmul_fp32.json", rows)

@@ -278,10 +278,20 @@ def test_simt_path_for_what_the_tensor_cores_cannot_take():
         [torch.randn(64, 0, dtype=torch.bfloat16), torch.randn(0, 32, dtype=torch.bfloat16)], arch="sm_90a"
     )
     assert ck.params.simt is not None
-    with pytest.raises(cb.CircbufError, match="SIMT path .* takes no matmul overrides"):
+    # fp32 runs the FFMA kernel (tests/test_matmul_ffma.py), which takes its own overrides only
+    with pytest.raises(
+        cb.CircbufError, match="SIMT path .*the FFMA kernel.*, which takes thread_tile, k_step"
+    ):
         fd = mm_fusion("matmul", D.Float)
         fd.fusion.schedule(stages=3)
         fd.compile([torch.randn(64, 96), torch.randn(96, 128)], arch="sm_90a")
+    with pytest.raises(cb.CircbufError, match="SIMT path .* takes no matmul overrides"):
+        fd = mm_fusion("matmul")
+        fd.fusion.schedule(stages=3)
+        fd.compile(
+            [torch.randn(64, 0, dtype=torch.bfloat16), torch.randn(0, 32, dtype=torch.bfloat16)],
+            arch="sm_90a",
+        )
 
 
 def test_reduction_or_second_matmul_gets_its_own_kernel():

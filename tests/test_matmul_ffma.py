@@ -208,6 +208,61 @@ def test_interpreted_shapes(kind, m, n, k, a_major, b_major, batch, extra, one_s
     )
 
 
+def _edge(kind):
+    """Fusions around the matmul that the FFMA path schedules whole: (build, shapes, reference)."""
+
+    def build(fd):
+        a, b = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        if kind == "column scale":  # an epilogue input broadcast along N
+            c = fd.define_tensor([-1, 1])
+            fd.add_output(fd.ops.mul(fd.ops.matmul(a, b), c))
+        elif kind == "in place":  # the output written into the residual it reads
+            r = fd.define_tensor([-1, -1])
+            fd.add_output(fd.ops.add(fd.ops.matmul(a, b), r), alias_input=r)
+        elif kind == "prologue":  # operands computed in the fusion: element loads
+            fd.add_output(fd.ops.matmul(fd.ops.relu(a), fd.ops.mul(b, 2.0)))
+
+    shapes = {"column scale": [(37, 20), (20, 41), (37, 1)], "in place": [(36, 20), (20, 44), (36, 44)]}
+    shapes["prologue"] = [(36, 20), (20, 40)]
+
+    def ref(a, b, *rest):
+        if kind == "column scale":
+            return [(a @ b) * rest[0]]
+        if kind == "in place":
+            return [a @ b + rest[0]]
+        return [torch.relu(a) @ (b * 2)]
+
+    return build, shapes[kind], ref
+
+
+EDGES = ["column scale", "in place", "prologue"]
+
+
+def _check_edge(kind, device):
+    build, shapes, ref = _edge(kind)
+    with cb.FusionDefinition() as fd:
+        build(fd)
+    g = seeded(len(kind))
+    xs = [torch.randn(*s, generator=g).to(device) for s in shapes]
+    refs = [r.cpu() for r in ref(*[x.double() for x in xs])]  # (before the in-place output)
+    outs = interpret(fd, xs) if device == "cpu" else [o.cpu() for o in fd.execute(xs)]
+    for o, r in zip(outs, refs):
+        _close(o, r, shapes[0][1], torch.float32)
+    assert isinstance(fd.last_params().simt, FfmaParams)
+
+
+@pytest.mark.parametrize("kind", EDGES)
+def test_interpreted_around_the_matmul(kind):
+    _check_edge(kind, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", EDGES)
+def test_gpu_around_the_matmul(monkeypatch, kind):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    _check_edge(kind, DEV)
+
+
 def test_k_zero_keeps_the_sum_of_products():
     fd = _fusion()
     out = interpret(fd, [torch.randn(5, 0), torch.randn(0, 7)])[0]
@@ -238,6 +293,48 @@ def test_a_batch_past_the_grid_keeps_the_sum_of_products():
     assert isinstance(ck.params.simt, FfmaParams)
 
 
+def test_overrides():
+    a, b = torch.empty(4096, 4096), torch.empty(4096, 4096)
+    for ov, want in [
+        (dict(thread_tile=4), dict(thread_tile=(4, 4), tile=(64, 64, 8))),
+        (dict(k_step=8), dict(thread_tile=(8, 8), tile=(128, 128, 8), blocks_per_sm=0)),
+        (dict(blocks_per_sm=1, k_step=4), dict(tile=(128, 128, 4), blocks_per_sm=1)),
+    ]:
+        fd = _fusion()
+        fd.fusion.schedule(**ov)
+        p = fd.compile([a, b], arch="sm_90a").params.simt
+        assert isinstance(p, FfmaParams) and all(getattr(p, k) == v for k, v in want.items()), (ov, p)
+    fd = _fusion()
+    fd.fusion.schedule(k_step=2)
+    with pytest.raises(cb.CircbufError, match=r"^schedule\(k_step=2\): a k step is whole 16-byte loads"):
+        fd.compile([a, b], arch="sm_90a")
+    fd = _fusion()
+    fd.fusion.schedule(stages=3, k_step=8)
+    with pytest.raises(
+        cb.CircbufError,
+        match=r"^schedule\(stages\): this matmul runs on the SIMT path \(.*; the FFMA kernel\), which takes "
+        r"thread_tile, k_step, blocks_per_sm",
+    ):
+        fd.compile([a, b], arch="sm_90a")
+    # a bf16 matmul (the tensor cores) does not use them
+    from tests.test_gpu_matmul import mm_fusion
+
+    fd = mm_fusion("matmul")
+    fd.fusion.schedule(thread_tile=4)
+    with pytest.raises(cb.CircbufError, match=r"thread_tile=4\): the kernel chosen, matmul \(tensor cores\)"):
+        fd.compile([a.bfloat16(), b.bfloat16()], arch="sm_90a")
+
+
+def test_interpreted_with_overrides():
+    fd = _fusion("linear")
+    fd.fusion.schedule(thread_tile=8, k_step=16, blocks_per_sm=1)
+    a, b = torch.randn(40, 48), torch.randn(24, 48)
+    (out,) = interpret(fd, [a, b])
+    _close(out, a.double() @ b.double().T, 48, torch.float32)
+    p = fd.last_params().simt
+    assert p.thread_tile == (8, 8) and p.tile[2] == 16 and p.blocks_per_sm == 1, p
+
+
 def test_variant_and_printing():
     from circbuf.scheduler.matmul import MatmulScheduler
 
@@ -254,7 +351,7 @@ def test_variant_and_printing():
     fd = _fusion()
     fd.compile([torch.randn(256, 64), torch.randn(64, 256)], arch="sm_90a")
     assert fd.last_params().brief() == (
-        "FFMA tile 64x64x4, 4x4 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; "
+        "FFMA tile 64x64x8, 4x4 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; "
         "compiled for M = 256, N = 256, K = 64"
     )
 

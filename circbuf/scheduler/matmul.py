@@ -32,10 +32,11 @@ time: one 4-byte load of two bf16 (``_hoist_epilogue_inputs``).
 An operand whose strides or data pointer a tensor map cannot describe is
 staged by the producer warpgroup's threads instead (the ring's fill kind
 ``cp.async``, :func:`_operand_fill`): same tiles, same swizzled stages, same
-wgmma consumers. Fusions the tensor cores cannot take (fp32 or mixed
-operands, 1-D operands, K = 0, prologue math on the operands) are
-translated to a sum of products and run by the plain reduction scheduler:
-correct, not fast.
+wgmma consumers. Fusions the tensor cores cannot take are translated to a
+sum of products: fp32 and fp64 operands of 2-D and batched matmuls run it
+as a register-tiled GEMM on the CUDA cores (:mod:`.matmul_ffma`); the rest
+(1-D operands, K = 0, prologue math on 16-bit operands) by the plain
+reduction scheduler: correct, not fast.
 """
 
 from __future__ import annotations
@@ -168,16 +169,19 @@ class MatmulScheduler:
                 f"cannot take these inputs ({why or 'the tensor-core path cannot take it'})"
             )
         asked = sorted(k for k in overrides if k != "realign")  # (realign=False asks for this path)
-        if asked:
+        ffma, _ = matmul_ffma.ffma_params(fusion, info, overrides)
+        other = [k for k in asked if ffma is None or k not in matmul_ffma.OVERRIDES]
+        if other:
+            takes = ", ".join(matmul_ffma.OVERRIDES) if ffma is not None else "no matmul overrides"
             raise CircbufError(
-                f"schedule({', '.join(asked)}): this matmul runs on the SIMT path "
-                f"({why or 'the tensor-core path cannot take it'}), which takes no matmul overrides"
+                f"schedule({', '.join(other)}): this matmul runs on the SIMT path "
+                f"({why or 'the tensor-core path cannot take it'}"
+                f"{'; the FFMA kernel' if ffma is not None else ''}), which takes {takes}"
             )
-        from .reduction import ReductionScheduler
-
-        ffma, _ = matmul_ffma.ffma_params(fusion, info)
         if ffma is not None:
             return MatmulParams(simt=ffma)
+        from .reduction import ReductionScheduler
+
         f2 = fusion.clone()
         decompose(f2)
         why2 = ReductionScheduler.can_schedule(f2)

@@ -5,30 +5,36 @@ with TF32 not allowed, fp64), the fusion is decomposed into a sum of
 products (``decompose``: ``cast(sum(a[.., M, K, 1] * b[.., 1, K, N], K))``)
 and scheduled here instead of by the reduction scheduler: each CTA computes
 a [bm x bn] tile of the output, each thread a [tm x tn] block of it in
-registers, walking K serially (no cross-thread reduction). Per step of ``ku``
+registers (8 x 8, or 4 x 4 where [128 x 128] tiles would be fewer than the
+SMs), walking K serially (no cross-thread reduction). Per step of ``ku``
 values of K, every thread loads its [tm x ku] slice of A and its [ku x tn]
 slice of B into registers (16-byte loads along whichever axis is contiguous
-in memory, where extents, strides and pointers allow) and runs ``tm * tn *
-ku`` FFMAs on them. Operands come through L1; no shared memory.
+in memory, where extents, strides and pointers allow; a slice per k where
+that axis is M or N) and runs ``tm * tn * ku`` FFMAs on them. Operands come
+through L1; no shared memory. M, N and K are compiled in as constants where
+they are whole tiles (k steps): the bounds checks simplify away.
 
 The reduction after scheduling (matmul's product space [batch, M, K, N];
-linear's [batch, M, N, K] is reordered alike)::
+linear's [batch, M, N, K] is reordered alike; v = 4 fp32 values, 16 bytes)::
 
-    red [iblockIdx.z{batch}, iblockIdx.y{M/bm}, iblockIdx.x{N/bn}, ithreadIdx.y{bm/tm},
-         ithreadIdx.x{bn/tn}, rS{K/ku}, rUR{ku}, iUR{tm}, iUR{tn}]          ca_pos(5)
+    red [iblockIdx.z{batch}, iblockIdx.y{M/bm}, iblockIdx.x{N/bn}, ithreadIdx.y{ty},
+         ithreadIdx.x{tx}, rS{K/ku}, rUR{ku}, iUR{tm/v}, iUR{v}, iUR{tn/v}, iUR{v}]   ca_pos(4)
 
-the operand tiles (A's broadcast along N; B's along M likewise)::
+a thread's rows are ``tm/v`` runs of ``v`` rows, ``ty * v`` apart (its columns
+likewise), so a warp's 16-byte loads of a B row and stores of a C row cover
+contiguous bytes. The operand tiles (A's broadcast along N; B's along M)::
 
-    ab  [iblockIdx.z, iblockIdx.y, bS, ithreadIdx.y, bS, iS{K/ku},          ca_pos(6)
-         iUR{tm}, bUR{tn}, iV{ku}]     (A contiguous along K: 4 values of K per load)
+    ab  [.., iS{K/ku}, iUR{ku/v}, iUR{tm/v}, iUR{v}, bUR.., iV{v}]    ca_pos(5)  (A contiguous along K)
+    bb  [.., iS{K/ku}, rUR{ku}, bUR.., iUR{tn/v}, iV{v}]               ca_pos(6)  (B contiguous along N)
 
-and the epilogue (bias, activation, cast; the output) over [.., tm, tn] per
-thread, the output stored 16 bytes at a time where its rows allow.
+and the epilogue (bias, activation, cast; the output) over [.., tm/v, v,
+tn/v, v] per thread, the output stored 16 bytes at a time where its rows allow.
 """
 
 from __future__ import annotations
 
 from ..ir import (
+    CircbufError,
     DataType,
     Fusion,
     LinearOp,
@@ -52,7 +58,7 @@ from .utils import (
     vector_access,
 )
 
-MAX_GRID_YZ = 65535
+OVERRIDES = ("thread_tile", "k_step", "blocks_per_sm")
 VECTOR_BYTES = 16
 
 
@@ -60,8 +66,10 @@ def _operands(e):
     return e.inputs[0], e.inputs[1]
 
 
-def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
-    """(FfmaParams, None) for a matmul the FFMA path takes, else (None, why not)."""
+def ffma_params(fusion: Fusion, info: InputInfo, overrides: dict | None = None) -> tuple:
+    """(FfmaParams, None) for a matmul the FFMA path takes, else (None, why not).
+    ``overrides``: ``thread_tile``, ``k_step``, ``blocks_per_sm`` (others are ignored here)."""
+    ov = overrides or {}
     e = contractions(fusion)[0]
     a, b = _operands(e)
     if a.dtype not in (DataType.Float, DataType.Double) or b.dtype != a.dtype:
@@ -87,6 +95,7 @@ def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
     tm = tn = 8
     if -(-m // 128) * -(-n // 128) * batch < info.target.sm_count:
         tm = tn = 4
+    tm = tn = ov.get("thread_tile", tm)
     ty, tx = 16, 16
     # a short M or N: fewer threads along it (never under a warp a CTA)
     while (ty // 2) * tm >= m and (ty // 2) * tx >= 32:
@@ -94,16 +103,26 @@ def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
     while (tx // 2) * tn >= n and ty * (tx // 2) >= 32:
         tx //= 2
     bm, bn = ty * tm, tx * tn
-    if batch > MAX_GRID_YZ or -(-m // bm) > MAX_GRID_YZ:
-        return None, f"a grid of {batch} x {-(-m // bm)} tiles (blockIdx.y and z reach {MAX_GRID_YZ})"
-    ku = vec
+    grid_yz = info.target.max_grid_yz
+    if batch > grid_yz or -(-m // bm) > grid_yz:
+        return None, f"a grid of {batch} x {-(-m // bm)} tiles (blockIdx.y and z reach {grid_yz})"
+    # a k step of 4 (fp64: 2) values, one 16-byte load along K; 4 x 4 thread tiles take
+    # two such loads a step where K allows (half the loop's overhead per FFMA)
+    ku = 2 * vec if tm == 4 and k % (2 * vec) == 0 else vec
+    ku = ov.get("k_step", ku)
+    if ku % vec:
+        raise CircbufError(
+            f"schedule(k_step={ku}): a k step is whole 16-byte loads along K, a multiple of {vec} "
+            f"for {a.dtype.name} operands"
+        )
     va = _operand_vector(fusion, info, a, e, "A", vec, (m, k))
     vb = _operand_vector(fusion, info, b, e, "B", vec, (k, n))
     # fp32 with whole k steps: 128 registers a thread (64 accumulators, A's [8 x 4] values,
     # B's [4 x 8] or [8]) let two CTAs share an SM; both operands loaded along K (linear's
     # [N, K] weight) leave an epilogue no room at 128 (it spilled with bias and gelu): one
     # CTA, as fp64 (twice the registers) and ragged K (element loads, bounds checks)
-    two = item == 4 and tm == 8 and k % ku == 0 and (va, vb) != ("K", "K")
+    # (a k step of 8 at 128 registers spilled 24 bytes: one CTA there too)
+    two = item == 4 and tm == 8 and ku == vec and k % ku == 0 and (va, vb) != ("K", "K")
     return (
         FfmaParams(
             tile=(bm, bn, ku),
@@ -114,7 +133,7 @@ def ffma_params(fusion: Fusion, info: InputInfo) -> tuple:
             # compiled for M, N (K) where they are whole tiles (k steps): the loads' and
             # stores' bounds checks simplify away (one kernel per such shape)
             extents=(m if m % bm == 0 else 0, n if n % bn == 0 else 0, k if k % ku == 0 else 0),
-            blocks_per_sm=2 if two else 0,
+            blocks_per_sm=ov.get("blocks_per_sm", 2 if two else 0),
             vectorize_outputs=tuple(
                 _output_vector(fusion, info, j, vec, n) for j in range(len(fusion.outputs))
             ),

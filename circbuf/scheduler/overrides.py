@@ -215,6 +215,13 @@ MATMUL = _table(
              **_choice("tma", "rows", "direct")),
     Override("split_k", used_by=(MM,), doc="chunks of K run as partial products, summed in a fixed order "
              "(deterministic); at most the k steps of 64", **_int(1)),
+    Override("thread_tile", used_by=(MM_FFMA,), doc="fp32/fp64 (FFMA path): outputs a thread computes along M and "
+             "along N; 8: [128 x 128] CTA tiles, 4: [64 x 64] (default 8, 4 where 8 makes fewer tiles than SMs)",
+             **_int(4, 8, pow2=True)),
+    Override("k_step", used_by=(MM_FFMA,), doc="fp32/fp64 (FFMA path): values of K per step of the k loop, "
+             "a multiple of one 16-byte load (4 Float, 2 Double)", **_int(2, 16, pow2=True)),
+    Override("blocks_per_sm", used_by=(MM_FFMA,), doc="fp32/fp64 (FFMA path): CTAs per SM "
+             "(__launch_bounds__ caps the registers)", **_int(1, 8)),
 )  # fmt: skip
 
 TABLES = {
