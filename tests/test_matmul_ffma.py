@@ -296,7 +296,7 @@ def test_a_batch_past_the_grid_keeps_the_sum_of_products():
 def test_overrides():
     a, b = torch.empty(4096, 4096), torch.empty(4096, 4096)
     for ov, want in [
-        (dict(thread_tile=4), dict(thread_tile=(4, 4), tile=(64, 64, 8))),
+        (dict(thread_tile=4), dict(thread_tile=(4, 4), tile=(64, 64, 16))),
         (dict(k_step=8), dict(thread_tile=(8, 8), tile=(128, 128, 8), blocks_per_sm=0)),
         (dict(blocks_per_sm=1, k_step=4), dict(tile=(128, 128, 4), blocks_per_sm=1)),
     ]:
@@ -351,7 +351,7 @@ def test_variant_and_printing():
     fd = _fusion()
     fd.compile([torch.randn(256, 64), torch.randn(64, 256)], arch="sm_90a")
     assert fd.last_params().brief() == (
-        "FFMA tile 64x64x8, 4x4 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; "
+        "FFMA tile 64x64x16, 4x4 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; "
         "compiled for M = 256, N = 256, K = 64"
     )
 
