@@ -225,7 +225,14 @@ def _split_for_tensor_cores(fusion: Fusion, e) -> str | None:
     # SIMT path: the segmenter hands such a view to the next segment unmaterialized)
     math = [x for x in (a, b) if isinstance(x.definition, (UnaryOp, BinaryOp, TernaryOp, CastOp))]
     why = _mma_structure(fusion, e)
-    if why is None or not (math and why.startswith("operand ") or why.startswith("output ")):
+    cut = why is not None and (
+        math
+        and why.startswith("operand ")
+        or why.startswith("output ")
+        # (a batch-1 decode step under torch.compile: mm of [1, K] then a reshape of the result)
+        or why.startswith("an M or N extent of 1 fixed")
+    )
+    if not cut:
         return None
     return f"{why}: a segment of its own keeps matmul {e.out.name} on the tensor cores"
 
@@ -270,8 +277,9 @@ def _mma_structure(fusion: Fusion, e) -> str | None:
             if i.is_broadcast and i.expanded_extent is not None and not is_const(i.expanded_extent, 1):
                 return f"operand {x.name} is expanded along axis {d} (a broadcast a tensor map cannot step)"
     c = e.out
-    if any(i.is_broadcast for i in c.logical[-2:]):
-        return "an M or N extent of 1 fixed in the definition"
+    fixed = fixed_ones(fusion, e)
+    if isinstance(fixed, str):
+        return f"an M or N extent of 1 fixed in the definition, {fixed}"
     lmap = LogicalMap(fusion)
     classes = {lmap.find(i) for i in c.logical}
     for o in matmul_reduce.tile_outputs(fusion):
@@ -281,6 +289,51 @@ def _mma_structure(fusion: Fusion, e) -> str | None:
         if o.ndim != c.ndim:
             return f"output {o.name} does not have the matmul output's shape"
     return None
+
+
+_ELEMENTWISE_OPS = (UnaryOp, BinaryOp, TernaryOp, CastOp)
+
+
+def fixed_ones(fusion: Fusion, e):
+    """The broadcast axes, ``(tv, axis)``, that the tensor-core path turns into
+    iteration axes of extent 1 where the definition fixes M or N to 1
+    (``define_tensor([1, K])``, as torch.compile's static shapes define a
+    batch-1 decode step's activations): the operand's own axis, the matmul
+    output's, and those of the elementwise epilogue ops computed from it (a
+    broadcast axis is not allocated: the operand's tile would have no rows).
+    A string says why not (a consumer that is no elementwise op); ``[]``:
+    nothing fixed.
+
+    >>> # x = define_tensor([1, K]); linear(x, w) -> [(x, 0), (linear's out, 0), ...]
+    """
+    a, b, _ = _operands(e)
+    c = e.out
+    if not any(i.is_broadcast for i in c.logical[-2:]):
+        return []
+    todo = []
+    nd = isinstance(e, LinearOp)
+    for x, d in ((a, a.ndim - 2), (b, b.ndim - 2 if nd else b.ndim - 1)):
+        if x.ndim >= 2 and x.logical[d].is_broadcast:
+            todo.append((x, d))
+    done = {(id(c), d) for d in (c.ndim - 2, c.ndim - 1) if c.logical[d].is_broadcast}
+    todo += [(c, d) for d in (c.ndim - 2, c.ndim - 1) if c.logical[d].is_broadcast]
+    frontier = [c]
+    while frontier:
+        t = frontier.pop()
+        dims = [d for (i, d) in done if i == id(t)]
+        for use in t.uses:
+            elementwise = isinstance(use, _ELEMENTWISE_OPS) or (
+                isinstance(use, LoadStoreOp) and use.kind == "set"
+            )
+            if not elementwise or len(use.outputs) != 1 or use.out.ndim != t.ndim:
+                return f"which {type(use).__name__} {use.out.name} reads (only elementwise ops may)"
+            out = use.out
+            for d in dims:
+                if out.logical[d].is_broadcast and (id(out), d) not in done:
+                    done.add((id(out), d))
+                    todo.append((out, d))
+                    frontier.append(out)
+    return todo
 
 
 def _mma_unsupported(fusion: Fusion, e, info: InputInfo, overrides=None) -> str | None:
@@ -1190,6 +1243,8 @@ def _operand_tile(xs, roles, params, mn_role, major):
 
 
 def _schedule_mma(fusion: Fusion, params: MatmulParams):
+    for tv, d in fixed_ones(fusion, contractions(fusion)[0]):
+        tv.logical[d].iter_type = IterType.Iteration  # (the operand tile's rows: TMA zero-fills past 1)
     acc, As, Bs = translate(fusion, params)
     # epilogue inputs the producer brings in by TMA, a ring of sub-tiles beside the operands'
     loaded = [
