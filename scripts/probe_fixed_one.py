@@ -1,7 +1,7 @@
 """Probe (issue 18): linear(x, w) with x defined [1, K] (M fixed to 1, as
 torch.compile's static shapes define a batch-1 decode step): the tensor-core
 path (now) against the SIMT sum of products it took before (forced here by
-making matmul.fixed_ones refuse), and cuBLAS, in one run."""
+making matmul._mma_structure refuse), and cuBLAS, in one run."""
 
 import sys
 
@@ -31,14 +31,14 @@ for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)):
     fd.execute([x, w])
     t_new = bench_ms(lambda fd=fd, x=x, w=w: fd.execute([x, w]))
     path = fd.last_params()
-    keep = mm.fixed_ones
-    mm.fixed_ones = lambda f, e: "forced"
+    keep = mm._mma_structure
+    mm._mma_structure = lambda f, e: "forced: the SIMT path, as before"
     try:
         old = fusion()
         old.execute([x, w])
         t_old = bench_ms(lambda fd=old, x=x, w=w: fd.execute([x, w]))
     finally:
-        mm.fixed_ones = keep
+        mm._mma_structure = keep
     t_cub = bench_ms(lambda x=x, w=w: x @ w.T)
     print(
         f"1x{n}x{k}: tensor cores {t_new * 1e3:7.1f} us | SIMT (before) {t_old * 1e3:8.1f} us | cuBLAS {t_cub * 1e3:6.1f} us"
