@@ -164,3 +164,79 @@ def test_gpu(monkeypatch, name):
     outs = fd.execute(xs)
     assert _tensor_cores(fd), fd.last_params()
     check_outputs(outs, ref(*[to_double(x).cpu() for x in xs]), written=True)
+
+
+# ---- found by review: the matmul's one row broadcast against an epilogue input's rows
+
+
+def _broadcast_residual(rows, defined):
+    def case(fd, g):
+        x = fd.define_tensor([1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        r = fd.define_tensor(defined, dtype=D.BFloat16)
+        fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.linear(x, w), r), D.BFloat16))
+        return [_bf16(g, 1, 64), _bf16(g, 128, 64), _bf16(g, rows, 128)], lambda x, w, r: [x @ w.T + r]
+
+    return case
+
+
+BROADCASTS = {
+    "[1, K] @ W.T + r[4, N] (static)": _broadcast_residual(4, [4, 128]),
+    "[1, K] @ W.T + r[-1, -1] of 3 rows": _broadcast_residual(3, [-1, -1]),
+    "[1, K] @ W.T + r[-1, -1] of 1 row": _broadcast_residual(1, [-1, -1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROADCASTS))
+def test_one_row_broadcast_against_rows_is_cut_away(name):
+    """torch broadcasts the matmul's one row to the residual's rows; the tile's
+    zero-filled rows are no such broadcast (rows 1.. once held the residual
+    alone, and a [-1, -1] residual met a lowering check): the matmul is a
+    kernel of its own on the tensor cores, the add another."""
+    with cb.FusionDefinition() as fd:
+        xs, ref = BROADCASTS[name](fd, seeded(len(name)))
+    outs = interpret(fd, xs)
+    params = fd.last_params()
+    assert isinstance(params, list) and params[0].simt is None, params
+    check_outputs(outs, ref(*[to_double(x) for x in xs]), written=True)
+
+
+def test_fp32_one_row_broadcast_keeps_the_sum_of_products():
+    """TF32 off: the FFMA path's tile would meet the same broadcast; the sum of
+    products (torch's broadcasting) takes it."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([1, -1], dtype=D.Float)
+        w = fd.define_tensor([-1, -1], dtype=D.Float)
+        r = fd.define_tensor([3, -1], dtype=D.Float)
+        fd.add_output(fd.ops.add(fd.ops.linear(x, w), r))
+    g = seeded(5)
+    xs = [
+        torch.randn(1, 64, generator=g),
+        torch.randn(128, 64, generator=g),
+        torch.randn(3, 128, generator=g),
+    ]
+    (out,) = interpret(fd, xs)
+    ref = xs[0].double() @ xs[1].double().T + xs[2].double()
+    assert (out.double() - ref).abs().max() < 1e-4
+
+
+def test_one_tensor_as_both_operands():
+    """linear(x, x) with x [1, K]: M and N would be one axis; the sum of products."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([1, -1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.linear(x, x))
+    xs = [_bf16(seeded(2), 1, 64)]
+    (out,) = interpret(fd, xs)
+    xd = to_double(xs[0])
+    check_outputs([out], [xd @ xd.T], written=True)
+
+
+def test_mma_form_refuses_a_fixed_one():
+    from circbuf.scheduler import mma_form
+
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([1, 64], dtype=D.BFloat16)
+        w = fd.define_tensor([128, 64], dtype=D.BFloat16)
+        fd.add_output(fd.ops.linear(x, w))
+    with pytest.raises(cb.CircbufError, match="an M or N extent of 1 fixed in the definition"):
+        mma_form(fd.fusion)

@@ -15,7 +15,7 @@ by step, up to the kernel the heuristic produces.
 from __future__ import annotations
 
 from ..ir import CircbufError, DataType, Fusion, LoadStoreOp, TensorView
-from .matmul import _mma_structure, translate
+from .matmul import _mma_structure, fixed_ones, translate
 from .params import MatmulParams
 from .utils import LogicalMap, concretize_broadcasts, contractions
 
@@ -53,6 +53,10 @@ def mma_form(fusion: Fusion) -> tuple[TensorView, TensorView, TensorView]:
         )
     e = cs[0]
     why = _mma_structure(fusion, e)
+    if why is None and fixed_ones(fusion, e):
+        # (the scheduler turns those broadcast axes into iteration axes on its clone; a hand
+        # schedule would tile a broadcast axis, which has no rows in the operand's buffer)
+        why = "an M or N extent of 1 fixed in the definition (define it -1 to schedule it by hand)"
     if why is None and e.inputs[0].dtype == DataType.Float:
         # (TF32 follows torch's switch, read per call by the scheduler; a hand schedule
         # has no call to read it from, and its k slices are 16-bit ones)

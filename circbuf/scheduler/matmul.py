@@ -231,6 +231,7 @@ def _split_for_tensor_cores(fusion: Fusion, e) -> str | None:
         or why.startswith("output ")
         # (a batch-1 decode step under torch.compile: mm of [1, K] then a reshape of the result)
         or why.startswith("an M or N extent of 1 fixed")
+        and ", which " in why
     )
     if not cut:
         return None
@@ -310,6 +311,8 @@ def fixed_ones(fusion: Fusion, e):
     c = e.out
     if not any(i.is_broadcast for i in c.logical[-2:]):
         return []
+    if a is b:
+        return "whose operands are one tensor (M and N would be one axis)"
     todo = []
     nd = isinstance(e, LinearOp)
     for x, d in ((a, a.ndim - 2), (b, b.ndim - 2 if nd else b.ndim - 1)):
@@ -329,7 +332,11 @@ def fixed_ones(fusion: Fusion, e):
                 return f"which {type(use).__name__} {use.out.name} reads (only elementwise ops may)"
             out = use.out
             for d in dims:
-                if out.logical[d].is_broadcast and (id(out), d) not in done:
+                if not out.logical[d].is_broadcast:
+                    # another input has rows (columns) there: the matmul's one row is broadcast
+                    # to them (torch's semantics), which the tile's zero-filled rows are not
+                    return f"which {out.name} broadcasts along axis {d} against a tensor with extent there"
+                if (id(out), d) not in done:
                     done.add((id(out), d))
                     todo.append((out, d))
                     frontier.append(out)

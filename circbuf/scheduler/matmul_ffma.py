@@ -74,6 +74,10 @@ def ffma_params(fusion: Fusion, info: InputInfo, overrides: dict | None = None) 
     a, b = _operands(e)
     if a.dtype not in (DataType.Float, DataType.Double) or b.dtype != a.dtype:
         return None, f"{a.dtype.name} x {b.dtype.name} operands (the FFMA path takes Float or Double)"
+    if any(i.is_broadcast for i in e.out.logical[-2:]):
+        # (its tile would broadcast one row against an epilogue input's rows: the sum of
+        # products takes it, as torch's broadcasting has it)
+        return None, "an M or N extent of 1 fixed in the definition"
     if a.ndim < 2 or b.ndim < 2:
         return None, "a 1-D operand (a matrix-vector product)"
     if isinstance(e, LinearOp) and b.ndim != 2:
