@@ -42,7 +42,7 @@ import torch
 import circbuf as cb
 from circbuf.interpret import interpret
 from circbuf.ir import CircbufError
-from circbuf.lowering.kir import Assign, ForLoop, TensorRef, walk
+from circbuf.lowering.kir import Assign, ForLoop, TensorRef, TmaStore, walk
 from circbuf.lowering.loop_nest import generate_loop_nest
 from circbuf.scheduler.outer_reduction import OuterReductionScheduler
 from circbuf.scheduler.registry import compute_params
@@ -237,15 +237,18 @@ CASES = {
 
 
 def _output_accesses(ck):
-    """(stores, reads) of the kernel's outputs: the Assign nodes that write
+    """(stores, reads) of the kernel's outputs: the Assign nodes (and TMA
+    stores: fp32 outputs of a matmul are staged and TMA-stored too) that write
     one and those that read one (global memory), each with its innermost loop."""
     outs = {id(p.tv) for p in ck.kernel.tensor_params if p.is_output}
     stores, reads = [], []
 
     def visit(node, stack):
+        loop = next((s for s in reversed(stack) if isinstance(s, ForLoop)), None)
+        if isinstance(node, TmaStore) and id(node.out) in outs:
+            stores.append((node, loop))
         if not isinstance(node, Assign):
             return
-        loop = next((s for s in reversed(stack) if isinstance(s, ForLoop)), None)
         if id(node.lhs.tv) in outs:
             stores.append((node, loop))
         if any(isinstance(o, TensorRef) and id(o.tv) in outs for o in node.operands):
