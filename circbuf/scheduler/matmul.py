@@ -538,9 +538,9 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     # of 64 is one sub-tile (stored from registers: TMA boxes need the 128 bytes)
     # (fp32 outputs only: 32 columns, still one 128-byte swizzled row per sub-tile row; a
     # row reduction's partials take 64-column sub-tiles, and bf16 beside fp32 outputs keep 64)
-    sizes = {o.dtype.size for o in matmul_reduce.tile_outputs(fusion)}
-    partials = len(matmul_reduce.tile_outputs(fusion)) < len(fusion.outputs)
-    cols = SWIZZLE_ROW // 4 if sizes == {4} and not partials else 64
+    out_sizes = [o.dtype.size for o in matmul_reduce.tile_outputs(fusion)]
+    partials = len(out_sizes) < len(fusion.outputs)
+    cols = SWIZZLE_ROW // 4 if set(out_sizes) == {4} and not partials else 64
     epi = ov.get("epilogue_tile", (64, cols if bn % cols == 0 else bn))
     if not (
         isinstance(epi, (tuple, list)) and len(epi) == 2 and all(isinstance(x, int) and x > 0 for x in epi)
@@ -578,26 +578,28 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     input_bytes = sum(loaded) * input_stages(bn, epi[1]) * bm * epi[1] * 2
     # (their rings take the shared memory of the second staging buffer)
     buffers = 2 if store == "tma" and (bn // epi[1]) % 2 == 0 and not loaded else 1
-    staging = staging_bytes(
-        store, buffers, epi[1], [o.dtype.size for o in matmul_reduce.tile_outputs(fusion)]
-    )
+    staging = staging_bytes(store, buffers, epi[1], out_sizes)
     # the epilogue role's ring: fp32 [bm x en] sub-tiles, a tile's worth when it fits in two
     handoff = 2 if role else 0  # a [128 x 128] tile's two sub-tiles; half a 128x256 tile
     handoff_bytes = handoff * bm * epi[1] * 4
     stage_bytes = (bm + bn) * bk * a.dtype.size
-    budget = info.target.smem_per_block - SMEM_RESERVED - staging - handoff_bytes - input_bytes
+
+    def left(staging, input_bytes):  # shared memory the operand stages may take
+        return info.target.smem_per_block - SMEM_RESERVED - staging - handoff_bytes - input_bytes
+
+    budget = left(staging, input_bytes)
     fit = budget // stage_bytes
     if "store" not in ov and "stages" not in ov and fit < MIN_STAGES and staging:
         # several outputs' staging tiles leave too few operand stages (five fp32 outputs:
         # 160 KB): one staging buffer, else stores from registers (no staging at all)
         buffers = 1
-        staging = staging_bytes(store, 1, epi[1], [o.dtype.size for o in matmul_reduce.tile_outputs(fusion)])
-        budget = info.target.smem_per_block - SMEM_RESERVED - staging - handoff_bytes - input_bytes
+        staging = staging_bytes(store, 1, epi[1], out_sizes)
+        budget = left(staging, input_bytes)
         fit = budget // stage_bytes
         peers = any(o.peer_store is not None for o in fusion.outputs)  # (TMA stores only)
         if fit < MIN_STAGES and not role and not peers:
             store, staging, loaded, input_bytes = "direct", 0, (), 0
-            budget = info.target.smem_per_block - SMEM_RESERVED - handoff_bytes
+            budget = left(0, 0)
             fit = budget // stage_bytes
     if "stages" not in ov and fit < 2:
         raise CircbufError(
