@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from .frontend_matmul import ContractionOps
 from .ir import (
     BinaryOp,
     BroadcastOp,
@@ -24,9 +25,7 @@ from .ir import (
     Fusion,
     IterDomain,
     IterType,
-    LinearOp,
     LoadStoreOp,
-    MatmulOp,
     ReductionOp,
     Scalar,
     TensorView,
@@ -385,7 +384,7 @@ def _predicate_unary(op, what):
     return fn
 
 
-class Ops:
+class Ops(ContractionOps):
     """``fd.ops``: nvFuser's op names. Arithmetic on Half/BFloat16 runs in fp32
     and returns Float (as nvFuser does); cast back with ``ops.cast``."""
 
@@ -1321,128 +1320,3 @@ class Ops:
         if weight is not None:
             y = self.mul(y, self._cast_to(weight, compute_type(weight.dtype)))
         return self._cast_to(y, x.dtype)
-
-    # ---------------------------------------------------------- matmul
-    def _contraction_dtype(self, what, *xs):
-        dts = {x.dtype for x in xs if x is not None}
-        names = ", ".join(f"{x.name} {x.dtype.name}" for x in xs if x is not None)
-        if len(dts) != 1:
-            raise CircbufError(f"{what}: operands must have one dtype, got {names}")
-        dt = dts.pop()
-        if not dt.is_float:
-            raise CircbufError(
-                f"{what}: operands must be floating point (Half, BFloat16, Float, Double), got {names}"
-            )
-        return dt
-
-    def _batch_axes(self, what, xs_batch, out_rank):
-        """Broadcast the batch axes of the operands (right-aligned, as torch);
-        returns the out axes and, per operand, its (axis, out axis) pairs."""
-        ids, maps = [], [[] for _ in xs_batch]
-        for j in range(out_rank):
-            axes = []
-            for k, axs in enumerate(xs_batch):
-                i = j - (out_rank - len(axs))
-                if i >= 0:
-                    axes.append((k, i, axs[i]))
-            ids.append(self._out_axis([a for _, _, a in axes], what, f"batch axis {j}"))
-            for k, i, _ in axes:
-                maps[k].append((i, j))
-        return ids, maps
-
-    def _require_same(self, x, y, differ, reason):
-        """Extents ``x`` and ``y`` must be equal: two constants are compared
-        now (``differ`` is the error), anything else at run time, where a
-        mismatch names ``reason`` (``Fusion.require_equal``)."""
-        if isinstance(x, Const) and isinstance(y, Const):
-            if x.value != y.value:
-                raise CircbufError(differ)
-        elif x != y:
-            self._f.require_equal(x, y, reason)
-
-    def _equate_k(self, what, ka, kb, a, b):
-        """The contracted extents of ``a`` and ``b`` must be equal."""
-        self._require_same(
-            ka,
-            kb,
-            f"{what}: K of {a.name} ({ka}) and {b.name} ({kb}) differ",
-            f"{what}: K of {a.name} and {b.name}",
-        )
-
-    def matmul(self, a, b):
-        """``a @ b`` with torch.matmul's shapes: a ``[..., M, K]`` or ``[K]``,
-        b ``[..., K, N]`` or ``[K]``, batch axes broadcast. The result is in
-        the inputs' dtype (bf16 in, bf16 out), accumulated in fp32; it is one
-        ``matmul`` expr of the fusion, which the matmul scheduler runs on
-        the tensor cores.
-
-        >>> # c = fd.ops.matmul(a, b)      # [M, K] @ [K, N] -> [M, N]
-        """
-        self._check(a, b)
-        if not (_is_tv(a) and _is_tv(b)):
-            raise CircbufError("matmul: both operands must be tensors")
-        if a.ndim == 0 or b.ndim == 0:
-            raise CircbufError(f"matmul: operands must have at least one axis, got {a.ndim}-D and {b.ndim}-D")
-        dt = self._contraction_dtype("matmul", a, b)
-        ax, bx = a.domain.no_reductions(), b.domain.no_reductions()
-        ka, kb = ax[-1], bx[0] if b.ndim == 1 else bx[-2]
-        self._equate_k("matmul", ka.loop_extent, kb.loop_extent, a, b)
-        a_batch = ax[:-2] if a.ndim > 1 else []
-        b_batch = bx[:-2] if b.ndim > 1 else []
-        rank = max(len(a_batch), len(b_batch))
-        ids, (ma, mb) = self._batch_axes("matmul", [a_batch, b_batch], rank)
-        if a.ndim > 1:  # M
-            ma.append((a.ndim - 2, len(ids)))
-            ids.append(self._out_axis([ax[-2]]))
-        if b.ndim > 1:  # N
-            mb.append((b.ndim - 1, len(ids)))
-            ids.append(self._out_axis([bx[-1]]))
-        out = self._new(ids, dt)
-        MatmulOp(out, a, b, [ma, mb], (a.ndim - 1, 0 if b.ndim == 1 else b.ndim - 2))
-        return out
-
-    def linear(self, a, w, bias=None):
-        """``a @ w.T + bias`` as ``torch.nn.functional.linear``: a ``[..., K]``,
-        w ``[N, K]`` (or ``[K]``), bias ``[N]``; one ``linear`` expr, in the
-        inputs' dtype, accumulated in fp32.
-
-        >>> # y = fd.ops.linear(x, w, b)   # [M, K], [N, K], [N] -> [M, N]
-        """
-        self._check(a, w, bias)
-        if not (_is_tv(a) and _is_tv(w)) or (bias is not None and not _is_tv(bias)):
-            raise CircbufError("linear: input, weight and bias must be tensors")
-        if w.ndim not in (1, 2) or a.ndim == 0:
-            raise CircbufError(
-                f"linear: weight {w.name} must be [N, K] or [K], input at least 1-D; got {a.ndim}-D and {w.ndim}-D"
-            )
-        dt = self._contraction_dtype("linear", a, w, bias)
-        ax, wx = a.domain.no_reductions(), w.domain.no_reductions()
-        self._equate_k("linear", ax[-1].loop_extent, wx[-1].loop_extent, a, w)
-        ids = [self._out_axis([i]) for i in ax[:-1]]
-        ma = [(i, i) for i in range(a.ndim - 1)]
-        mw = []
-        if w.ndim == 2:
-            mw.append((0, len(ids)))
-            ids.append(self._out_axis([wx[0]]))
-        maps = [ma, mw]
-        if bias is not None:
-            n = wx[0].loop_extent if w.ndim == 2 else Const(1)
-            if bias.ndim > 1 or (bias.ndim == 1 and w.ndim == 1):
-                raise CircbufError(
-                    f"linear: bias {bias.name} must be [N] (or 0-D for a 1-D weight), got {bias.ndim}-D"
-                )
-            if bias.ndim == 1:
-                b0 = bias.domain.no_reductions()[0]
-                if b0.concrete_extent is not None:
-                    self._require_same(
-                        n,
-                        b0.concrete_extent,
-                        f"linear: bias {bias.name} has length {b0.concrete_extent}, N of {w.name} is {n}",
-                        f"linear: bias length ({bias.name}) and N ({w.name})",
-                    )
-                maps.append([(0, len(ids) - 1)])
-            else:
-                maps.append([])
-        out = self._new(ids, dt)
-        LinearOp(out, a, w, bias, maps)
-        return out

@@ -393,11 +393,19 @@ def test_fixed_bias_length_mismatch_is_a_definition_error():
 @pytest.mark.parametrize("what", ["batch", "rows", "linear"])
 def test_expanded_operand_keeps_the_expanded_extent(what, dtype):
     # torch's shape and values: the expanded extent, not the 1 the operand is
-    # stored with; the expand is computed in the fusion, so the SIMT path runs
-    # it (no TMA: the CPU interpreter can)
+    # stored with. A 16-bit matmul is cut from the expand, which writes the
+    # operand's rows out in full, and runs on the tensor cores (segmenter
+    # ``_write_out_expanded``); fp32 (TF32 off) keeps the SIMT path whole
     fd, shapes, ref = expanded_operand(what, dtype)
     inputs = [torch.randn(s, dtype=dtype) for s in shapes]
-    assert fd.compile(inputs, arch="sm_90a").params.simt is not None
+    ck = fd.compile(inputs, arch="sm_90a")
+    if dtype == torch.bfloat16:
+        assert [k.params.simt for k in ck.kernels if hasattr(k.params, "simt")] == [None], ck
+        # the matmul segment's operand is an input with rows (no expanded axis left)
+        mm = ck.segments.segments[-1].fusion
+        assert not any(i.is_broadcast for i in mm.inputs[0].logical), mm.print_math()
+    else:
+        assert ck.params.simt is not None
     (out,) = interpret(fd, inputs)
     check(out, ref(*[x.double() for x in inputs]), rel=1e-2 if dtype == torch.bfloat16 else 1e-5)
 

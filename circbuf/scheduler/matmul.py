@@ -221,9 +221,11 @@ def _split_for_tensor_cores(fusion: Fusion, e) -> str | None:
     a, b, _ = _operands(e)
     if a.dtype not in (DataType.BFloat16, DataType.Half) or b.dtype != a.dtype:
         return None
-    # (an operand that is a view, broadcast or expand of an input stays whole on the
-    # SIMT path: the segmenter hands such a view to the next segment unmaterialized)
-    math = [x for x in (a, b) if isinstance(x.definition, (UnaryOp, BinaryOp, TernaryOp, CastOp))]
+    # (an expanded operand, ``x[1, K].expand(M, K)``, is cut too: the segmenter writes a
+    # matmul operand's expanded axes out in full, which a tensor map reads as any rows)
+    math = [
+        x for x in (a, b) if isinstance(x.definition, (UnaryOp, BinaryOp, TernaryOp, CastOp, BroadcastOp))
+    ]
     why = _mma_structure(fusion, e)
     cut = why is not None and (
         math

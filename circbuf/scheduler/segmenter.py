@@ -37,10 +37,10 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from ..ir import CircbufError, Fusion, ReshapeOp, TensorView, Var
+from ..ir import CircbufError, Fusion, IterType, ReshapeOp, TensorView, Var
 from ..ir.fusion import _elementwise_layout
 from ..ir.nodes import ELEMENTWISE, MemoryType, TensorDomain
-from ..ir.scalar import free_vars
+from ..ir.scalar import free_vars, is_const
 from ..ir.view import concretize_for
 from .utils import check_aliases, unwritten_output
 
@@ -526,6 +526,10 @@ def _cut(fusion: Fusion, positions: list[int], outputs=None):
     sources, output names)."""
     view, sources = _view(fusion, fusion.exprs(), positions, outputs)
     f2 = view.clone()
+    operands = _contraction_operands(fusion)
+    for t in f2.inputs + f2.outputs:
+        if isinstance(t, TensorView) and t.name in operands:
+            _write_out_expanded(t)
     written = {t.name: t for e in fusion.exprs() for t in e.outputs}
     for k, t in enumerate(f2.outputs):
         if k not in f2.aliases:
@@ -573,6 +577,27 @@ def _cut(fusion: Fusion, positions: list[int], outputs=None):
         (a, b) for a, b in f2.extent_equalities if set(free_vars(a)) | set(free_vars(b)) <= bound
     ]
     return f2, sources, [t.name for t in f2.outputs]
+
+
+def _contraction_operands(fusion: Fusion) -> frozenset:
+    """Names of the tensors computed in ``fusion`` that a matmul or linear
+    reads as an operand."""
+    from ..ir.nodes import _Contraction
+
+    return frozenset(
+        x.name for e in fusion.exprs() if isinstance(e, _Contraction) for x in e.inputs[:2] if not x.is_input
+    )
+
+
+def _write_out_expanded(t: TensorView) -> None:
+    """A matmul operand between segments is written with its expanded axes
+    in full (``x[1, K].expand(M, K)`` as M rows): a tensor map cannot read
+    the expand of a smaller tensor (the tensor-core path took none, and the
+    SIMT sum of products ran the matmul); the producer's expand writes the
+    rows, the matmul's segment reads them as any input."""
+    for i in t.logical:
+        if i.is_broadcast and i.expanded_extent is not None and not is_const(i.expanded_extent, 1):
+            i.iter_type, i.extent, i.expanded_extent = IterType.Iteration, i.expanded_extent, None
 
 
 def _layout(t: TensorView):

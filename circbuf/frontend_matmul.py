@@ -1,0 +1,183 @@
+"""``fd.ops.matmul`` and ``fd.ops.linear``: torch.matmul's and
+torch.nn.functional.linear's shapes, one contraction expr each.
+
+A 16-bit matrix-vector product (an operand of one axis) is defined as the
+2-D product of a one-row (one-column) view of the vector, with that axis
+squeezed from the result, so it runs on the tensor cores as the M = 1
+(N = 1) GEMM it is; the tensor-core path takes no 1-D operand, and the SIMT
+sum of products read a 4096 x 4096 weight at half the bandwidth:
+
+    matmul(a[K], b[K, N])  ->  squeeze(matmul(broadcast(a, [True, False]), b), [0])
+
+fp32 and fp64 vectors keep the one 1-D expr (the FFMA path and the sum of
+products take it; whether fp32 runs on TF32 is known only per call).
+
+>>> import circbuf as cb
+>>> with cb.FusionDefinition() as fd:
+...     a = fd.define_tensor([-1], dtype=cb.DataType.BFloat16)
+...     b = fd.define_tensor([-1, -1], dtype=cb.DataType.BFloat16)
+...     fd.add_output(fd.ops.matmul(a, b))
+>>> [type(e).__name__ for e in fd.fusion.exprs()]
+['BroadcastOp', 'MatmulOp', 'SqueezeOp']
+"""
+
+from __future__ import annotations
+
+from .ir import CircbufError, Const, DataType, LinearOp, MatmulOp
+
+# dtypes whose vector operands are defined as one-row / one-column matrices
+VECTOR_AS_MATRIX = (DataType.BFloat16, DataType.Half)
+
+
+def _is_tv(x):
+    from .ir import TensorView
+
+    return isinstance(x, TensorView)
+
+
+class ContractionOps:
+    """The contraction ops of ``fd.ops`` (a mixin of :class:`.frontend.Ops`)."""
+
+    def _contraction_dtype(self, what, *xs):
+        dts = {x.dtype for x in xs if x is not None}
+        names = ", ".join(f"{x.name} {x.dtype.name}" for x in xs if x is not None)
+        if len(dts) != 1:
+            raise CircbufError(f"{what}: operands must have one dtype, got {names}")
+        dt = dts.pop()
+        if not dt.is_float:
+            raise CircbufError(
+                f"{what}: operands must be floating point (Half, BFloat16, Float, Double), got {names}"
+            )
+        return dt
+
+    def _batch_axes(self, what, xs_batch, out_rank):
+        """Broadcast the batch axes of the operands (right-aligned, as torch);
+        returns the out axes and, per operand, its (axis, out axis) pairs."""
+        ids, maps = [], [[] for _ in xs_batch]
+        for j in range(out_rank):
+            axes = []
+            for k, axs in enumerate(xs_batch):
+                i = j - (out_rank - len(axs))
+                if i >= 0:
+                    axes.append((k, i, axs[i]))
+            ids.append(self._out_axis([a for _, _, a in axes], what, f"batch axis {j}"))
+            for k, i, _ in axes:
+                maps[k].append((i, j))
+        return ids, maps
+
+    def _require_same(self, x, y, differ, reason):
+        """Extents ``x`` and ``y`` must be equal: two constants are compared
+        now (``differ`` is the error), anything else at run time, where a
+        mismatch names ``reason`` (``Fusion.require_equal``)."""
+        if isinstance(x, Const) and isinstance(y, Const):
+            if x.value != y.value:
+                raise CircbufError(differ)
+        elif x != y:
+            self._f.require_equal(x, y, reason)
+
+    def _equate_k(self, what, ka, kb, a, b):
+        """The contracted extents of ``a`` and ``b`` must be equal."""
+        self._require_same(
+            ka,
+            kb,
+            f"{what}: K of {a.name} ({ka}) and {b.name} ({kb}) differ",
+            f"{what}: K of {a.name} and {b.name}",
+        )
+
+    def matmul(self, a, b):
+        """``a @ b`` with torch.matmul's shapes: a ``[..., M, K]`` or ``[K]``,
+        b ``[..., K, N]`` or ``[K]``, batch axes broadcast. The result is in
+        the inputs' dtype (bf16 in, bf16 out), accumulated in fp32; it is one
+        ``matmul`` expr of the fusion, which the matmul scheduler runs on
+        the tensor cores (a 16-bit vector operand: see the module's docstring).
+
+        >>> # c = fd.ops.matmul(a, b)      # [M, K] @ [K, N] -> [M, N]
+        """
+        self._check(a, b)
+        if not (_is_tv(a) and _is_tv(b)):
+            raise CircbufError("matmul: both operands must be tensors")
+        if a.ndim == 0 or b.ndim == 0:
+            raise CircbufError(f"matmul: operands must have at least one axis, got {a.ndim}-D and {b.ndim}-D")
+        dt = self._contraction_dtype("matmul", a, b)
+        if dt in VECTOR_AS_MATRIX and (a.ndim == 1 or b.ndim == 1):
+            a2 = self.broadcast(a, [True, False]) if a.ndim == 1 else a
+            b2 = self.broadcast(b, [False, True]) if b.ndim == 1 else b
+            c = self.matmul(a2, b2)
+            return self.squeeze(
+                c, ([c.ndim - 2] if a.ndim == 1 else []) + ([c.ndim - 1] if b.ndim == 1 else [])
+            )
+        ax, bx = a.domain.no_reductions(), b.domain.no_reductions()
+        ka, kb = ax[-1], bx[0] if b.ndim == 1 else bx[-2]
+        self._equate_k("matmul", ka.loop_extent, kb.loop_extent, a, b)
+        a_batch = ax[:-2] if a.ndim > 1 else []
+        b_batch = bx[:-2] if b.ndim > 1 else []
+        rank = max(len(a_batch), len(b_batch))
+        ids, (ma, mb) = self._batch_axes("matmul", [a_batch, b_batch], rank)
+        if a.ndim > 1:  # M
+            ma.append((a.ndim - 2, len(ids)))
+            ids.append(self._out_axis([ax[-2]]))
+        if b.ndim > 1:  # N
+            mb.append((b.ndim - 1, len(ids)))
+            ids.append(self._out_axis([bx[-1]]))
+        out = self._new(ids, dt)
+        MatmulOp(out, a, b, [ma, mb], (a.ndim - 1, 0 if b.ndim == 1 else b.ndim - 2))
+        return out
+
+    def linear(self, a, w, bias=None):
+        """``a @ w.T + bias`` as ``torch.nn.functional.linear``: a ``[..., K]``,
+        w ``[N, K]`` (or ``[K]``), bias ``[N]``; one ``linear`` expr, in the
+        inputs' dtype, accumulated in fp32.
+
+        >>> # y = fd.ops.linear(x, w, b)   # [M, K], [N, K], [N] -> [M, N]
+        """
+        self._check(a, w, bias)
+        if not (_is_tv(a) and _is_tv(w)) or (bias is not None and not _is_tv(bias)):
+            raise CircbufError("linear: input, weight and bias must be tensors")
+        if w.ndim not in (1, 2) or a.ndim == 0:
+            raise CircbufError(
+                f"linear: weight {w.name} must be [N, K] or [K], input at least 1-D; got {a.ndim}-D and {w.ndim}-D"
+            )
+        dt = self._contraction_dtype("linear", a, w, bias)
+        if dt in VECTOR_AS_MATRIX and (a.ndim == 1 or w.ndim == 1):
+            a2 = self.broadcast(a, [True, False]) if a.ndim == 1 else a
+            w2 = self.broadcast(w, [True, False]) if w.ndim == 1 else w
+            if w.ndim == 1 and bias is not None:
+                if not _is_tv(bias) or bias.ndim != 0:
+                    raise CircbufError(
+                        f"linear: bias {bias.name} must be 0-D for a 1-D weight, got {bias.ndim}-D"
+                    )
+                bias = self.broadcast(bias, [True])
+            c = self.linear(a2, w2, bias)
+            return self.squeeze(
+                c, ([c.ndim - 2] if a.ndim == 1 else []) + ([c.ndim - 1] if w.ndim == 1 else [])
+            )
+        ax, wx = a.domain.no_reductions(), w.domain.no_reductions()
+        self._equate_k("linear", ax[-1].loop_extent, wx[-1].loop_extent, a, w)
+        ids = [self._out_axis([i]) for i in ax[:-1]]
+        ma = [(i, i) for i in range(a.ndim - 1)]
+        mw = []
+        if w.ndim == 2:
+            mw.append((0, len(ids)))
+            ids.append(self._out_axis([wx[0]]))
+        maps = [ma, mw]
+        if bias is not None:
+            n = wx[0].loop_extent if w.ndim == 2 else Const(1)
+            if bias.ndim > 1 or (bias.ndim == 1 and w.ndim == 1):
+                raise CircbufError(
+                    f"linear: bias {bias.name} must be [N] (or 0-D for a 1-D weight), got {bias.ndim}-D"
+                )
+            if bias.ndim == 1:
+                b0 = bias.domain.no_reductions()[0]
+                if b0.concrete_extent is not None:
+                    self._require_same(
+                        n,
+                        b0.concrete_extent,
+                        f"linear: bias {bias.name} has length {b0.concrete_extent}, N of {w.name} is {n}",
+                        f"linear: bias length ({bias.name}) and N ({w.name})",
+                    )
+                maps.append([(0, len(ids) - 1)])
+            else:
+                maps.append([])
+        out = self._new(ids, dt)
+        LinearOp(out, a, w, bias, maps)
+        return out
