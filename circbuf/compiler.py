@@ -652,11 +652,14 @@ class FusionExecutor:
         def make(i, args):
             plan = subs[i]._plan(args)
             p.steps[i][0] = plan.run
-            if i == len(subs) - 1:
-                self.last = CompiledFusion(seg, [sub.last for sub in subs])
             return plan
 
-        p.make = make
+        def made(i):
+            # after the step's first run: a split-K segment's plan compiles its kernels then
+            if i == len(subs) - 1:
+                self.last = CompiledFusion(seg, [sub.last for sub in subs])
+
+        p.make, p.made = make, made
         return p
 
     # ---------------------------------------------------------- execute
@@ -962,7 +965,13 @@ class FusionExecutor:
 
 def _first_run(p: SegmentedPlan, k: int):
     """Step ``k``'s run before its plan exists: make it, then run it."""
-    return lambda args, finish: p.make(k, args).run(args, finish)
+
+    def run(args, finish):
+        outs = p.make(k, args).run(args, finish)
+        p.made(k)
+        return outs
+
+    return run
 
 
 def _getter(idx: list):

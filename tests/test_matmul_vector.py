@@ -96,8 +96,10 @@ def _case(name, dt, device):
 
 
 def _matmul_kernels(fd):
-    p = fd.last_params()
-    return [q for q in (p if isinstance(p, list) else [p]) if hasattr(q, "simt")]
+    def flat(p):  # (a split-K matmul segment's params are a list of its own)
+        return [r for q in p for r in flat(q)] if isinstance(p, list) else [p]
+
+    return [q for q in flat(fd.last_params()) if hasattr(q, "simt")]
 
 
 def _check(fd, outs, xs, ref):
@@ -180,3 +182,42 @@ def test_gpu_decode_vector(monkeypatch, n, k):
     g = seeded(n + k)
     xs = [torch.randn(k, generator=g).bfloat16().to(DEV), torch.randn(n, k, generator=g).bfloat16().to(DEV)]
     _check(fd, fd.execute(xs), xs, lambda x, w: [F.linear(x, w)])
+
+
+def test_split_k_override_reaches_the_matmul_segment():
+    """``schedule(split_k=2)`` on a fusion the segmenter cuts (the expand, then
+    the matmul): the matmul's segment takes it; the whole fusion once raised
+    that its operand was computed in the fusion."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.linear(fd.ops.expand(x, [128, -1]), w))
+    fd.fusion.schedule(split_k=2)
+    g = seeded(3)
+    xs = [torch.randn(1, 256, generator=g).bfloat16(), torch.randn(64, 256, generator=g).bfloat16()]
+    outs = interpret(fd, xs)
+    # the matmul's segment runs split: its params are the partial products' and the reduction's
+    assert isinstance(fd.last_params()[-1], list), fd.last_params()
+    _check(fd, outs, xs, lambda x, w: [x.expand(128, 256) @ w.T])
+
+
+@pytest.mark.gpu
+def test_gpu_split_k_segment_last(monkeypatch):
+    """A split-K matmul as the fusion's last segment: ``last_params()`` and
+    ``print`` of the compiled fusion once failed (the split-K segment's
+    kernels compile on its first run, after the plan was recorded)."""
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.linear(fd.ops.expand(x, [128, -1]), w))
+    fd.fusion.schedule(split_k=2)
+    g = seeded(4)
+    xs = [
+        torch.randn(1, 512, generator=g).bfloat16().to(DEV),
+        torch.randn(256, 512, generator=g).bfloat16().to(DEV),
+    ]
+    for _ in range(2):
+        outs = fd.execute(xs)
+        _check(fd, outs, xs, lambda x, w: [x.expand(128, 512) @ w.T])
+    assert "split-K" in str(fd._get_executor().last)

@@ -161,7 +161,10 @@ class CompiledFusion:
     def __str__(self):
         lines = [f"{len(self.kernels)} kernels (the fusion is segmented):"]
         for k, (seg, ck) in enumerate(zip(self.segments.segments, self.kernels)):
-            lines.append(f"  kernel {k}: {ck.name} ({_brief(ck.params)})")
+            if isinstance(ck, CompiledFusion):  # a segment that runs as kernels of its own (split-K)
+                lines.append(f"  kernel {k}: " + str(ck).replace("\n", "\n  "))
+            else:
+                lines.append(f"  kernel {k}: {ck.name} ({_brief(ck.params)})")
             lines += [f"    {m}" for m in seg.math]
         return "\n".join(lines)
 
@@ -184,7 +187,7 @@ class SegmentedPlan:
     caching allocator hands their memory to the next allocation)].
     ``outs``: the slots of the fusion's outputs."""
 
-    __slots__ = ("steps", "consts", "outs", "finish", "make", "scalar_slots")
+    __slots__ = ("steps", "consts", "outs", "finish", "make", "made", "scalar_slots")
 
     def run(self, inputs):
         vals = [*inputs, *self.consts]

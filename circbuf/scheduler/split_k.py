@@ -180,6 +180,10 @@ def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
     cs = contractions(fusion)
     if len(cs) != 1:
         return None
+    from .matmul import MatmulScheduler
+
+    if MatmulScheduler.can_schedule(fusion) is not None:
+        return None  # segmented: the matmul's segment takes split_k (and names why it cannot)
     why = _why_not(fusion, info)
     if why is not None:
         if asked is not None and not why.startswith("the matmul runs on the SIMT path"):
