@@ -32,7 +32,7 @@ class RealignPlan:
     """The launch plan for one input signature: copy the operands at
     ``positions``, then run the executor's plan for the copies' signature."""
 
-    __slots__ = ("ex", "positions", "scalar_slots", "inner", "names")
+    __slots__ = ("ex", "positions", "scalar_slots", "inner", "names", "strides")
 
     def __init__(self, ex, positions, scalar_slots):
         self.ex, self.positions, self.scalar_slots = ex, positions, scalar_slots
@@ -40,11 +40,22 @@ class RealignPlan:
             ex.fusion.inputs[j].name for j, _ in positions
         )  # what ex.realigned says after a run
         self.inner = None  # the plan of the realigned signature, once made
+        self.strides = None  # each copy's strides: one signature (sizes, strides) per plan
 
     def run(self, inputs, finish=True):
+        import torch
+
         from .runtime.executor import SegmentedPlan
 
-        new = substitute(inputs, self.positions)
+        if self.strides is None:
+            self.strides = [
+                realigned_strides(tuple(inputs[j].shape), inputs[j].stride(), inputs[j].element_size(), unit)
+                for j, unit in self.positions
+            ]
+        new = list(inputs)
+        for (j, _), st in zip(self.positions, self.strides):
+            x = inputs[j]
+            new[j] = torch.empty_strided(x.shape, st, dtype=x.dtype, device=x.device).copy_(x)
         if self.inner is None:
             self.inner = self.ex._plan(new)
         if isinstance(self.inner, SegmentedPlan):

@@ -242,6 +242,11 @@ class CudaCodegen:
         self.emit(f"const index_t {n.var.name} = {self.scalar(n.value)};")
 
     def visit_IfThenElse(self, n: IfThenElse):
+        if not n.else_ and len(n.then) == 1 and isinstance(n.then[0], Assign) and n.then[0].row is not None:
+            # a row store's guard goes into the helper, which stores under it: no branch, so the
+            # unrolled row loop issues several iterations' shared loads before their stores
+            self._row_store(n.then[0], self.scalar(n.cond))
+            return
         self.emit(f"if ({self.scalar(n.cond)}) {{")
         self.block(n.then)
         if n.else_:
@@ -499,17 +504,23 @@ class CudaCodegen:
         self.red_smem.append(f"__shared__ {dt.value} {smem}[{32 * rows}];")
         self.emit(f"{r} = cb::block_reduce_x({r}, {_RED[n.expr.op_name]}, {init}, {smem}{sync});")
 
+    def _row_store(self, a: Assign, guard: str):
+        """``cb::row_store2``: a pair of a row, stored as the row's alignment allows,
+        where ``guard`` (the pair's bounds) holds."""
+        r = a.row
+        assert a.lhs.vector == 2, "a row store moves pairs"
+        col, left = self.scalar(simplify(r.col)), self.scalar(simplify(r.left))
+        src = a.operands[0]  # (the helper finds the element before it by the buffer's swizzle)
+        self.emit(
+            f"cb::row_store2<{src.tv.swizzle_bytes}>(&{self.ref(a.lhs)}, &{self.ref(src)}, {col}, {r.width}, "
+            f"{left}, {guard});"
+        )
+
     def visit_Assign(self, a: Assign):
         lhs = a.lhs
         dt = lhs.tv.dtype
         if a.row is not None:  # a pair of a row, stored as the row's alignment allows
-            r = a.row
-            assert lhs.vector == 2, "a row store moves pairs"
-            col, left = self.scalar(simplify(r.col)), self.scalar(simplify(r.left))
-            src = a.operands[0]  # (the helper finds the element before it by the buffer's swizzle)
-            self.emit(
-                f"cb::row_store2<{src.tv.swizzle_bytes}>(&{self.ref(lhs)}, &{self.ref(src)}, {col}, {r.width}, {left});"
-            )
+            self._row_store(a, "true")
             return
         if lhs.vector > 1:
             src = a.operands[0]

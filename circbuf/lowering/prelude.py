@@ -315,7 +315,8 @@ template <int N, typename T> __device__ __forceinline__ void vec_copy(T* dst, co
 
 // A row store's pair: staging-row columns col, col + 1 (src, 4-byte aligned in shared
 // memory; col even, of a row of `width` columns) to dst = the output's element at col;
-// `left` >= 1 elements of the output row are in range from dst. Where dst is 4-byte
+// `left` >= 1 elements of the output row are in range from dst where `guard` (the
+// pair's bounds) holds; nothing is stored where it does not. Where dst is 4-byte
 // aligned the pair is one 4-byte store (2-byte where only dst is in range). Elsewhere (an
 // odd-width row) the row's 4-byte pieces start one element earlier: (col - 1, col) at
 // dst - 1, but the staging row's first element alone, and its last (col + 1) alone, as
@@ -326,24 +327,32 @@ template <int N, typename T> __device__ __forceinline__ void vec_copy(T* dst, co
 template <int SW> __device__ __forceinline__ unsigned swizzle_addr(unsigned a) {
   return SW ? a ^ ((a >> 3) & (unsigned)((SW / 16 - 1) << 4)) : a;
 }
+// A 4- or 2-byte global store where p holds, as one predicated instruction (no branch)
+__device__ __forceinline__ void st_global_if(bool p, unsigned* a, unsigned v) {
+  asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.b32 [%1], %2; }" :: "r"((int)p), "l"(a), "r"(v));
+}
+__device__ __forceinline__ void st_global_if(bool p, unsigned short* a, unsigned v) {
+  asm volatile("{ .reg .pred q; setp.ne.b32 q, %0, 0; @q st.global.b16 [%1], %2; }"
+               :: "r"((int)p), "l"(a), "h"((unsigned short)v));
+}
 template <int SW, typename T>
-__device__ __forceinline__ void row_store2(T* dst, const T* src, index_t col, index_t width, index_t left) {
+__device__ __forceinline__ void row_store2(T* dst, const T* src, index_t col, index_t width, index_t left,
+                                           bool guard) {
   static_assert(sizeof(T) == 2, "a row store moves 16-bit elements");
+  // No branches: the shared loads run whatever `guard` (the pair's bounds) says, the stores
+  // are predicated on it, so that the unrolled row loop issues several iterations' loads
+  // before their stores (with branches each iteration waited out its loads in turn; the
+  // compiler sinks loads into branches a plain `if` leaves, hence the predicated PTX stores)
   const unsigned v = *reinterpret_cast<const unsigned*>(src);
   unsigned short* d = reinterpret_cast<unsigned short*>(dst);
-  if ((reinterpret_cast<unsigned long long>(d) & 3) == 0) {
-    if (left >= 2) *reinterpret_cast<unsigned*>(d) = v;
-    else d[0] = (unsigned short)v;
-  } else {
-    if (col == 0) d[0] = (unsigned short)v;
-    else {
-      const unsigned s = (unsigned)__cvta_generic_to_shared(src);
-      const int back = (int)swizzle_addr<SW>(swizzle_addr<SW>(s) - 2) - (int)s;  // bytes from src
-      const unsigned prev = *reinterpret_cast<const unsigned short*>(reinterpret_cast<const char*>(src) + back);
-      *reinterpret_cast<unsigned*>(d - 1) = prev | (v << 16);
-    }
-    if (left == 2 || (col + 2 == width && left > 2)) d[1] = (unsigned short)(v >> 16);
-  }
+  const bool al = (reinterpret_cast<unsigned long long>(d) & 3) == 0;
+  const unsigned s = (unsigned)__cvta_generic_to_shared(src);
+  const int back = (al || col == 0) ? 0 : (int)swizzle_addr<SW>(swizzle_addr<SW>(s) - 2) - (int)s;  // bytes from src
+  const unsigned prev = *reinterpret_cast<const unsigned short*>(reinterpret_cast<const char*>(src) + back);
+  st_global_if(guard && (al ? left >= 2 : col != 0), reinterpret_cast<unsigned*>(al ? d : d - 1),
+               al ? v : (prev | (v << 16)));
+  st_global_if(guard && (al ? left < 2 : col == 0), d, v);
+  st_global_if(guard && !al && (left == 2 || (col + 2 == width && left > 2)), d + 1, v >> 16);
 }
 
 // Reduce v over threadIdx.x (blockDim.x a multiple of 32), separately for each
