@@ -229,11 +229,10 @@ def _split_for_tensor_cores(fusion: Fusion, e) -> str | None:
     why = _mma_structure(fusion, e)
     cut = why is not None and (
         math
-        and why.startswith("operand ")
-        or why.startswith("output ")
+        and why.kind in ("computed operand", "expanded operand")
+        or why.kind == "output"
         # (a batch-1 decode step under torch.compile: mm of [1, K] then a reshape of the result)
-        or why.startswith("an M or N extent of 1 fixed")
-        and ", which " in why
+        or why.kind == "fixed one"
     )
     if not cut:
         return None
@@ -261,36 +260,63 @@ def _simt_refuses(fusion: Fusion) -> str | None:
     return f"matmul {e.out.name} runs on the SIMT path for {when}, which cannot take this fusion: {why}"
 
 
-def _mma_structure(fusion: Fusion, e) -> str | None:
+class Reason(str):
+    """A refusal: its text (a str: callers print it, prefix it, join it) and
+    its ``kind``, which decisions read instead of the wording.
+
+    >>> r = Reason("output", "output T4 does not have the matmul output's shape")
+    >>> r.kind, r.startswith("output T4")
+    ('output', True)
+    """
+
+    def __new__(cls, kind: str, text: str):
+        r = super().__new__(cls, text)
+        r.kind = kind
+        return r
+
+
+def _mma_structure(fusion: Fusion, e) -> Reason | None:
     """Why the tensor-core path cannot take this fusion whatever its inputs,
     else None (fp32 operands: on TF32 tensor cores when torch allows it, which
-    :func:`_mma_unsupported` asks)."""
+    :func:`_mma_unsupported` asks). Kinds: ``dtype``, ``vector``, ``weight``,
+    ``computed operand``, ``expanded operand``, ``fixed one`` (a consumer of
+    the one row the segmenter can cut away), ``fixed one, one tensor``,
+    ``output``."""
     a, b, _ = _operands(e)
     if a.dtype not in (DataType.BFloat16, DataType.Half, DataType.Float):
-        return f"{a.dtype.name} operands (the tensor-core path takes BFloat16, Half, and Float as TF32)"
+        return Reason(
+            "dtype", f"{a.dtype.name} operands (the tensor-core path takes BFloat16, Half, and Float as TF32)"
+        )
     if a.ndim < 2 or b.ndim < 2:
-        return "a 1-D operand (a matrix-vector product)"
+        return Reason("vector", "a 1-D operand (a matrix-vector product)")
     if isinstance(e, LinearOp) and b.ndim != 2:
-        return "a linear weight that is not 2-D"
+        return Reason("weight", "a linear weight that is not 2-D")
     for x in (a, b):
         if not x.is_input:
-            return f"operand {x.name} is computed in the fusion (prologue math is not staged by TMA)"
+            return Reason(
+                "computed operand",
+                f"operand {x.name} is computed in the fusion (prologue math is not staged by TMA)",
+            )
         for d, i in enumerate(x.logical):
             # (a segment's input the segmenter hands over as the expand of a smaller tensor)
             if i.is_broadcast and i.expanded_extent is not None and not is_const(i.expanded_extent, 1):
-                return f"operand {x.name} is expanded along axis {d} (a broadcast a tensor map cannot step)"
+                return Reason(
+                    "expanded operand",
+                    f"operand {x.name} is expanded along axis {d} (a broadcast a tensor map cannot step)",
+                )
     c = e.out
     fixed = fixed_ones(fusion, e)
     if isinstance(fixed, str):
-        return f"an M or N extent of 1 fixed in the definition, {fixed}"
+        kind = "fixed one" if fixed.kind == "consumer" else "fixed one, one tensor"
+        return Reason(kind, f"an M or N extent of 1 fixed in the definition, {fixed}")
     lmap = LogicalMap(fusion)
     classes = {lmap.find(i) for i in c.logical}
     for o in matmul_reduce.tile_outputs(fusion):
         for d, i in enumerate(o.logical):
             if i.concrete_extent is not None and lmap.find(i) not in classes:
-                return f"output {o.name} axis {d} is not an axis of the matmul's output"
+                return Reason("output", f"output {o.name} axis {d} is not an axis of the matmul's output")
         if o.ndim != c.ndim:
-            return f"output {o.name} does not have the matmul output's shape"
+            return Reason("output", f"output {o.name} does not have the matmul output's shape")
     return None
 
 
@@ -304,7 +330,8 @@ def fixed_ones(fusion: Fusion, e):
     batch-1 decode step's activations): the operand's own axis, the matmul
     output's, and those of the elementwise epilogue ops computed from it (a
     broadcast axis is not allocated: the operand's tile would have no rows).
-    A string says why not (a consumer that is no elementwise op); ``[]``:
+    A :class:`Reason` says why not (kind ``consumer``: an op that is not
+    elementwise reads it, or it broadcasts against rows; ``one tensor``); ``[]``:
     nothing fixed.
 
     >>> # x = define_tensor([1, K]); linear(x, w) -> [(x, 0), (linear's out, 0), ...]
@@ -314,7 +341,7 @@ def fixed_ones(fusion: Fusion, e):
     if not any(i.is_broadcast for i in c.logical[-2:]):
         return []
     if a is b:
-        return "whose operands are one tensor (M and N would be one axis)"
+        return Reason("one tensor", "whose operands are one tensor (M and N would be one axis)")
     todo = []
     nd = isinstance(e, LinearOp)
     for x, d in ((a, a.ndim - 2), (b, b.ndim - 2 if nd else b.ndim - 1)):
@@ -331,13 +358,18 @@ def fixed_ones(fusion: Fusion, e):
                 isinstance(use, LoadStoreOp) and use.kind == "set"
             )
             if not elementwise or len(use.outputs) != 1 or use.out.ndim != t.ndim:
-                return f"which {type(use).__name__} {use.out.name} reads (only elementwise ops may)"
+                return Reason(
+                    "consumer", f"which {type(use).__name__} {use.out.name} reads (only elementwise ops may)"
+                )
             out = use.out
             for d in dims:
                 if not out.logical[d].is_broadcast:
                     # another input has rows (columns) there: the matmul's one row is broadcast
                     # to them (torch's semantics), which the tile's zero-filled rows are not
-                    return f"which {out.name} broadcasts along axis {d} against a tensor with extent there"
+                    return Reason(
+                        "consumer",
+                        f"which {out.name} broadcasts along axis {d} against a tensor with extent there",
+                    )
                 if (id(out), d) not in done:
                     done.add((id(out), d))
                     todo.append((out, d))
