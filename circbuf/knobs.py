@@ -21,6 +21,9 @@
   tanh everywhere; by default fp32 values that reach the outputs only through
   a rounding to bf16/fp16 that hides the error use fast approximate variants
   (``circbuf/lowering/fast_math.py``).
+- ``CIRCBUF_PDL=0``: launch kernels without programmatic dependent launch
+  (by default each may be scheduled while the stream's previous kernel
+  finishes; its first statement waits for it: ``cb::grid_dependency``).
 - ``CIRCBUF_DYNAMO_COMPILE_ONLY=1``: the torch.compile backend
   (``circbuf.dynamo``) translates and compiles every fusion for sm_90a but
   runs the graph eagerly (works on CPU tensors).
@@ -143,3 +146,8 @@ def check_schedules() -> int:
 
         raise CircbufError(f"CIRCBUF_CHECK={raw!r}: expected 0, 1 or a number of schedules")
     return 8 if raw == "1" else int(raw)
+
+
+def pdl() -> bool:
+    """Launch with programmatic dependent launch (``CIRCBUF_PDL``, default on)."""
+    return os.environ.get("CIRCBUF_PDL", "1") != "0"

@@ -195,3 +195,37 @@ def test_outputs_are_new_tensors_each_call(cpu_launch):
     (o1,) = fd.execute([a, a])
     (o2,) = fd.execute([a, a])
     assert o1.data_ptr() != o2.data_ptr() and o1.is_contiguous() and o1.shape == (64,)
+
+
+def test_every_kernel_starts_with_the_grid_dependency():
+    """Programmatic dependent launch: a kernel may be scheduled while the
+    stream's previous kernel finishes, so its first statement waits for it
+    (cb::grid_dependency) before any memory is touched."""
+    import circbuf as cb
+
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=cb.DataType.BFloat16)
+        fd.add_output(fd.ops.cast(fd.ops.relu(x), cb.DataType.BFloat16))
+    src = fd.compile([torch.randn(64, 64).bfloat16()], arch="sm_90a").cuda
+    body = src[src.index(") {", src.index('extern "C" __global__')) + 3 :].lstrip().splitlines()
+    first = next(line for line in body if not line.strip().startswith("extern __shared__"))
+    assert first.strip().startswith("cb::grid_dependency();"), first
+    assert "griddepcontrol.launch_dependents" in src and "griddepcontrol.wait" in src
+
+
+def test_pdl_launch_attribute_layout(monkeypatch):
+    """The CUlaunchAttribute the launcher attaches: an id, 4 bytes of padding,
+    a 64-byte value union whose first int is the value (72 bytes)."""
+    import ctypes
+
+    from circbuf import knobs
+    from circbuf.runtime.driver import _PROGRAMMATIC_STREAM_SERIALIZATION, _launch_attribute
+
+    a = _launch_attribute(_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+    raw = bytes(a)
+    assert ctypes.sizeof(a) == 72
+    assert int.from_bytes(raw[0:4], "little") == 6 and int.from_bytes(raw[8:12], "little") == 1
+    monkeypatch.setenv("CIRCBUF_PDL", "0")
+    assert not knobs.pdl()
+    monkeypatch.setenv("CIRCBUF_PDL", "1")
+    assert knobs.pdl()

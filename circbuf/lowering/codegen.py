@@ -605,7 +605,8 @@ class CudaCodegen:
             f'extern "C" __global__ void {cluster}__launch_bounds__({max(k.max_threads, 1)}{", " + str(k.min_blocks) if k.min_blocks else ""}) {k.name}(',
             "    " + ",\n    ".join(params) + ") {",
         ]
-        return "\n".join(head + smem + body + ["}", ""])
+        pdl = ["  cb::grid_dependency();  // overlap this launch with the previous kernel's tail"]
+        return "\n".join(head + smem + pdl + body + ["}", ""])
 
 
 def _one_element_registers(kernel: Kernel) -> set:

@@ -553,6 +553,17 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// Programmatic dependent launch (sm_90): the stream's next kernel may be scheduled
+// from now on (its CTAs wait in their own call below until this grid is done), then
+// wait until the previous kernel has finished and its writes are visible: the first
+// statement of every kernel, so no memory is touched before. A kernel not launched
+// with the attribute returns from the wait at once.
+__device__ __forceinline__ void grid_dependency() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 // true on one lane of a converged warp
 __device__ __forceinline__ bool elect_one() {
   unsigned ok;

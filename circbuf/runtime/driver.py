@@ -74,7 +74,15 @@ class LoadedKernel:
         """
         import ctypes
 
+        from .. import knobs
+
         cfg = _LaunchConfig(*grid, *block, smem, None, None, 0)
+        if knobs.pdl():
+            # programmatic dependent launch: scheduled while the previous kernel of the
+            # stream finishes (the kernel's first statement waits for it, cb::grid_dependency)
+            attr = _launch_attribute(_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+            cfg.attrs, cfg.numAttrs = ctypes.addressof(attr), 1
+            cfg._attr = attr  # (kept alive with the config)
         cfg_addr = ctypes.addressof(cfg)
         fn, launch_ex = self._fn, _raw_launch_ex()
 
@@ -101,6 +109,25 @@ def _ctypes_config():
         ]  # fmt: skip
 
     return LaunchConfig
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
+
+
+def _launch_attribute(attr_id: int, value: int):
+    """One ``CUlaunchAttribute`` (an id, 4 bytes of padding, a 64-byte value
+    union) holding an int value."""
+    import ctypes
+
+    class LaunchAttribute(ctypes.Structure):
+        _fields_ = [
+            ("id", ctypes.c_int),
+            ("pad", ctypes.c_char * 4),
+            ("value", ctypes.c_int),
+            ("rest", ctypes.c_char * 60),
+        ]
+
+    return LaunchAttribute(id=attr_id, value=value)
 
 
 class _LazyConfig:
