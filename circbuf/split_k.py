@@ -48,7 +48,7 @@ class SplitKRun:
         sub = self._subs.get(key)
         if sub is None:
             f = self.ex.fusion
-            from .scheduler.matmul import _operands
+            from .scheduler.matmul_path import _operands
             from .scheduler.utils import contractions
 
             a = _operands(contractions(f)[0])[0]

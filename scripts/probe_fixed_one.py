@@ -1,7 +1,7 @@
 """Probe (issue 18): linear(x, w) with x defined [1, K] (M fixed to 1, as
 torch.compile's static shapes define a batch-1 decode step): the tensor-core
 path (now) against the SIMT sum of products it took before (forced here by
-making matmul._mma_structure refuse), and cuBLAS, in one run."""
+making matmul_path._mma_structure refuse), and cuBLAS, in one run."""
 
 import sys
 
@@ -9,7 +9,7 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import circbuf as cb  # noqa: E402
-import circbuf.scheduler.matmul as mm  # noqa: E402
+import circbuf.scheduler.matmul_path as mm  # noqa: E402
 from benchmarks.common import bench_ms, gpu_name  # noqa: E402
 
 D = cb.DataType

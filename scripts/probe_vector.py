@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import circbuf as cb  # noqa: E402
 import circbuf.frontend_matmul as fm  # noqa: E402
-import circbuf.scheduler.matmul as mm  # noqa: E402
+import circbuf.scheduler.matmul as mm  # noqa: E402 (its can_schedule asks _split_for_tensor_cores)
 from benchmarks.common import bench_ms, gpu_name  # noqa: E402
 
 D = cb.DataType

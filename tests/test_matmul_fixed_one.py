@@ -7,7 +7,7 @@ on the SIMT sum of products (~100x slower than cuBLAS) because a broadcast
 axis is not allocated and the operand tile would have had no rows. The matmul
 scheduler now turns that broadcast axis, the matmul output's and those of the
 elementwise epilogue computed from it into iteration axes of extent 1
-(``matmul.fixed_ones``); a consumer that is no elementwise op (the reshape
+(``matmul_path.fixed_ones``); a consumer that is no elementwise op (the reshape
 after ``aten.mm`` of a ``[1, 1, K]`` input) makes the segmenter cut the
 matmul from it instead.
 

@@ -15,7 +15,8 @@ by step, up to the kernel the heuristic produces.
 from __future__ import annotations
 
 from ..ir import CircbufError, DataType, Fusion, LoadStoreOp, TensorView
-from .matmul import _mma_structure, fixed_ones, translate
+from .matmul import translate
+from .matmul_path import _mma_structure, fixed_ones
 from .params import MatmulParams
 from .utils import LogicalMap, concretize_broadcasts, contractions
 

@@ -7,7 +7,7 @@ whose rows are, and the tensor cores' TMA path reads the copy.
     a'.copy_(a)                                     one copy at the copy bandwidth
     matmul(a', b)                                   TMA ring, wgmma, as for aligned inputs
 
-Why a copy and not the cp.async fill (:func:`.matmul._operand_fill`): the copy
+Why a copy and not the cp.async fill (:func:`.matmul_path._operand_fill`): the copy
 moves each element once at the copy bandwidth (2047^2 bf16: 16.8 MB read and
 written, ~7 us on an H100), and the GEMM then runs at its aligned speed, while
 the cp.async fill's producer threads re-read every tile of the operand at
@@ -67,7 +67,7 @@ def choose(fusion: Fusion, info, overrides: dict) -> tuple:
     operand that TF32 tensor cores will read is copied K-major when it is not
     (wgmma reads tf32 tiles K-major only)."""
     from .info import TensorInfo
-    from .matmul import _mma_structure, _operand_layout, _operands, tf32_k_axis, tf32_layout
+    from .matmul_path import _mma_structure, _operand_layout, _operands, tf32_k_axis, tf32_layout
     from .utils import contractions
 
     asked = overrides.get("realign")

@@ -98,7 +98,8 @@ class SplitK:
 
 def _why_not(fusion: Fusion, info) -> str | None:
     """Why this fusion cannot be split along K (None: it can)."""
-    from .matmul import MatmulScheduler, _mma_unsupported, _operands
+    from .matmul import MatmulScheduler
+    from .matmul_path import _mma_unsupported, _operands
     from .utils import contractions
 
     why = MatmulScheduler.can_schedule(fusion)
@@ -169,7 +170,7 @@ def heuristic_splits(m: int, n: int, k: int, itemsize: int, target) -> int:
 def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
     """The split of K for these inputs: ``overrides["split_k"]`` (validated:
     a CircbufError names what rules it out) or the heuristic's; None: no split."""
-    from .matmul import _operands
+    from .matmul_path import _operands
     from .utils import contractions
 
     asked = overrides.get("split_k")
@@ -222,7 +223,8 @@ def reduce_fusion(fusion: Fusion, tail: bool) -> tuple[Fusion, list]:
     as defined. Returns it and, per its input, where that comes from:
     ``("ws",)``, ``("tail",)`` or ``("input", j)`` (the original's input j).
     ``ws`` [S', *c's shape] and (with ``tail``) ``wt`` [*c's shape] are fp32 inputs."""
-    from .matmul import _add_bias, _detach, _finish_fp32, _new, _operands
+    from .matmul import _add_bias, _detach, _finish_fp32, _new
+    from .matmul_path import _operands
     from .utils import contractions
 
     f = fusion.clone()
