@@ -443,7 +443,12 @@ class CudaCodegen:
         self.emit(f"#pragma unroll {4 if n.is_async else 2}")
         self.emit(f"for (index_t cb_i = 0; cb_i < {-(-nch // thr)}; ++cb_i) {{")
         self.ind += 1
-        self.emit(f"const index_t cb_c = ((index_t)threadIdx.x) + cb_i * {thr};")
+        tid = (
+            "((index_t)threadIdx.x + (index_t)blockDim.x * ((index_t)threadIdx.y + (index_t)blockDim.y * threadIdx.z))"
+            if n.flat
+            else "((index_t)threadIdx.x)"
+        )
+        self.emit(f"const index_t cb_c = {tid} + cb_i * {thr};")
         if not full:
             self.emit(f"if (cb_c >= {nch}) break;")
         self.emit(f"const bool cb_in = {self.scalar(simplify(cond))};")

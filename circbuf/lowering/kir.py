@@ -286,7 +286,12 @@ class CpAsyncBox(Node):
     one by one (along the inner dim's stride, zero past the extents) into
     registers and stored to shared memory at once. Completion:
     the ring's ``cp.async.mbarrier.arrive.noinc`` (:class:`CpAsyncArrive`), or
-    for copies through registers a proxy fence and an arrive."""
+    for copies through registers a proxy fence and an arrive. ``flat``: the
+    copying threads are all the CTA's, numbered by their linear index
+    (``threadIdx.x`` fastest: a Pipelined ring every thread fills), not
+    ``threadIdx.x`` alone. ``walk``: the box dim whose chunks consecutive
+    threads take (0, the innermost, by default; a transposing copy walks the
+    dim contiguous in global memory, so a warp's loads share sectors)."""
 
     needs = TargetNeed("cp.async", 80)
     dst: TensorRef
@@ -296,6 +301,8 @@ class CpAsyncBox(Node):
     threads: int
     bar: object = None  # MBarrierRef of the stage's full barrier, set by the circular-buffer pass
     through_registers: bool = False
+    flat: bool = False
+    walk: int = 0
 
     @property
     def is_async(self) -> bool:
@@ -313,13 +320,28 @@ class CpAsyncBox(Node):
         """For chunk index ``chunk``: (the shared element index of its first
         element, unswizzled; the global element index; the condition that its
         first element is in range; the number of its elements in range)."""
-        e = chunk * self.vector
         gidx, conds, inner = Const(0), [], None
-        div = 1
-        for k, (_axis, box, first, extent, stride) in enumerate(self.dims):
-            local = (e // div) % box if k + 1 < len(self.dims) else e // div
-            div *= box
-            x = first + local
+        local = {}
+        if self.walk == 0:  # dense: the chunk's elements are the box's, innermost dim first
+            e = chunk * self.vector
+            div = 1
+            for k, (_axis, box, *_rest) in enumerate(self.dims):
+                local[k] = (e // div) % box if k + 1 < len(self.dims) else e // div
+                div *= box
+        else:  # the walked dim first, then the others innermost first
+            order = [self.walk] + [k for k in range(len(self.dims)) if k != self.walk]
+            div = 1
+            for j, k in enumerate(order):
+                box = self.dims[k][1] // (self.vector if k == 0 else 1)
+                local[k] = (chunk // div) % box if j + 1 < len(order) else chunk // div
+                div *= box
+            local[0] = local[0] * self.vector
+            e, mult = Const(0), 1
+            for k, (_axis, box, *_rest) in enumerate(self.dims):
+                e = e + local[k] * mult
+                mult *= box
+        for k, (_axis, _box, first, extent, stride) in enumerate(self.dims):
+            x = first + local[k]
             gidx = gidx + x * stride
             if k == 0:
                 inner = extent - x
