@@ -505,8 +505,9 @@ def test_smem_default_off():
 def test_smem_sass(kind, b_major):
     """4096^3: the k loop reads each k's 8 A and 8 B values with 4 LDS.128 (64 a
     k step of 16), runs 1024 FFMAs on them, copies the next step's tiles (LDGSTS:
-    16-byte along N, one element along K) and syncs the block once; no local
-    memory, two CTAs an SM (128 registers)."""
+    16 bytes along N, one element along K) and syncs the block once; no local
+    memory, two CTAs an SM (128 registers). The copies (prologue and ring loop)
+    are 16-byte along N, else one element a copy."""
     fd = _fusion(kind)
     fd.fusion.schedule(ffma_smem=True)
     m = n = k = 4096
@@ -522,11 +523,15 @@ def test_smem_sass(kind, b_major):
     loop = _main_loop(sass)
     assert loop["FFMA"] == 8 * 8 * 16 and loop["LDS.128"] == (8 + 8) // 4 * 16, loop
     assert loop["BAR.SYNC.DEFER_BLOCKING"] == 1, loop
-    copies = {op: c for op, c in loop.items() if op.startswith("LDGSTS")}
-    # A [16 x 128] by element (2048 / 256 threads); B [16 x 128] by 16 bytes along N, or by element
-    b_copies = 8 if (kind == "linear" or b_major == "K") else 2
-    assert sum(copies.values()) == 8 + b_copies, copies
-    assert loop["FFMA"] >= 0.65 * sum(loop.values()), loop
+    assert any(op.startswith("LDGSTS") for op in loop), loop  # the next step's copies
+    # A [16 x 128] by element; B [16 x 128] by 16 bytes along N (matmul), else by element
+    src = ck.cuda.split("end of prelude")[1]
+    b16 = kind == "matmul" and b_major is None
+    assert src.count("cb::cp_async<16>") == (2 if b16 else 0) and src.count("cb::cp_async<4>") == (
+        2 if b16 else 4
+    )
+    # (the k loop: 1024 FFMA of 1260 instructions for matmul, 1307 for linear, sm_90a)
+    assert loop["FFMA"] >= 0.75 * sum(loop.values()), loop
 
 
 def _main_loop(sass: str) -> Counter:
