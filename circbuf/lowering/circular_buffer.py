@@ -29,6 +29,18 @@ Pipelined (every thread loads and computes; ``P`` copies in flight)::
         BLOCK_SYNC | ARRIVE X_empty[use_stage]     // right after the last read
         ADVANCE X_use
 
+A Pipelined buffer whose copies are ``CpAsyncBox`` es (``cache_after(op="cp.async")``)
+is filled by every thread of the CTA: each copies its chunks of the box
+(numbered by its linear thread index) and arrives on ``full[stage]``
+(``cp.async.mbarrier.arrive.noinc``, one arrival per thread), no thread-0
+condition; the rest is as above::
+
+      FOR i in 0..E
+        IF (i + P < E): CP_ASYNC_BOX X -> stage (this thread's chunks)
+                        CP_ASYNC_ARRIVE.NOINC X_full[load_stage]; ADVANCE X_load
+        WAIT X_full[use_stage] parity=use_phase
+        ... reads ...; BLOCK_SYNC; ADVANCE X_use
+
 WarpSpecialized: the roles pass has split the threads into a ``producer``
 role (one more row of threads) and the ``consumers`` (the rows below it,
 one sync group per row when the rows split the ring positions, as ping-pong

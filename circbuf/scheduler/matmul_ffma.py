@@ -29,6 +29,22 @@ contiguous bytes. The operand tiles (A's broadcast along N; B's along M)::
 
 and the epilogue (bias, activation, cast; the output) over [.., tm/v, v,
 tn/v, v] per thread, the output stored 16 bytes at a time where its rows allow.
+
+``schedule(ffma_smem=True)`` (``FfmaParams.smem``, default off) stages the
+operand tiles in shared memory instead: ``xs = cp.async(a)`` shaped as the
+operand's broadcast (``[.., M, K, bN]``), a ring of ``stages`` (2) slots over
+the k loop, each slot A's [ku x bm] (M contiguous, whatever A's layout) and
+B's [ku x bn] (N contiguous); every thread copies its chunks (16 bytes along a
+contiguous M or N, else one element a copy, consecutive threads along K) and
+arrives on the slot's full barrier; the k loop waits for this step's slot,
+reads each k's [tm] of A and [tn] of B 16 bytes at a time (LDS.128), runs its
+FFMAs while the next step's copies are in flight, and syncs the block once
+(the slot it read is refilled next)::
+
+    red [iblockIdx.z, iblockIdx.y{M/bm}, iblockIdx.x{N/bn}, rS{K/ku}, ithreadIdx.y, ithreadIdx.x,
+         rUR{ku}, iUR{tm/v}, iUR{v}, iUR{tn/v}, iUR{v}]                       ca_pos(2)
+    as  [.., iblockIdx.y, iblockIdx.x, iS{K/ku}, bS{bn}, iB{ku}, iB{bm}]  ca_pos(3) circular_buffer(2)
+    ab  [.., iS{K/ku}, ithreadIdx.y, ithreadIdx.x, iUR{ku} | iUR{tm/v}, bUR.., iV{v}]   (registers)
 """
 
 from __future__ import annotations
