@@ -473,6 +473,36 @@ def test_interpreted_smem(case, thread_tile):
     assert p.thread_tile == (thread_tile,) * 2 and p.tile[2] == 4 * 16 // item, p  # four 16-byte k loads
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from(["matmul", "linear"]),
+    m=st.sampled_from([1, 3, 13, 64, 67, 129]),
+    n=st.sampled_from([1, 4, 7, 33, 128, 131]),
+    k=st.sampled_from([1, 5, 16, 17, 37]),
+    a_major=st.sampled_from(["K", "M"]),
+    b_major=st.sampled_from([None, "K", "N"]),
+    batch=st.sampled_from([(), (2,)]),
+    one_sm=st.booleans(),
+)
+def test_interpreted_shapes_smem(kind, m, n, k, a_major, b_major, batch, one_sm):
+    if kind == "linear":
+        b_major = None if b_major == "K" else b_major
+    elif b_major == "N":
+        b_major = None
+    fd = _check_case(
+        kind,
+        m,
+        n,
+        k,
+        a_major=a_major,
+        b_major=b_major,
+        batch=batch,
+        target=ONE_SM if one_sm else None,
+        smem=True,
+    )
+    _smem_params(fd)
+
+
 @pytest.mark.parametrize("kind", ["column scale", "in place"])
 def test_interpreted_smem_around_the_matmul(kind):
     build, shapes, ref = _edge(kind)
