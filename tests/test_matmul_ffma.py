@@ -103,6 +103,7 @@ def _check_case(kind, m, n, k, device="cpu", **kw):
     a_major, b_major = kw.pop("a_major", "K"), kw.pop("b_major", None)
     offset = kw.pop("offset", False)
     target = kw.pop("target", None)
+    smem, check = kw.pop("smem", False), kw.pop("check", None)
     assert not kw, kw
     a, b = _operands(kind, m, n, k, batch, bbatch, dtype, a_major, b_major)
     xs = [a, b]
@@ -116,9 +117,11 @@ def _check_case(kind, m, n, k, device="cpu", **kw):
     dt = D.Float if dtype == torch.float32 else D.Double
     bshape = [1 if d == 1 else -1 for d in bbatch] + [-1, -1]  # a batch axis of 1 broadcasts
     fd = _fusion(kind, dt, a.ndim, b.ndim, bias=bias, epilogue=epilogue, bshape=bshape)
+    if smem:
+        fd.fusion.schedule(ffma_smem=True)
     refs = [r.cpu() for r in _ref(kind, *[x.double() for x in xs], epilogue=epilogue)]
     if device == "cpu":
-        outs = interpret(fd, xs, target=target)
+        outs = interpret(fd, xs, target=target, check=check)
     else:
         outs = [o.cpu() for o in fd.execute(xs)]
     for o, r in zip(outs, refs):
@@ -434,3 +437,169 @@ def test_gpu(monkeypatch, case):
 def test_gpu_large(monkeypatch, m, n, k):
     monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
     _check_case("matmul", m, n, k, device=DEV)
+
+
+# ------------------------------------------------- operand tiles in shared memory
+# ``schedule(ffma_smem=True)``: A's and B's [k_step x 128] tiles copied by every
+# thread (cp.async: 16 bytes along a contiguous M or N, else one element a copy,
+# consecutive threads along K) into a two-slot ring in shared memory, read back
+# 16 bytes at a time (LDS.128: 4 consecutive M of A, 4 consecutive N of B)
+
+
+def _smem_params(fd):
+    p = fd.last_params().simt
+    assert isinstance(p, FfmaParams) and p.smem and p.stages == 2, p
+    return p
+
+
+# the protocol checker (races on the ring's slots, copies read before they land) on
+# the small cases; the rest checked against float64 only
+CHECKED = {
+    "matmul-64x96x32",
+    "matmul-130x132x36",
+    "linear-33x65x31-bias=True",
+    "matmul-35x45x41-a_major=M-b_major=K",
+}
+
+
+@pytest.mark.parametrize("thread_tile", [8, 4])
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_interpreted_smem(case, thread_tile):
+    kind, m, n, k, kw = case
+    check = 2 if _id(case) in CHECKED else 0
+    fd = _check_case(kind, m, n, k, target=ONE_SM if thread_tile == 8 else None, smem=True, check=check, **kw)
+    p = _smem_params(fd)
+    item = 8 if kw.get("dtype") == torch.float64 else 4
+    assert p.thread_tile == (thread_tile,) * 2 and p.tile[2] == 4 * 16 // item, p  # four 16-byte k loads
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from(["matmul", "linear"]),
+    m=st.sampled_from([1, 3, 13, 64, 67, 129]),
+    n=st.sampled_from([1, 4, 7, 33, 128, 131]),
+    k=st.sampled_from([1, 5, 16, 17, 37]),
+    a_major=st.sampled_from(["K", "M"]),
+    b_major=st.sampled_from([None, "K", "N"]),
+    batch=st.sampled_from([(), (2,)]),
+    one_sm=st.booleans(),
+)
+def test_interpreted_shapes_smem(kind, m, n, k, a_major, b_major, batch, one_sm):
+    if kind == "linear":
+        b_major = None if b_major == "K" else b_major
+    elif b_major == "N":
+        b_major = None
+    fd = _check_case(
+        kind,
+        m,
+        n,
+        k,
+        a_major=a_major,
+        b_major=b_major,
+        batch=batch,
+        target=ONE_SM if one_sm else None,
+        smem=True,
+    )
+    _smem_params(fd)
+
+
+@pytest.mark.parametrize("kind", ["column scale", "in place"])
+def test_interpreted_smem_around_the_matmul(kind):
+    build, shapes, ref = _edge(kind)
+    with cb.FusionDefinition() as fd:
+        build(fd)
+    fd.fusion.schedule(ffma_smem=True)
+    xs = [torch.randn(*s, generator=seeded(len(kind))) for s in shapes]
+    refs = ref(*[x.double() for x in xs])
+    for o, r in zip(interpret(fd, xs), refs):
+        _close(o, r, shapes[0][1], torch.float32)
+    _smem_params(fd)
+
+
+def test_smem_needs_input_operands():
+    build, shapes, _ = _edge("prologue")
+    with cb.FusionDefinition() as fd:
+        build(fd)
+    fd.fusion.schedule(ffma_smem=True)
+    with pytest.raises(cb.CircbufError, match=r"ffma_smem=True\): operand A .* is computed in the fusion"):
+        fd.compile([torch.empty(*s) for s in shapes], arch="sm_90a")
+
+
+def test_smem_default_off():
+    fd = _fusion()
+    ck = fd.compile([torch.empty(256, 64), torch.empty(64, 256)], arch="sm_90a")
+    assert not ck.params.simt.smem and "cp_async" not in ck.cuda.split("end of prelude")[1]
+
+
+@pytest.mark.parametrize("kind, b_major", [("matmul", None), ("linear", None), ("matmul", "K")])
+def test_smem_sass(kind, b_major):
+    """4096^3: the k loop reads each k's 8 A and 8 B values with 4 LDS.128 (64 a
+    k step of 16), runs 1024 FFMAs on them, copies the next step's tiles (LDGSTS:
+    16 bytes along N, one element along K) and syncs the block once; no local
+    memory, two CTAs an SM (128 registers). The copies (prologue and ring loop)
+    are 16-byte along N, else one element a copy."""
+    fd = _fusion(kind)
+    fd.fusion.schedule(ffma_smem=True)
+    m = n = k = 4096
+    bshape = (n, k) if kind == "linear" else (k, n)
+    bt = torch.empty(*bshape) if b_major is None else torch.empty(bshape[::-1]).T
+    ck = fd.compile([torch.empty(m, k), bt], arch="sm_90a")
+    p = ck.params.simt
+    assert p.smem and p.tile == (128, 128, 16) and p.blocks_per_sm == 2 and p.extents == (m, n, k), p
+    sass = ck.sass()
+    ops = _sass_ops(sass)
+    assert not any(o.startswith(("LDL", "STL")) for o in ops), ops
+    assert ck.resource_usage()["LOCAL"] == 0
+    loop = _main_loop(sass)
+    assert loop["FFMA"] == 8 * 8 * 16 and loop["LDS.128"] == (8 + 8) // 4 * 16, loop
+    assert loop["BAR.SYNC.DEFER_BLOCKING"] == 1, loop
+    assert any(op.startswith("LDGSTS") for op in loop), loop  # the next step's copies
+    # A [16 x 128] by element; B [16 x 128] by 16 bytes along N (matmul), else by element
+    src = ck.cuda.split("end of prelude")[1]
+    b16 = kind == "matmul" and b_major is None
+    assert src.count("cb::cp_async<16>") == (2 if b16 else 0) and src.count("cb::cp_async<4>") == (
+        2 if b16 else 4
+    )
+    # (the k loop: 1024 FFMA of 1260 instructions for matmul, 1307 for linear, sm_90a)
+    assert loop["FFMA"] >= 0.75 * sum(loop.values()), loop
+
+
+def _main_loop(sass: str) -> Counter:
+    """Instruction counts of the kernel's longest loop (the k loop; the mbarrier
+    waits are loops of their own)."""
+    ins = []
+    for line in sass.splitlines():
+        mm = re.search(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", line)
+        if mm:
+            ins.append((int(mm.group(1), 16), mm.group(2), mm.group(3)))
+    back = [(int(r.split()[0], 16), a) for a, op, r in ins if op == "BRA" and int(r.split()[0], 16) < a]
+    lo, hi = max(back, key=lambda x: x[1] - x[0])
+    return Counter(op for a, op, _ in ins if lo <= a <= hi)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_gpu_smem(monkeypatch, case):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    kind, m, n, k, kw = case
+    fd = _check_case(kind, m, n, k, device=DEV, smem=True, **kw)
+    _smem_params(fd)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "kind, m, n, k, kw",
+    [
+        ("matmul", 4096, 4096, 4096, {}),
+        ("linear", 4096, 4096, 4096, {}),
+        ("matmul", 2049, 1023, 517, {}),
+        ("linear", 1000, 700, 304, {"bias": True, "epilogue": "gelu"}),
+        ("matmul", 1031, 997, 1009, {"a_major": "M", "b_major": "K"}),
+        ("matmul", 257, 263, 269, {"batch": (3,)}),
+        ("matmul", 512, 512, 512, {"dtype": torch.float64}),
+    ],
+)
+def test_gpu_smem_large(monkeypatch, kind, m, n, k, kw):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    fd = _check_case(kind, m, n, k, device=DEV, smem=True, **kw)
+    _smem_params(fd)

@@ -1366,11 +1366,12 @@ class CpAsyncArrival:
     thread's cp.asyncs issued before it have landed, carrying their clocks."""
 
     def __init__(self, bar, ops):
-        self.bar, self.left, self.ops = bar, len(ops), ops
-        for op in ops:
+        pending = [op for op in ops if not op.done]
+        self.bar, self.left, self.ops = bar, len(pending), ops
+        for op in pending:
             op.watchers.append(self)
-        if not ops:
-            bar.arrive_async([])
+        if not pending:
+            bar.arrive_async(ops)
 
     def one_done(self, op):
         self.left -= 1
@@ -1396,7 +1397,7 @@ def _cp_async_box(th, n):
     name = n.dst.tv.name
     if name not in cta.alloc:
         raise CircbufError(f"{cta.kernel_name}: {th.who()} copies to {name}, which is not allocated")
-    tid = th.env["threadIdx.x"]
+    tid = th.lin if n.flat else th.env["threadIdx.x"]
     if tid >= n.threads:
         raise CircbufError(f"{cta.kernel_name}: {th.who()} runs a cp.async box of {n.threads} threads")
     fdst, fg, fin, finner, fstep = _box_fns(p, n)
@@ -1449,7 +1450,7 @@ def _cp_async_box(th, n):
 def _cp_async_arrive(th, n):
     bar = th.cta.mbarrier(th, n.bar)
     bar._usable(th, "arrives on (cp.async.mbarrier.arrive)")
-    CpAsyncArrival(bar, th.cp.in_flight())
+    CpAsyncArrival(bar, th.cp.for_arrival())
     th.tick()
     yield None
 

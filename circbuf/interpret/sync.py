@@ -260,6 +260,7 @@ class CpAsyncState(Waitable):
         super().__init__()
         self.open: list = []
         self.groups: list = []  # committed: lists of ops
+        self.landed: list = []  # landed since the thread's last cp.async.mbarrier.arrive
 
     def issue(self, op):
         self.open.append(op)
@@ -267,11 +268,20 @@ class CpAsyncState(Waitable):
     def in_flight(self) -> list:
         return [op for g in self.groups for op in g if not op.done] + [op for op in self.open if not op.done]
 
+    def for_arrival(self) -> list:
+        """The copies a ``cp.async.mbarrier.arrive`` waits for and whose writes it
+        carries: those in flight and those landed since the thread's last arrive
+        (a copy that landed before the arrive still happens before its phase)."""
+        ops = self.landed + self.in_flight()
+        self.landed = []
+        return ops
+
     def commit(self):
         self.groups.append(self.open)
         self.open = []
 
     def op_done(self, op):
+        self.landed.append(op)
         self.changed()
 
 

@@ -329,25 +329,36 @@ class TensorView:
         self.memory_type = mt
         return self
 
-    def cache_after(self, op: str = "set") -> TensorView:
+    def cache_after(self, op: str = "set", vector: int = 1) -> TensorView:
         """Insert ``c = set(self)`` and make every other use of self read ``c``.
 
-        The cache starts in local memory. ``op="tma"`` arrives with the circular
-        buffering work.
+        The cache starts in local memory. ``op="tma"`` (a bulk tensor copy per
+        box of its ``Bulk`` axes) and ``op="cp.async"`` (the threads copy the
+        same box, ``vector`` elements per copy: 16, 8 or 4 bytes) put it in
+        shared memory; both are circular-buffered (``circular_buffer``).
+
+        >>> # xs = x.cache_after(op="cp.async", vector=4); xs.inline_at(3); xs.circular_buffer(2)
         """
-        if op not in ("set", "tma"):
-            raise CircbufError(f"cache_after: op={op!r} is not supported (supported: 'set', 'tma')")
-        if op == "tma" and not (self.is_input and self.memory_type == MemoryType.Global):
-            raise CircbufError(f"cache_after(op='tma'): {self.name} must be a global fusion input")
+        if op not in ("set", "tma", "cp.async"):
+            raise CircbufError(
+                f"cache_after: op={op!r} is not supported (supported: 'set', 'tma', 'cp.async')"
+            )
+        if op != "set" and not (self.is_input and self.memory_type == MemoryType.Global):
+            raise CircbufError(f"cache_after(op={op!r}): {self.name} must be a global fusion input")
+        if op == "cp.async" and (vector * self.dtype.size not in (4, 8, 16)):
+            raise CircbufError(
+                f"cache_after(op='cp.async', vector={vector}): a copy of {vector} x {self.dtype.size} bytes "
+                "is not 4, 8 or 16 bytes"
+            )
         fusion = self._need_fusion("cache_after")
         fusion._caches_added = True
         uses = list(self.uses)
-        mem = MemoryType.Shared if op == "tma" else MemoryType.Local
+        mem = MemoryType.Local if op == "set" else MemoryType.Shared
         c = TensorView([i.clone() for i in self.domain.no_reductions()], self.dtype, mem)
         for i in c.logical:
             i.parallel_type = ParallelType.Serial
         fusion.register(c)
-        LoadStoreOp(c, self, kind=op)
+        LoadStoreOp(c, self, kind=op, vector=vector if op == "cp.async" else 1)
         for e in uses:
             e.replace_input(self, c)
         return c

@@ -29,6 +29,18 @@ Pipelined (every thread loads and computes; ``P`` copies in flight)::
         BLOCK_SYNC | ARRIVE X_empty[use_stage]     // right after the last read
         ADVANCE X_use
 
+A Pipelined buffer whose copies are ``CpAsyncBox`` es (``cache_after(op="cp.async")``)
+is filled by every thread of the CTA: each copies its chunks of the box
+(numbered by its linear thread index) and arrives on ``full[stage]``
+(``cp.async.mbarrier.arrive.noinc``, one arrival per thread), no thread-0
+condition; the rest is as above::
+
+      FOR i in 0..E
+        IF (i + P < E): CP_ASYNC_BOX X -> stage (this thread's chunks)
+                        CP_ASYNC_ARRIVE.NOINC X_full[load_stage]; ADVANCE X_load
+        WAIT X_full[use_stage] parity=use_phase
+        ... reads ...; BLOCK_SYNC; ADVANCE X_use
+
 WarpSpecialized: the roles pass has split the threads into a ``producer``
 role (one more row of threads) and the ``consumers`` (the rows below it,
 one sync group per row when the rows split the ring positions, as ping-pong
@@ -205,7 +217,7 @@ def _clone_loads(nodes, mapping, stage_off=None, bar=None):
             b = bar if bar is not None else n.bar
             if isinstance(n, CpAsyncBox):
                 dims = [(d, box, substitute(first, mapping), ext, st) for d, box, first, ext, st in n.dims]
-                out.append(CpAsyncBox(dst, n.src, dims, n.vector, n.threads, b, n.through_registers))
+                out.append(dataclasses.replace(n, dst=dst, dims=dims, bar=b))
                 continue
             coords = [substitute(x, mapping) for x in n.coords]
             out.append(TmaLoad(dst, n.map_index, coords, n.box_bytes, b, n.multicast))
@@ -407,10 +419,12 @@ def _pipeline(kernel, alloc, key, setup):
     loads = [n for n in loop.body if _only_loads(n, [tv])]
     if not loads:
         raise CircbufError(f"{name}: circular buffering needs the TMA copies directly in its loop")
-    if _by_threads(_Buffer(alloc, loads)):
-        raise CircbufError(
-            f"{name}: a cp.async fill needs a warp-specialized ring (its producer threads fill it)"
-        )
+    by_threads = _by_threads(_Buffer(alloc, loads))
+    if by_threads:
+        # every thread of the CTA copies its chunks of the boxes
+        threads = kernel.max_threads
+        for box in _boxes([_Buffer(alloc, loads)]):
+            box.threads, box.flat = threads, True
     rest = [n for n in loop.body if not any(n is m for m in loads)]
     first_read = next((k for k, n in enumerate(loop.body) if _reads(n, tv)), len(loop.body))
     if any(loop.body.index(m) > first_read for m in loads):
@@ -423,21 +437,38 @@ def _pipeline(kernel, alloc, key, setup):
     buf = _Buffer(alloc, loads)
     if any(_multicasts([buf])):
         raise CircbufError(f"{name}: a multicast (cluster) ring must be warp-specialized")
-    # thread 0 fills (one expect_tx arrival); every thread releases a stage it has read
-    ring = Ring(name, S, P, [name], full_arrivals=1, empty_arrivals=kernel.max_threads)
+    # thread 0 fills (one expect_tx arrival), or every thread its cp.async chunks (one
+    # arrival each); every thread releases a stage it has read
+    if by_threads:
+        ring = Ring(
+            name,
+            S,
+            P,
+            [name],
+            fill="cp.async",
+            full_arrivals=_cp_async_arrivals([buf], kernel.max_threads),
+            empty_arrivals=kernel.max_threads,
+        )
+    else:
+        ring = Ring(name, S, P, [name], full_arrivals=1, empty_arrivals=kernel.max_threads)
     ring.has_empty = kind.war == "mbarrier"
     kernel.rings.append(ring)
     full, empty, load, use = ring.full, ring.empty, ring.load, ring.use
     thread0 = thread0_cond(kernel)
     i, E, start, step = loop.index, loop.extent, loop.start, loop.step
 
+    def issue(it):
+        """The copies of iteration ``it``, where the ring loop has one."""
+        if not by_threads:
+            return IfThenElse(Bin("&&", it.lt(E), thread0), _issue(ring, [buf], i, it))
+        # a copy of the loads with the ring loop's index at ``it``
+        mapping = {i.name: it}
+        loads_it = _clone_loads(buf.loads, mapping)
+        return IfThenElse(it.lt(E), _issue_threads(ring, [_Buffer(alloc, loads_it)], gap_wait=False))
+
     pv = Var(f"{i.name}_pro", lo=0, hi=Const(P))
     first = simplify(start + pv * step)
-    prologue = ForLoop(
-        pv,
-        Const(P),
-        [IfThenElse(Bin("&&", first.lt(E), thread0), _issue(ring, [buf], i, first))],
-    )
+    prologue = ForLoop(pv, Const(P), [issue(first)])
     ahead = simplify(i + step * P)
     _offset_reads(rest, tv, simplify(use.stage * buf.stage_elems))
     release = (
@@ -448,7 +479,7 @@ def _pipeline(kernel, alloc, key, setup):
     loop.body = (
         [
             Comment(f"issue the copies of iteration {ahead}, then wait for iteration {i}"),
-            IfThenElse(Bin("&&", ahead.lt(E), thread0), _issue(ring, [buf], i, ahead)),
+            issue(ahead),
             MBarrierWait(MBarrierRef(full, use.stage), use.phase),
         ]
         + _release_after_last_read(rest, [tv], release)

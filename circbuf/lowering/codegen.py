@@ -422,12 +422,21 @@ class CudaCodegen:
 
     def visit_CpAsyncBox(self, n: CpAsyncBox):
         """The producer threads' chunks of one box: thread t copies chunks
-        t, t + threads, ... at the buffer's swizzled addresses."""
+        t, t + threads, ... at the buffer's swizzled addresses. A box every
+        thread copies (``flat``) numbers the threads by their linear index and
+        writes chunk ``t + i * threads`` as such, so that the chunk's
+        coordinates simplify per thread (the loop over i unrolled)."""
         from .indexing import swizzle_index
 
         tv, g, v = n.dst.tv, n.src, n.vector
         nch, thr = n.chunks, n.threads
-        c = Var("cb_c")
+        iters = -(-nch // thr)
+        full = nch % thr == 0
+        if n.flat:
+            t, i = Var("cb_t", lo=0, hi=Const(thr)), Var("cb_i", lo=0, hi=Const(iters))
+            c = t + i * Const(thr) if full else Var("cb_c", lo=0, hi=Const(nch))
+        else:
+            c = Var("cb_c")
         dst, gidx, cond, inner = n.parts(c)
         dst = self.scalar(simplify(swizzle_index(tv, simplify(dst))))
         how = (
@@ -437,13 +446,25 @@ class CudaCodegen:
         )
         self.emit(f"{{  // {tv.name} <- {g.name}: a box of {nch * v} elements, {how}, over {thr} threads")
         self.ind += 1
-        full = nch % thr == 0
-        # chunks in flight per thread within the producer's 56 registers: 4 cp.asyncs,
-        # 2 x 16 bytes loaded through registers (4 spilled, SASS for sm_90a)
-        self.emit(f"#pragma unroll {4 if n.is_async else 2}")
-        self.emit(f"for (index_t cb_i = 0; cb_i < {-(-nch // thr)}; ++cb_i) {{")
+        if n.flat:
+            dims = [self.k.launch.get(p, Const(1)) for p in (ParallelType.TIDx, ParallelType.TIDy)]
+            bx, by = (self.scalar(simplify(d)) for d in dims)
+            self.emit(
+                f"const index_t cb_t = (index_t)threadIdx.x + {bx} * ((index_t)threadIdx.y + {by} * (index_t)threadIdx.z);"
+            )
+            # (non-negative: its chunk coordinates divide without the signed fix-ups)
+            self.emit(f"__builtin_assume(cb_t >= 0 && cb_t < {thr});")
+            self.emit("#pragma unroll 4")
+        else:
+            # chunks in flight per thread within the producer's 56 registers: 4 cp.asyncs,
+            # 2 x 16 bytes loaded through registers (4 spilled, SASS for sm_90a)
+            self.emit(f"#pragma unroll {4 if n.is_async else 2}")
+        self.emit(f"for (index_t cb_i = 0; cb_i < {iters}; ++cb_i) {{")
         self.ind += 1
-        self.emit(f"const index_t cb_c = ((index_t)threadIdx.x) + cb_i * {thr};")
+        if not n.flat:
+            self.emit(f"const index_t cb_c = ((index_t)threadIdx.x) + cb_i * {thr};")
+        elif not full:
+            self.emit(f"const index_t cb_c = cb_t + cb_i * {thr};")
         if not full:
             self.emit(f"if (cb_c >= {nch}) break;")
         self.emit(f"const bool cb_in = {self.scalar(simplify(cond))};")
@@ -451,7 +472,10 @@ class CudaCodegen:
         if n.is_async:
             es = g.dtype.size
             left = self.scalar(simplify(inner))
-            self.emit(f"const index_t cb_n = cb_in ? ({left} < {v} ? {left} : {v}) : 0;")
+            if v == 1:  # (in range: its one element)
+                self.emit("const index_t cb_n = cb_in ? 1 : 0;")
+            else:
+                self.emit(f"const index_t cb_n = cb_in ? ({left} < {v} ? {left} : {v}) : 0;")
             self.emit(
                 f"cb::cp_async<{v * es}>(&{tv.name}[{dst}], {g.name}.data + cb_g, (unsigned)(cb_n * {es}));"
             )

@@ -334,7 +334,17 @@ class _Indexer:
                 raise CircbufError(
                     f"{out.name}: the box's inner extent {box[0][1]} is no multiple of 16 bytes"
                 )
-        return CpAsyncBox(dst, g, box, vec, threads.value, through_registers=regs)
+        # element copies across the box's inner dim (a transposing copy: the box's inner
+        # dim is not the tensor's innermost in memory): consecutive threads walk the dim
+        # that is, 16 bytes of it (half a sector) before the next row, so that a warp's
+        # copies read few sectors and its shared stores spread over 32 / (16 / item) x
+        # as many banks as a walk along whole rows would
+        walk, run = 0, 0
+        if vec == 1 and not regs:
+            order = self.k.memory_orders.get(g.name, list(range(len(gl))))
+            walk = next((k for k, d in enumerate(box) if d[0] == order[-1] and d[1] > 1), 0)
+            run = max(16 // g.dtype.size, 1) if walk else 0
+        return CpAsyncBox(dst, g, box, vec, threads.value, through_registers=regs, walk=walk, run=run)
 
     def tma_store(self, node) -> TmaStore:
         """A bulk copy of the box of global ``out`` whose first element the loop

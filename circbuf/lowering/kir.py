@@ -10,6 +10,7 @@ Nodes are plain classes. ``print(kernel)`` shows the nest, e.g.::
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -286,7 +287,14 @@ class CpAsyncBox(Node):
     one by one (along the inner dim's stride, zero past the extents) into
     registers and stored to shared memory at once. Completion:
     the ring's ``cp.async.mbarrier.arrive.noinc`` (:class:`CpAsyncArrive`), or
-    for copies through registers a proxy fence and an arrive."""
+    for copies through registers a proxy fence and an arrive. ``flat``: the
+    copying threads are all the CTA's, numbered by their linear index
+    (``threadIdx.x`` fastest: a Pipelined ring every thread fills), not
+    ``threadIdx.x`` alone. ``walk``: the box dim whose chunks consecutive
+    threads take (0, the innermost, by default; a transposing copy walks the
+    dim contiguous in global memory, so a warp's loads share sectors), ``run``
+    elements of it (then the next row of the box's inner dim: a warp's
+    element stores to shared memory spread over that many more banks)."""
 
     needs = TargetNeed("cp.async", 80)
     dst: TensorRef
@@ -296,6 +304,9 @@ class CpAsyncBox(Node):
     threads: int
     bar: object = None  # MBarrierRef of the stage's full barrier, set by the circular-buffer pass
     through_registers: bool = False
+    flat: bool = False
+    walk: int = 0
+    run: int = 0  # elements of the walked dim consecutive threads take before the next row (0: all)
 
     @property
     def is_async(self) -> bool:
@@ -313,13 +324,40 @@ class CpAsyncBox(Node):
         """For chunk index ``chunk``: (the shared element index of its first
         element, unswizzled; the global element index; the condition that its
         first element is in range; the number of its elements in range)."""
-        e = chunk * self.vector
         gidx, conds, inner = Const(0), [], None
-        div = 1
-        for k, (_axis, box, first, extent, stride) in enumerate(self.dims):
-            local = (e // div) % box if k + 1 < len(self.dims) else e // div
-            div *= box
-            x = first + local
+        local = {}
+        if self.walk == 0:  # dense: the chunk's elements are the box's, innermost dim first
+            e = chunk * self.vector
+            div = 1
+            for k, (_axis, box, *_rest) in enumerate(self.dims):
+                local[k] = (e // div) % box if k + 1 < len(self.dims) else e // div
+                div *= box
+        else:  # ``run`` of the walked dim first, then the dims innermost first (the walked one's rest)
+            w = self.walk
+            run = math.gcd(self.run or self.dims[w][1], self.dims[w][1])
+            digits = [(w, run)] + [
+                (k, self.dims[k][1] // (run if k == w else self.vector if k == 0 else 1))
+                for k in range(len(self.dims))
+            ]
+            digits = [d for d in digits if d[1] > 1] or [(0, 1)]
+            div, parts = 1, {}
+            for j, (k, box) in enumerate(digits):
+                x = (chunk // div) % box if j + 1 < len(digits) else chunk // div
+                parts.setdefault(k, []).append((x, div))
+                div *= box
+            for k in range(len(self.dims)):
+                got = parts.get(k, [])
+                if k == w and len(got) == 2:  # the run, then the rest of the dim
+                    local[k] = got[1][0] * run + got[0][0]
+                else:
+                    local[k] = got[0][0] if got else Const(0)
+            local[0] = local[0] * self.vector
+            e, mult = Const(0), 1
+            for k, (_axis, box, *_rest) in enumerate(self.dims):
+                e = e + local[k] * mult
+                mult *= box
+        for k, (_axis, _box, first, extent, stride) in enumerate(self.dims):
+            x = first + local[k]
             gidx = gidx + x * stride
             if k == 0:
                 inner = extent - x

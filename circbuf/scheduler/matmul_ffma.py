@@ -29,6 +29,22 @@ contiguous bytes. The operand tiles (A's broadcast along N; B's along M)::
 
 and the epilogue (bias, activation, cast; the output) over [.., tm/v, v,
 tn/v, v] per thread, the output stored 16 bytes at a time where its rows allow.
+
+``schedule(ffma_smem=True)`` (``FfmaParams.smem``, default off) stages the
+operand tiles in shared memory instead: ``xs = cp.async(a)`` shaped as the
+operand's broadcast (``[.., M, K, bN]``), a ring of ``stages`` (2) slots over
+the k loop, each slot A's [ku x bm] (M contiguous, whatever A's layout) and
+B's [ku x bn] (N contiguous); every thread copies its chunks (16 bytes along a
+contiguous M or N, else one element a copy, consecutive threads along K) and
+arrives on the slot's full barrier; the k loop waits for this step's slot,
+reads each k's [tm] of A and [tn] of B 16 bytes at a time (LDS.128), runs its
+FFMAs while the next step's copies are in flight, and syncs the block once
+(the slot it read is refilled next)::
+
+    red [iblockIdx.z, iblockIdx.y{M/bm}, iblockIdx.x{N/bn}, rS{K/ku}, ithreadIdx.y, ithreadIdx.x,
+         rUR{ku}, iUR{tm/v}, iUR{v}, iUR{tn/v}, iUR{v}]                       ca_pos(2)
+    as  [.., iblockIdx.y, iblockIdx.x, iS{K/ku}, bS{bn}, iB{ku}, iB{bm}]  ca_pos(3) circular_buffer(2)
+    ab  [.., iS{K/ku}, ithreadIdx.y, ithreadIdx.x, iUR{ku} | iUR{tm/v}, bUR.., iV{v}]   (registers)
 """
 
 from __future__ import annotations
@@ -38,9 +54,11 @@ from ..ir import (
     DataType,
     Fusion,
     LinearOp,
+    LoadStoreOp,
     MemoryType,
     ParallelType,
     ReductionOp,
+    TensorView,
     evaluate,
 )
 from .info import InputInfo
@@ -58,7 +76,7 @@ from .utils import (
     vector_access,
 )
 
-OVERRIDES = ("thread_tile", "k_step", "blocks_per_sm")
+OVERRIDES = ("thread_tile", "k_step", "blocks_per_sm", "ffma_smem")
 VECTOR_BYTES = 16
 
 
@@ -113,9 +131,14 @@ def ffma_params(fusion: Fusion, info: InputInfo, overrides: dict | None = None) 
     # a k step of 4 (fp64: 2) values, one 16-byte load along K; 4 x 4 thread tiles take
     # four such loads a step where K allows, else two (less loop overhead per FFMA; at
     # 1024^3 on an H200 a step of 16 ran 16.7 TFLOP/s against 9.6 at 8: `--fp32 --variants`)
+    smem = ov.get("ffma_smem", False)
     ku = vec
     if tm == 4:
         ku = next((f * vec for f in (4, 2) if k % (f * vec) == 0), vec)
+    if smem:
+        # staged tiles: a k step of two 16-byte loads' worth (one ring slot of A and B
+        # is 2 x [8 x 128] fp32, 8 KB; two slots 16 KB), one block sync a step
+        ku = 4 * vec
     ku = ov.get("k_step", ku)
     if ku % vec:
         raise CircbufError(
@@ -124,12 +147,23 @@ def ffma_params(fusion: Fusion, info: InputInfo, overrides: dict | None = None) 
         )
     va = _operand_vector(fusion, info, a, e, "A", vec, (m, k))
     vb = _operand_vector(fusion, info, b, e, "B", vec, (k, n))
+    if smem:
+        for x, which in ((a, "A"), (b, "B")):
+            if not x.is_input:
+                raise CircbufError(
+                    f"schedule(ffma_smem=True): operand {which} ({x.name}) is computed in the fusion; the "
+                    "shared-memory tiles are copied (cp.async) from fusion inputs only"
+                )
     # fp32 with whole k steps: 128 registers a thread (64 accumulators, A's [8 x 4] values,
     # B's [4 x 8] or [8]) let two CTAs share an SM; both operands loaded along K (linear's
     # [N, K] weight) leave an epilogue no room at 128 (it spilled with bias and gelu): one
     # CTA, as fp64 (twice the registers) and ragged K (element loads, bounds checks)
     # (a k step of 8 at 128 registers spilled 24 bytes: one CTA there too)
     two = item == 4 and tm == 8 and ku == vec and k % ku == 0 and (va, vb) != ("K", "K")
+    if smem:
+        # the operands' registers are one k's 8 + 8 values (read from shared memory),
+        # whatever their layout in global memory: two CTAs an SM, 128 registers, for fp32
+        two = item == 4 and tm == 8
     return (
         FfmaParams(
             tile=(bm, bn, ku),
@@ -144,6 +178,7 @@ def ffma_params(fusion: Fusion, info: InputInfo, overrides: dict | None = None) 
             vectorize_outputs=tuple(
                 _output_vector(fusion, info, j, vec, n) for j in range(len(fusion.outputs))
             ),
+            smem=smem,
         ),
         None,
     )
@@ -193,7 +228,11 @@ def schedule_ffma(fusion: Fusion, params: FfmaParams) -> None:
             specialize_extent(fusion, ax.extent.name, value)
     prod = red.definition.inputs[0]
     ab, bb = prod.definition.inputs  # a[.., M, K, 1] * b[.., 1, K, N] (linear: [.., M, 1, K], [.., 1, N, K])
-    chain = {id(t) for t in (red, prod, ab, bb)}
+    staged = []
+    if params.smem:  # the operand tiles through shared memory: a -> as (cp.async) -> ab (registers)
+        ab, bb = (_stage(fusion, x, v) for x, v in ((ab, params.vectorize_a), (bb, params.vectorize_b)))
+        staged = [x.definition.inputs[0] for x in (ab, bb)]
+    chain = {id(t) for t in (red, prod, ab, bb, *staged)}
     lmap = LogicalMap(fusion)
     # an epilogue value read twice is computed once per reader (registers, inlined)
     recompute_multi_use(fusion, keep=lambda tv: id(tv) in chain, lmap=lmap)
@@ -215,32 +254,47 @@ def schedule_ffma(fusion: Fusion, params: FfmaParams) -> None:
     # runs of v, those of neighbouring threads adjacent (a warp's 16-byte loads of B's row
     # and stores of C's read and write 256 contiguous bytes)
     red.split(p + 2, ku)  # [B?, M, N, K/ku, ku]
-    red.split(p + 1, vec)  # [B?, M, N/v, v, K/ku, ku]
-    red.split(p + 1, bn // tn)  # [B?, M, N/v/tx, tx, v, K/ku, ku]
-    red.split(p + 1, tn // vec)  # [B?, M, N/bn, tn/v, tx, v, K/ku, ku]
-    red.split(p, vec)  # [B?, M/v, v, N/bn, tn/v, tx, v, K/ku, ku]
-    red.split(p, bm // tm)  # [B?, M/v/ty, ty, v, ...]
-    red.split(p, tm // vec)  # [B?, M/bm, tm/v, ty, v, N/bn, tn/v, tx, v, K/ku, ku]
-    # -> [B?, M/bm, N/bn, ty, tx, K/ku, ku, tm/v, v, tn/v, v]
-    red.reorder([*range(p), *(p + d for d in (0, 4, 2, 6, 8, 9, 1, 3, 5, 7))])
+    if params.smem:
+        # the same axes split from the tile down ([M/bm, bm] first), as the staged
+        # tiles' [M/bm, bm] are: a thread's rows index the tile's bm rows
+        red.split(p + 1, bn)  # [B?, M, N/bn, bn, K/ku, ku]
+        red.split(p + 2, bn // tn * vec)  # [B?, M, N/bn, tn/v, tx * v, K/ku, ku]
+        red.split(p + 3, vec)  # [B?, M, N/bn, tn/v, tx, v, K/ku, ku]
+        red.split(p, bm)  # [B?, M/bm, bm, ...]
+        red.split(p + 1, bm // tm * vec)  # [B?, M/bm, tm/v, ty * v, ...]
+        red.split(p + 2, vec)  # [B?, M/bm, tm/v, ty, v, N/bn, tn/v, tx, v, K/ku, ku]
+    else:
+        red.split(p + 1, vec)  # [B?, M, N/v, v, K/ku, ku]
+        red.split(p + 1, bn // tn)  # [B?, M, N/v/tx, tx, v, K/ku, ku]
+        red.split(p + 1, tn // vec)  # [B?, M, N/bn, tn/v, tx, v, K/ku, ku]
+        red.split(p, vec)  # [B?, M/v, v, N/bn, tn/v, tx, v, K/ku, ku]
+        red.split(p, bm // tm)  # [B?, M/v/ty, ty, v, ...]
+        red.split(p, tm // vec)  # [B?, M/bm, tm/v, ty, v, N/bn, tn/v, tx, v, K/ku, ku]
+    # -> [B?, M/bm, N/bn, ty, tx, K/ku, ku, tm/v, v, tn/v, v]; staged operand tiles:
+    # [B?, M/bm, N/bn, K/ku, ty, tx, ku, ..] (the ring loop outside the thread axes)
+    order = (0, 4, 8, 2, 6, 9, 1, 3, 5, 7) if params.smem else (0, 4, 2, 6, 8, 9, 1, 3, 5, 7)
+    red.reorder([*range(p), *(p + d for d in order)])
+    ty_pos = p + 3 if params.smem else p + 2
     if p:
         red.axis(0).parallelize(ParallelType.BIDz)
     red.axis(p).parallelize(ParallelType.BIDy)
     red.axis(p + 1).parallelize(ParallelType.BIDx)
-    red.axis(p + 2).parallelize(ParallelType.TIDy)
-    red.axis(p + 3).parallelize(ParallelType.TIDx)
+    red.axis(ty_pos).parallelize(ParallelType.TIDy)
+    red.axis(ty_pos + 1).parallelize(ParallelType.TIDx)
     for d in range(p + 5, p + 10):
         red.axis(d).parallelize(ParallelType.Unroll)
-    propagate(red, fusion.used_tvs(), lmap)
+    propagate(red, [tv for tv in fusion.used_tvs() if tv not in staged], lmap)
 
-    thread_pos = p + 4  # inside the thread axes
-    k_pos = p + 5  # inside the K/ku loop
-    red.inline_at(thread_pos)
+    thread_pos = p + 4  # inside the thread axes (the outputs' loops)
+    k_pos = p + 5  # inside the K/ku loop (staged: the K/ku loop and the thread axes)
+    # the accumulators: inside the tile (staged: outside the ring loop, which holds the threads)
+    red.inline_at(p + 2 if params.smem else thread_pos)
     fusion.launch_min_blocks = params.blocks_per_sm
     prod.inline_at(len(prod.loop))
     # the operand tiles: loaded along K, a [tm x ku] ([ku x tn]) tile per k step, else
     # a [tm] ([tn]) slice per k; the vectorized axis innermost
-    for x, axis in ((ab, params.vectorize_a), (bb, params.vectorize_b)):
+    reads = ((ab, "M"), (bb, "N")) if params.smem else ((ab, params.vectorize_a), (bb, params.vectorize_b))
+    for x, axis in reads:
         if axis == "K":  # [.., K/ku | ku, tm/v, v, tn/v, v] -> [ku/v, tm/v, v, tn/v, v, v]
             x.inline_at(k_pos)
             x.split(k_pos, vec)
@@ -252,8 +306,10 @@ def schedule_ffma(fusion: Fusion, params: FfmaParams) -> None:
         if axis:
             x.axis(-1).parallelize(ParallelType.Vectorize)
     for tv in fusion.used_tvs():
-        if not tv.is_input:
+        if not tv.is_input and tv not in staged:
             tv.memory_type = MemoryType.Global if tv.is_output else MemoryType.Local
+    for xs in staged:
+        _ring_tile(xs, params, nb, (mpos, npos, kpos), xs is staged[0])
     # the epilogue: [B?, M/bm, N/bn, ty, tx, tm/v, v, tn/v, v], inlined into the outputs' loops
     for tv in fusion.used_tvs():
         if tv.is_input or tv.is_output or id(tv) in chain:
@@ -263,3 +319,49 @@ def schedule_ffma(fusion: Fusion, params: FfmaParams) -> None:
         if params.vectorize_outputs[j] and len(o.loop) == thread_pos + 4:
             c.inline_at(len(c.loop) - 1)
             o.axis(-1).parallelize(ParallelType.Vectorize)
+
+
+def _stage(fusion, x, axis):
+    """Operand tile ``x`` (``broadcast(a)``, registers) read from a shared-memory
+    copy of ``a`` instead: ``xs = cp.async(a)`` shaped as ``x`` (its broadcast
+    axes too, so that its loops line up with the tile's), ``x = set(xs)``;
+    ``axis``: the operand's contiguous axis ("M" or "N": 16-byte copies, else
+    one element per copy). Returns the new ``x``."""
+    d = x.definition
+    a = d.inputs[0]
+    item = a.dtype.size
+    vector = VECTOR_BYTES // item if axis in ("M", "N") else 1
+    xs = fusion.register(TensorView([i.fresh() for i in x.logical], a.dtype, MemoryType.Shared))
+    LoadStoreOp(xs, a, kind="cp.async", is_broadcast_dim=d.is_broadcast_dim, vector=vector)
+    xr = fusion.register(TensorView([i.fresh() for i in x.logical], a.dtype, MemoryType.Local))
+    LoadStoreOp(xr, xs)
+    for e in list(x.uses):
+        e.replace_input(x, xr)
+    if d in a.uses:
+        a.uses.remove(d)
+    return xr
+
+
+def _ring_tile(xs, params, nb, positions, is_a):
+    """A staged operand tile's loops: [B?, M/bm, N/bn, K/ku | bcast, Bulk ku, Bulk bm]
+    (A, its M contiguous in shared memory) or [.. | bcast, Bulk ku, Bulk bn] (B),
+    computed in the ring loop K/ku, ``params.stages`` slots."""
+    bm, bn, ku = params.tile
+    xs.reorder([*range(nb), *positions])  # [batch.., M, N, K]
+    for _ in range(nb - 1):
+        xs.merge(0)
+    p = 1 if nb else 0
+    xs.split(p + 2, ku)  # [B?, M, N, K/ku, ku]
+    xs.split(p + 1, bn)  # [B?, M, N/bn, bn, K/ku, ku]
+    xs.split(p, bm)  # [B?, M/bm, bm, N/bn, bn, K/ku, ku]
+    # A: [B?, M/bm, N/bn, K/ku, bn, ku, bm]; B: [.., bm, ku, bn]
+    order = (0, 2, 4, 3, 5, 1) if is_a else (0, 2, 4, 1, 5, 3)
+    xs.reorder([*range(p), *(p + d for d in order)])
+    if p:
+        xs.axis(0).parallelize(ParallelType.BIDz)
+    xs.axis(p).parallelize(ParallelType.BIDy)
+    xs.axis(p + 1).parallelize(ParallelType.BIDx)
+    xs.axis(p + 4).parallelize(ParallelType.Bulk)
+    xs.axis(p + 5).parallelize(ParallelType.Bulk)
+    xs.inline_at(p + 3)
+    xs.circular_buffer(params.stages, axis=p + 2)

@@ -222,6 +222,9 @@ MATMUL = _table(
              "a multiple of one 16-byte load (4 Float, 2 Double)", **_int(2, 16, pow2=True)),
     Override("blocks_per_sm", used_by=(MM_FFMA,), doc="fp32/fp64 (FFMA path): CTAs per SM "
              "(__launch_bounds__ caps the registers)", **_int(1, 8)),
+    Override("ffma_smem", used_by=(MM_FFMA,), doc="fp32/fp64 (FFMA path): operand tiles [k_step x 128] staged "
+             "in shared memory by cp.async, double-buffered (the next k step's copies in flight during this "
+             "one's FFMAs; operands that are fusion inputs; default False)", **_BOOL),
 )  # fmt: skip
 
 TABLES = {

@@ -160,6 +160,11 @@ class FfmaParams(Params):
     # (M, N, K) the kernel is compiled for, 0 where symbolic: M and N where they are
     # multiples of the tile, K of bk (no bounds checks in the loops); one kernel per shape
     extents: tuple = (0, 0, 0)
+    # operand tiles staged in shared memory: [bk x bm] of A (M-contiguous) and [bk x bn]
+    # of B (N-contiguous) per k step, copied by every thread (cp.async) into a ring of
+    # ``stages`` slots, the next steps' copies in flight during this one's FFMAs
+    smem: bool = False
+    stages: int = 2
 
     def brief(self) -> str:
         bm, bn, bk = self.tile
@@ -169,6 +174,12 @@ class FfmaParams(Params):
             f"{w} 16-byte loads along {v}" if v else f"{w} element loads"
             for w, v in (("A", self.vectorize_a), ("B", self.vectorize_b))
         )
+        if self.smem:
+            loads = "; ".join(
+                f"{w} cp.async {'16-byte' if v == m else 'element'} copies"
+                for w, v, m in (("A", self.vectorize_a, "M"), ("B", self.vectorize_b, "N"))
+            )
+            loads = f"operand tiles in shared memory ({self.stages} stages; {loads})"
         out = f"FFMA tile {bm}x{bn}x{bk}, {tm}x{tn} per thread, {ty * tx} threads; {loads}"
         if self.blocks_per_sm:
             out += f"; {self.blocks_per_sm} CTAs/SM"
