@@ -650,12 +650,12 @@ class FusionExecutor:
         p.scalar_slots = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
 
         def make(i, args):
-            plan = subs[i]._plan(args)
-            p.steps[i][0] = plan.run
-            return plan
+            return subs[i]._plan(args)
 
-        def made(i):
-            # after the step's first run: a split-K segment's plan compiles its kernels then
+        def made(i, plan):
+            # after the step's first run succeeded (a split-K segment's plan compiles its
+            # kernels then): later calls run the plan directly
+            p.steps[i][0] = plan.run
             if i == len(subs) - 1:
                 self.last = CompiledFusion(seg, [sub.last for sub in subs])
 
@@ -967,8 +967,9 @@ def _first_run(p: SegmentedPlan, k: int):
     """Step ``k``'s run before its plan exists: make it, then run it."""
 
     def run(args, finish):
-        outs = p.make(k, args).run(args, finish)
-        p.made(k)
+        plan = p.make(k, args)
+        outs = plan.run(args, finish)
+        p.made(k, plan)
         return outs
 
     return run

@@ -99,6 +99,9 @@ class ContractionOps:
         if a.ndim == 0 or b.ndim == 0:
             raise CircbufError(f"matmul: operands must have at least one axis, got {a.ndim}-D and {b.ndim}-D")
         dt = self._contraction_dtype("matmul", a, b)
+        ax, bx = a.domain.no_reductions(), b.domain.no_reductions()
+        ka, kb = ax[-1], bx[0] if b.ndim == 1 else bx[-2]
+        self._equate_k("matmul", ka.loop_extent, kb.loop_extent, a, b)  # (named by the user's tensors)
         if dt in VECTOR_AS_MATRIX and (a.ndim == 1 or b.ndim == 1):
             a2 = self.broadcast(a, [True, False]) if a.ndim == 1 else a
             b2 = self.broadcast(b, [False, True]) if b.ndim == 1 else b
@@ -106,9 +109,6 @@ class ContractionOps:
             return self.squeeze(
                 c, ([c.ndim - 2] if a.ndim == 1 else []) + ([c.ndim - 1] if b.ndim == 1 else [])
             )
-        ax, bx = a.domain.no_reductions(), b.domain.no_reductions()
-        ka, kb = ax[-1], bx[0] if b.ndim == 1 else bx[-2]
-        self._equate_k("matmul", ka.loop_extent, kb.loop_extent, a, b)
         a_batch = ax[:-2] if a.ndim > 1 else []
         b_batch = bx[:-2] if b.ndim > 1 else []
         rank = max(len(a_batch), len(b_batch))
@@ -138,6 +138,8 @@ class ContractionOps:
                 f"linear: weight {w.name} must be [N, K] or [K], input at least 1-D; got {a.ndim}-D and {w.ndim}-D"
             )
         dt = self._contraction_dtype("linear", a, w, bias)
+        ax, wx = a.domain.no_reductions(), w.domain.no_reductions()
+        self._equate_k("linear", ax[-1].loop_extent, wx[-1].loop_extent, a, w)  # (the user's tensors)
         if dt in VECTOR_AS_MATRIX and (a.ndim == 1 or w.ndim == 1):
             a2 = self.broadcast(a, [True, False]) if a.ndim == 1 else a
             w2 = self.broadcast(w, [True, False]) if w.ndim == 1 else w
@@ -151,8 +153,6 @@ class ContractionOps:
             return self.squeeze(
                 c, ([c.ndim - 2] if a.ndim == 1 else []) + ([c.ndim - 1] if w.ndim == 1 else [])
             )
-        ax, wx = a.domain.no_reductions(), w.domain.no_reductions()
-        self._equate_k("linear", ax[-1].loop_extent, wx[-1].loop_extent, a, w)
         ids = [self._out_axis([i]) for i in ax[:-1]]
         ma = [(i, i) for i in range(a.ndim - 1)]
         mw = []

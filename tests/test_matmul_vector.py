@@ -221,3 +221,61 @@ def test_gpu_split_k_segment_last(monkeypatch):
         outs = fd.execute(xs)
         _check(fd, outs, xs, lambda x, w: [x.expand(128, 512) @ w.T])
     assert "split-K" in str(fd._get_executor().last)
+
+
+# ---- found by review
+
+
+@pytest.mark.parametrize("ashape,bshape", [([1], [1, -1]), ([1], [1]), ([-1, 1], [1, -1])])
+def test_k_fixed_to_one_is_an_outer_product(ashape, bshape):
+    """K defined as 1 (a broadcast axis, as torch.compile defines a static size
+    1): the tensor-core path refuses it by name (its one-row operand tiles met
+    a lowering check) and the sum of products takes it."""
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor(ashape, dtype=D.BFloat16)
+        b = fd.define_tensor(bshape, dtype=D.BFloat16)
+        fd.add_output(fd.ops.matmul(a, b))
+    g = seeded(len(ashape) + len(bshape))
+    xs = [
+        torch.randn(*[7 if s == -1 else s for s in ashape], generator=g).bfloat16(),
+        torch.randn(*[24 if s == -1 else s for s in bshape], generator=g).bfloat16(),
+    ]
+    check_outputs(interpret(fd, xs), [to_double(xs[0]) @ to_double(xs[1])], written=True)
+
+
+def test_expand_returned_keeps_its_stride_zero_layout():
+    """An expand that is both returned and a matmul operand: returned as
+    torch's stride-0 view (the segmenter writes out only operands it does
+    not return)."""
+    with cb.FusionDefinition() as fd:
+        x = fd.define_tensor([1, -1], dtype=D.BFloat16)
+        w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        e = fd.ops.expand(x, [70, -1])
+        fd.add_output(e)
+        fd.add_output(fd.ops.matmul(e, w))
+    g = seeded(9)
+    xs = [torch.randn(1, 64, generator=g).bfloat16(), torch.randn(64, 80, generator=g).bfloat16()]
+    ex, mm = interpret(fd, xs)
+    assert ex.stride() == (0, 1), ex.stride()
+    check_outputs(
+        [ex, mm], [to_double(xs[0]).expand(70, 64), to_double(xs[0]).expand(70, 64) @ to_double(xs[1])]
+    )
+
+
+@pytest.mark.parametrize("op", ["matmul", "linear"])
+def test_k_mismatch_names_the_users_tensors(op):
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([64], dtype=D.BFloat16)
+        b = fd.define_tensor([32, -1] if op == "matmul" else [-1, 32], dtype=D.BFloat16)
+        with pytest.raises(cb.CircbufError, match=rf"{op}: K of T0 \(64\) and T1 \(32\) differ"):
+            getattr(fd.ops, op)(a, b)
+    with cb.FusionDefinition() as fd:
+        a = fd.define_tensor([-1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        fd.add_output(getattr(fd.ops, op)(a, b))
+    bad = [
+        torch.randn(64).bfloat16(),
+        torch.randn(32, 16).bfloat16() if op == "matmul" else torch.randn(16, 32).bfloat16(),
+    ]
+    with pytest.raises(cb.CircbufError, match=rf"{op}: K of T0 and T1"):
+        fd.compile(bad, arch="sm_90a")

@@ -92,9 +92,10 @@ class Fusion:
 
     def require_equal(self, a: Scalar, b: Scalar, reason: str) -> None:
         """Extents ``a`` and ``b`` must be equal at run time, because of ``reason``
-        (named in the error when they are not)."""
+        (named in the error when they are not; the first reason given for a
+        pair stays: the one the user's own op gave)."""
         self.extent_equalities.append((a, b))
-        self.equality_reasons[(str(a), str(b))] = reason
+        self.equality_reasons.setdefault((str(a), str(b)), reason)
 
     def derived_extent(self, expr: Scalar) -> Var:
         """A new extent name for ``expr`` (e.g. a reshape's ``-1``): tensors

@@ -62,6 +62,7 @@ from ..ir import (
     evaluate,
 )
 from .info import InputInfo
+from .matmul_path import _operands
 from .params import FfmaParams
 from .utils import (
     LogicalMap,
@@ -80,16 +81,12 @@ OVERRIDES = ("thread_tile", "k_step", "blocks_per_sm", "ffma_smem")
 VECTOR_BYTES = 16
 
 
-def _operands(e):
-    return e.inputs[0], e.inputs[1]
-
-
 def ffma_params(fusion: Fusion, info: InputInfo, overrides: dict | None = None) -> tuple:
     """(FfmaParams, None) for a matmul the FFMA path takes, else (None, why not).
     ``overrides``: ``thread_tile``, ``k_step``, ``blocks_per_sm`` (others are ignored here)."""
     ov = overrides or {}
     e = contractions(fusion)[0]
-    a, b = _operands(e)
+    a, b, _ = _operands(e)
     if a.dtype not in (DataType.Float, DataType.Double) or b.dtype != a.dtype:
         return None, f"{a.dtype.name} x {b.dtype.name} operands (the FFMA path takes Float or Double)"
     if any(i.is_broadcast for i in e.out.logical[-2:]):

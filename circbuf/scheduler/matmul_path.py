@@ -96,7 +96,7 @@ def _mma_structure(fusion: Fusion, e) -> Reason | None:
     """Why the tensor-core path cannot take this fusion whatever its inputs,
     else None (fp32 operands: on TF32 tensor cores when torch allows it, which
     :func:`_mma_unsupported` asks). Kinds: ``dtype``, ``vector``, ``weight``,
-    ``computed operand``, ``expanded operand``, ``fixed one`` (a consumer of
+    ``computed operand``, ``expanded operand``, ``broadcast k``, ``fixed one`` (a consumer of
     the one row the segmenter can cut away), ``fixed one, one tensor``,
     ``output``."""
     a, b, _ = _operands(e)
@@ -121,6 +121,13 @@ def _mma_structure(fusion: Fusion, e) -> Reason | None:
                     "expanded operand",
                     f"operand {x.name} is expanded along axis {d} (a broadcast a tensor map cannot step)",
                 )
+    for x in (a, b):
+        if x.logical[tf32_k_axis(e, x)].is_broadcast:
+            # (K fixed to 1, ``define_tensor([-1, 1])``: an outer product, no sum for the tensor
+            # cores; its one-row operand tiles met a lowering check)
+            return Reason(
+                "broadcast k", f"operand {x.name}'s K axis is a broadcast (K fixed to 1: an outer product)"
+            )
     c = e.out
     fixed = fixed_ones(fusion, e)
     if isinstance(fixed, str):

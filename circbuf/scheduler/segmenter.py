@@ -580,12 +580,20 @@ def _cut(fusion: Fusion, positions: list[int], outputs=None):
 
 
 def _contraction_operands(fusion: Fusion) -> frozenset:
-    """Names of the tensors computed in ``fusion`` that a matmul or linear
-    reads as an operand."""
+    """Names of the tensors computed in ``fusion`` that a 16-bit matmul or
+    linear reads as an operand (the tensor-core path takes them whole), none
+    that the fusion returns: an expand returned keeps torch's stride-0 layout
+    (the matmul then reads the expand on the SIMT path)."""
+    from ..ir import DataType
     from ..ir.nodes import _Contraction
 
+    returned = {t.name for t in fusion.outputs}
     return frozenset(
-        x.name for e in fusion.exprs() if isinstance(e, _Contraction) for x in e.inputs[:2] if not x.is_input
+        x.name
+        for e in fusion.exprs()
+        if isinstance(e, _Contraction)
+        for x in e.inputs[:2]
+        if not x.is_input and x.name not in returned and x.dtype in (DataType.BFloat16, DataType.Half)
     )
 
 
