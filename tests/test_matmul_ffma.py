@@ -299,9 +299,12 @@ def test_a_batch_past_the_grid_keeps_the_sum_of_products():
 def test_overrides():
     a, b = torch.empty(4096, 4096), torch.empty(4096, 4096)
     for ov, want in [
-        (dict(thread_tile=4), dict(thread_tile=(4, 4), tile=(64, 64, 16))),
-        (dict(k_step=8), dict(thread_tile=(8, 8), tile=(128, 128, 8), blocks_per_sm=0)),
-        (dict(blocks_per_sm=1, k_step=4), dict(tile=(128, 128, 4), blocks_per_sm=1)),
+        (dict(thread_tile=4), dict(thread_tile=(4, 4), tile=(64, 64, 16), smem=False)),
+        # the register-only kernel (ffma_smem=False): a k step of 8 spills at 128 registers
+        (dict(k_step=8, ffma_smem=False), dict(thread_tile=(8, 8), tile=(128, 128, 8), blocks_per_sm=0)),
+        (dict(blocks_per_sm=1, k_step=4, ffma_smem=False), dict(tile=(128, 128, 4), blocks_per_sm=1)),
+        # the shared-memory tiles (the default for 8 x 8): one k's values in registers, two CTAs
+        (dict(k_step=8), dict(thread_tile=(8, 8), tile=(128, 128, 8), blocks_per_sm=2, smem=True)),
     ]:
         fd = _fusion()
         fd.fusion.schedule(**ov)
@@ -346,10 +349,17 @@ def test_variant_and_printing():
     p = fd.last_params()
     assert MatmulScheduler.variant(p) == "ffma"
     assert p.brief() == (
+        "FFMA tile 128x128x16, 8x8 per thread, 256 threads; operand tiles in shared memory (2 stages; "
+        "A cp.async element copies; B cp.async 16-byte copies); 2 CTAs/SM; compiled for M = 256, N = 256, K = 64"
+    )
+    assert "tile: (128, 128, 16)" in str(p) and "thread_tile: (8, 8)" in str(p) and "smem: True" in str(p)
+    fd = _fusion()
+    fd.fusion.schedule(ffma_smem=False)
+    fd.compile([torch.randn(256, 64), torch.randn(64, 256)], arch="sm_90a", target=ONE_SM)
+    assert fd.last_params().brief() == (
         "FFMA tile 128x128x4, 8x8 per thread, 256 threads; A 16-byte loads along K; B 16-byte loads along N; "
         "2 CTAs/SM; compiled for M = 256, N = 256, K = 64"
     )
-    assert "tile: (128, 128, 4)" in str(p) and "thread_tile: (8, 8)" in str(p)
     # four [128 x 128] tiles on an H100's 132 SMs: [64 x 64] tiles of 4 x 4 instead
     fd = _fusion()
     fd.compile([torch.randn(256, 64), torch.randn(64, 256)], arch="sm_90a")
@@ -393,6 +403,7 @@ def test_sass_ffma_dominates(kind, a_major, b_major):
     else:
         b = torch.empty(k, n) if b_major == "N" else torch.empty(n, k).T
     fd = _fusion(kind)
+    fd.fusion.schedule(ffma_smem=False)  # the register-only kernel (test_smem_sass: the default's)
     ck = fd.compile([a, b], arch="sm_90a")
     p = ck.params.simt
     assert isinstance(p, FfmaParams), ck.params
@@ -525,10 +536,21 @@ def test_smem_needs_input_operands():
         fd.compile([torch.empty(*s) for s in shapes], arch="sm_90a")
 
 
-def test_smem_default_off():
+def test_smem_default_for_fp32_8x8_tiles():
+    """On by default for fp32 8 x 8 thread tiles of fusion inputs (measured
+    faster on an H200); off for 4 x 4 tiles (few output tiles) and fp64."""
+    fd = _fusion()
+    ck = fd.compile([torch.empty(2048, 256), torch.empty(256, 2048)], arch="sm_90a")
+    assert ck.params.simt.thread_tile == (8, 8) and ck.params.simt.smem
+    assert "cp_async" in ck.cuda.split("end of prelude")[1]
     fd = _fusion()
     ck = fd.compile([torch.empty(256, 64), torch.empty(64, 256)], arch="sm_90a")
-    assert not ck.params.simt.smem and "cp_async" not in ck.cuda.split("end of prelude")[1]
+    assert ck.params.simt.thread_tile == (4, 4) and not ck.params.simt.smem
+    assert "cp_async" not in ck.cuda.split("end of prelude")[1]
+    fd = _fusion()
+    fd.fusion.schedule(ffma_smem=False)
+    ck = fd.compile([torch.empty(2048, 256), torch.empty(256, 2048)], arch="sm_90a")
+    assert not ck.params.simt.smem
 
 
 @pytest.mark.parametrize("kind, b_major", [("matmul", None), ("linear", None), ("matmul", "K")])
