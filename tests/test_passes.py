@@ -614,6 +614,9 @@ def test_a_matmul_kernel_reads_like_a_persons():
         r"cb::mbar_wait\(&ab_full\[ab_use_stage\], \(unsigned\)\(ab_use_phase\)\);",
     ):
         assert re.search(decl, src), decl
-    assert src.count("const index_t tile_n =") == 1  # once per tile, in the consumers' tile loop
+    # once per tile in each role's tile loop: the producer's TMA coordinates read them too
+    assert src.count("const index_t tile_n =") == 2 and src.count("const index_t tile_m =") == 1
+    producer = src[src.index("// the elected producer lane") : src.index("cb::setmaxnreg_inc")]
+    assert re.search(r"tma_load\(.*\(int\)\(tile_m\)\)", producer), producer
     assert not re.search(r"if \(\(*1 &&", src) and not re.search(r"\w+ \w+\[1\](?: = \{\})?;", src)
     assert not re.search(r"\bj\d+_\d+\b", src)  # no hoisted value left unnamed here

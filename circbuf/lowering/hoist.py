@@ -11,8 +11,10 @@ loop or variable inside it (only on its index, the loops around it, thread
 and block indices and the kernel's sizes), and that are more than an index
 times a constant; each becomes a named value at the top of the loop's body
 (``j6_0``, ``j6_1``, ...), defined in terms of the smaller ones, and every use
-reads the name. The CUDA compiler would hoist them too: this is for the reader,
-who sees the tile's coordinates once per tile.
+reads the name, in the loops inside it too (a producer's tile row in each
+k step's TMA coordinate is named once per tile). The CUDA compiler would
+hoist them too: this is for the reader, who sees the tile's coordinates once
+per tile.
 
 Before::
 
@@ -138,11 +140,12 @@ def _replace(e, table):
 
 
 def _visit_body(nodes, fn):
-    """``fn(node)`` on every node of a loop body, not entering nested run-time loops."""
+    """``fn(node)`` on every node of a loop body, nested run-time loops too: a
+    value of this loop's index alone is the same in every iteration of a loop
+    inside (a producer's tile row in each k step's TMA coordinate), so it is
+    named here, once per iteration of this loop."""
     for n in nodes:
         fn(n)
-        if _runtime_loop(n):
-            continue
         for body in children(n):
             _visit_body(body, fn)
 
