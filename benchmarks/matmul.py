@@ -132,8 +132,34 @@ def table():
         )
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print(f"geomean vs cuBLAS: {geo:.3f}x; min {min(ratios):.3f}x")
+    rows += batched()
     rows += odd()
     write_json("bench_matmul.json", rows)
+
+
+# batched (issue 18): attention-like [B, M, K] @ [B, K, N] with a short K (not in the geomean above)
+BATCHED_SHAPES = [(32, 2048, 2048, 128)]
+
+
+def batched() -> list:
+    """Batched matmuls against torch.bmm (cuBLAS), same run."""
+    rows = []
+    for bt, m, n, k in BATCHED_SHAPES:
+        a = torch.randn(bt, m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(bt, k, n, device="cuda", dtype=torch.bfloat16)
+        fd = mm_fusion("matmul", arank=3, brank=3)
+        (out,) = fd.execute([a, b])
+        ref = torch.bmm(a, b)
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        t_torch = bench_ms(lambda a=a, b=b: torch.bmm(a, b))
+        t_cb = bench_ms(lambda fd=fd, a=a, b=b: fd.execute([a, b]))
+        shape = f"[{bt},{m},{k}]@[{bt},{k},{n}]"
+        print(
+            f"{shape:>24s} {'bmm':>6s} {tflops(bt * m, n, k, t_torch):8.1f} {tflops(bt * m, n, k, t_cb):8.1f} "
+            f"{t_torch / t_cb:6.3f}  {path(fd)} (err {err:.1e})"
+        )
+        rows.append(dict(batch=bt, m=m, n=n, k=k, kind="bmm", torch_ms=t_torch, circbuf_ms=t_cb, err=err))
+    return rows
 
 
 def odd() -> list:
