@@ -229,3 +229,44 @@ def test_pdl_launch_attribute_layout(monkeypatch):
     assert not knobs.pdl()
     monkeypatch.setenv("CIRCBUF_PDL", "1")
     assert knobs.pdl()
+
+
+@pytest.mark.gpu
+def test_gpu_pdl_chains_read_what_the_previous_kernel_wrote(monkeypatch):
+    """Programmatic dependent launch on real launches: a segmented fusion (the
+    second kernel reads the first's output) and back-to-back fusions each
+    reading the previous one's result, with PDL on and off: same bits, and
+    equal to torch. A kernel that read before its grid_dependency wait would
+    see the previous kernel's output half written (NaN-poisoned)."""
+    import circbuf as cb
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    D = cb.DataType
+
+    def chain():
+        with cb.FusionDefinition() as seg:  # two kernels: a row sum, then x scaled by it
+            x = seg.define_tensor([-1, -1], dtype=D.Float)
+            s = seg.ops.sum(x, [0])
+            seg.add_output(seg.ops.mul(x, seg.ops.broadcast(s, [True, False])))
+        with cb.FusionDefinition() as step:
+            y = step.define_tensor([-1, -1], dtype=D.Float)
+            step.add_output(step.ops.add(step.ops.mul(y, 0.5), 1.0))
+        return seg, step
+
+    x = torch.randn(4096, 2048, device="cuda")
+    results = {}
+    for pdl in ("1", "0"):
+        monkeypatch.setenv("CIRCBUF_PDL", pdl)
+        seg, step = chain()
+        (y,) = seg.execute([x])
+        for _ in range(8):
+            (y,) = step.execute([y])
+        torch.cuda.synchronize()
+        results[pdl] = y
+    ref = x.double() * x.double().sum(0, keepdim=True)
+    for _ in range(8):
+        ref = ref * 0.5 + 1.0
+    assert torch.equal(results["1"], results["0"])
+    torch.testing.assert_close(results["1"].double(), ref, rtol=1e-4, atol=1e-3)

@@ -625,3 +625,31 @@ def test_gpu_smem_large(monkeypatch, kind, m, n, k, kw):
     monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
     fd = _check_case(kind, m, n, k, device=DEV, smem=True, **kw)
     _smem_params(fd)
+
+
+@pytest.mark.parametrize("ashape,bshape", [([-1, 1], [1, -1]), ([-1, 1], [-1, -1]), ([-1, -1], [1, -1])])
+def test_k_fixed_to_one_keeps_the_register_kernel(ashape, bshape):
+    """K defined as 1 (a broadcast axis, as torch.compile's static shapes define
+    it): the shared-memory tiles' cp.async box would step that axis (a lowering
+    check refused it once the tiles became the default); the register kernel
+    takes it, and ``ffma_smem=True`` is refused by name. Found by review."""
+
+    def fusion():
+        with cb.FusionDefinition() as fd:
+            a = fd.define_tensor(ashape, dtype=D.Float)
+            b = fd.define_tensor(bshape, dtype=D.Float)
+            fd.add_output(fd.ops.matmul(a, b))
+        return fd
+
+    g = torch.Generator().manual_seed(17)
+    big = [torch.randn(1536, 1, generator=g), torch.randn(1, 1536, generator=g)]
+    fd = fusion()
+    ck = fd.compile(big, arch="sm_90a")
+    assert isinstance(ck.params.simt, FfmaParams) and not ck.params.simt.smem, ck.params
+    fd = fusion()
+    fd.fusion.schedule(ffma_smem=True)
+    with pytest.raises(cb.CircbufError, match=r"ffma_smem=True\): operand [AB]'s K axis is a broadcast"):
+        fd.compile(big, arch="sm_90a")
+    small = [torch.randn(70, 1, generator=g), torch.randn(1, 90, generator=g)]
+    (out,) = interpret(fusion(), small)
+    assert torch.allclose(out.double(), small[0].double() @ small[1].double(), rtol=1e-6, atol=1e-6)

@@ -63,7 +63,7 @@ from ..ir import (
     evaluate,
 )
 from .info import InputInfo
-from .matmul_path import _operands
+from .matmul_path import _operands, tf32_k_axis
 from .params import FfmaParams
 from .utils import (
     LogicalMap,
@@ -133,13 +133,21 @@ def ffma_params(fusion: Fusion, info: InputInfo, overrides: dict | None = None) 
     # fusion inputs: on an H200 at 2048^3 / 4096^3 (scripts/probe_ffma_smem.py) matmul ran
     # 0.72x cuBLAS against 0.59-0.60 without, linear 0.61 against 0.27 (W's loads along K);
     # 4 x 4 tiles (65% FFMA with it) and fp64 were not measured with it
-    smem = ov.get("ffma_smem", item == 4 and tm == 8 and a.is_input and b.is_input)
+    # (an operand whose K is a broadcast, K fixed to 1: the cp.async box would step that axis,
+    # which lowering refuses; the register kernel takes it)
+    k_broadcast = [w for x, w in ((a, "A"), (b, "B")) if x.logical[tf32_k_axis(e, x)].is_broadcast]
+    smem = ov.get("ffma_smem", item == 4 and tm == 8 and a.is_input and b.is_input and not k_broadcast)
+    if smem and k_broadcast:
+        raise CircbufError(
+            f"schedule(ffma_smem=True): operand {k_broadcast[0]}'s K axis is a broadcast (K fixed to 1); "
+            "the shared-memory tiles copy whole k steps of it"
+        )
     ku = vec
     if tm == 4:
         ku = next((f * vec for f in (4, 2) if k % (f * vec) == 0), vec)
     if smem:
-        # staged tiles: a k step of two 16-byte loads' worth (one ring slot of A and B
-        # is 2 x [8 x 128] fp32, 8 KB; two slots 16 KB), one block sync a step
+        # staged tiles: a k step of four 16-byte loads' worth (one ring slot of A and B
+        # is 2 x [16 x 128] fp32, 16 KB; two slots 32 KB), one block sync a step
         ku = 4 * vec
     ku = ov.get("k_step", ku)
     if ku % vec:
