@@ -378,14 +378,21 @@ def _sass_ops(sass: str) -> Counter:
     return ops
 
 
-def _k_loop(sass: str) -> Counter:
-    """Instruction counts of the kernel's one loop (its label to its back branch)."""
+def _loops(sass: str) -> tuple:
+    """The kernel's instructions ``(address, opcode, operands)`` and its loops
+    ``(label, back branch)`` (a branch to a lower address)."""
     ins = []
     for line in sass.splitlines():
         mm = re.search(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", line)
         if mm:
             ins.append((int(mm.group(1), 16), mm.group(2), mm.group(3)))
     back = [(int(r.split()[0], 16), a) for a, op, r in ins if op == "BRA" and int(r.split()[0], 16) < a]
+    return ins, back
+
+
+def _k_loop(sass: str) -> Counter:
+    """Instruction counts of the kernel's one loop (its label to its back branch)."""
+    ins, back = _loops(sass)
     assert len(back) == 1, back
     lo, hi = back[0]
     return Counter(op for a, op, _ in ins if lo <= a <= hi)
@@ -589,12 +596,7 @@ def test_smem_sass(kind, b_major):
 def _main_loop(sass: str) -> Counter:
     """Instruction counts of the kernel's longest loop (the k loop; the mbarrier
     waits are loops of their own)."""
-    ins = []
-    for line in sass.splitlines():
-        mm = re.search(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", line)
-        if mm:
-            ins.append((int(mm.group(1), 16), mm.group(2), mm.group(3)))
-    back = [(int(r.split()[0], 16), a) for a, op, r in ins if op == "BRA" and int(r.split()[0], 16) < a]
+    ins, back = _loops(sass)
     lo, hi = max(back, key=lambda x: x[1] - x[0])
     return Counter(op for a, op, _ in ins if lo <= a <= hi)
 
