@@ -54,6 +54,7 @@ from .ir.fingerprint import Unfingerprintable, fingerprint
 from .lowering import codegen, lower
 from .lowering.kir import target_needs
 from .runtime import kernel_cache
+from .runtime.cubin import frame_bytes
 from .runtime.executor import (
     CompiledFusion,
     CompiledKernel,
@@ -64,7 +65,7 @@ from .runtime.executor import (
 )
 from .runtime.precision import allows_tf32
 from .scheduler import InputInfo, TensorInfo
-from .scheduler.registry import Unschedulable, apply, compute_params
+from .scheduler.registry import Unschedulable, apply, compute_params, if_spilled
 from .scheduler.segmenter import segment
 from .scheduler.utils import AxisExtentsDiffer, canonicalize_extents, check_aliases, contractions, prepare
 from .target import DEFAULT, Target, resolve
@@ -386,11 +387,14 @@ class FusionExecutor:
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     def _compile_fresh(
-        self, info: InputInfo, arch: str, overrides: dict, memo: bool = True
+        self, info: InputInfo, arch: str, overrides: dict, memo: bool = True, again=None
     ) -> CompiledKernel:
         """Schedule, lower, generate and compile (``memo``: a kernel of the same
         params and layout in memory is reused, and this one kept there; off to
-        rebuild the kernel IR of a kernel loaded from the disk cache)."""
+        rebuild the kernel IR of a kernel loaded from the disk cache). A kernel
+        ptxas spilled to local memory is compiled again from the params its
+        scheduler names instead (``if_spilled``), when it names any: ``again``
+        is that try's (scheduler, params)."""
         out_shapes = self._out_shapes(info.extents)
         layouts, index_type = self._layout(info, out_shapes)
         manual = self.fusion.manual_schedule
@@ -422,7 +426,7 @@ class FusionExecutor:
                     check_aliases(fusion)
                 except CircbufError as e:  # segmented: x's other readers run before the in-place write
                     raise Unschedulable(str(e)) from None
-            sched, params = compute_params(fusion, info, overrides)
+            sched, params = again or compute_params(fusion, info, overrides)
         key = (
             params,
             layouts,
@@ -463,6 +467,12 @@ class FusionExecutor:
         from .runtime.nvrtc import compile_cuda
 
         cubin = compile_cuda(src, arch, name + ".cu")
+        alt = if_spilled(sched, params, overrides, info.target) if sched is not None else None
+        if alt is not None and frame_bytes(cubin):
+            ck = self._compile_fresh(info, arch, overrides, memo, again=(sched, alt))
+            if memo:
+                self._compiled[key] = ck  # these params spill: the same inputs take the other's kernel
+            return ck
         ck = CompiledKernel(name, arch, params, fusion_ir, transforms, kernel, src, cubin)
         ck.memo_key = key if not manual else None
         if memo:

@@ -161,12 +161,14 @@ def test_rows_of_32768_are_held_in_registers_by_1024_threads(kind):
 @pytest.mark.parametrize(
     "kind, shape, per_sm",
     [
-        # CTAs per SM for 48 KB of rows in flight, at a register cap of >= 64
+        # CTAs per SM for 48 KB of rows in flight (the H100, the default target), at a
+        # register cap of >= 48 where ptxas does not spill, else >= 64
         ("softmax", (32768, 4096), 3),  # 2 rows x 8 KB per 256-thread CTA
-        ("layer_norm", (10000, 5000), 4),  # 10 KB: 5 wanted, 4 keep 64 registers
+        ("layer_norm", (10000, 5000), 4),  # 10 KB: 5 wanted, 5 spill at 48 registers: 4 keep 64
+        ("softmax", (10000, 5000), 5),  # 10 KB: 5 fit 48 registers
         ("rms_norm", (8192, 16384), 2),  # 32 KB, 512 threads
         ("softmax", (4096, 32768), 1),  # 64 KB, 1024 threads
-        ("rms_norm", (131072, 512), 4),  # 8 rows x 1 KB per 256-thread CTA: 4 keep 64 registers
+        ("rms_norm", (131072, 512), 5),  # 8 rows x 1 KB per 256-thread CTA: 6 wanted, 5 at 48 registers
         ("softmax", (64, 4096), 0),  # 32 CTAs: the grid does not fill the SMs, no cap
     ],
 )
@@ -323,3 +325,38 @@ def test_fp32_rows_of_32768_spill_a_bounded_amount():
         use = ck.resource_usage()
         assert fd.last_params().staging == "registers" and fd.last_params().threads == 1024
         assert use["LOCAL"] == 0 and use["STACK"] <= most, (kind, use)
+
+
+@pytest.mark.parametrize(
+    "kind, shape, target, per_sm",
+    [
+        ("softmax", (10000, 5000), "H200", 5),  # 67 KB wanted: 7 CTAs of 10 KB, 5 at 48 registers
+        ("layer_norm", (10000, 5000), "H200", 4),  # 5 spill at 48 registers
+        ("layer_norm", (16384, 6144), "H200", 5),  # 12 KB: 6 wanted, 5 fit
+        ("layer_norm", (16384, 6144), "H100", 4),  # 48 KB: 4 wanted
+    ],
+)
+def test_more_ctas_per_sm_only_where_ptxas_does_not_spill(kind, shape, target, per_sm):
+    """The scheduler asks for up to 5 CTAs of 256 threads (48 registers) where its
+    target wants more rows in flight; a kernel ptxas spilled there is compiled again
+    with one CTA fewer (``if_spilled``): the kernel kept has no stack frame."""
+    from circbuf.runtime.cubin import frame_bytes
+
+    fd = norm_fusion(kind, D.BFloat16)
+    ck = fd.compile(norm_inputs(kind, *shape, torch.bfloat16, "cpu"), arch="sm_90a", target=target)
+    p = fd.last_params()
+    assert p.staging == "registers" and p.blocks_per_sm == per_sm
+    assert f"__launch_bounds__({p.threads * p.rows}, {per_sm})" in ck.cuda
+    assert frame_bytes(ck.cubin) == 0
+
+
+def test_asked_blocks_per_sm_is_kept_when_it_spills():
+    """blocks_per_sm=5 asked for layer_norm at 5000 columns: compiled as asked
+    (48 registers, with a stack frame), not changed behind the user's back."""
+    from circbuf.runtime.cubin import frame_bytes
+
+    fd = norm_fusion("layer_norm", D.BFloat16)
+    fd.fusion.schedule(blocks_per_sm=5)
+    ck = fd.compile(norm_inputs("layer_norm", 10000, 5000, torch.bfloat16, "cpu"), arch="sm_90a")
+    assert fd.last_params().blocks_per_sm == 5 and "__launch_bounds__(256, 5)" in ck.cuda
+    assert frame_bytes(ck.cubin) > 0

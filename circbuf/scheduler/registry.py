@@ -6,7 +6,8 @@ A scheduler is a class with ``name``, ``can_schedule``, ``compute_params``,
 ``variant`` (which kernel its params describe) and ``schedule``, listed in
 :data:`SCHEDULERS` with the override names it takes (its table in
 :mod:`.overrides`); an optional ``renamed`` dict maps deprecated override names
-to current ones.
+to current ones, and an optional ``if_spilled(params, overrides, target)`` names
+the params to compile instead when ptxas spilled the kernel to local memory.
 """
 
 from __future__ import annotations
@@ -183,6 +184,13 @@ def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
         _check_used(cands, sched, params, overrides, declined)
         return sched, params
     raise AssertionError("the last candidate always answers")  # pragma: no cover
+
+
+def if_spilled(sched, params, overrides: dict, target):
+    """The params ``sched`` compiles instead when the kernel of ``params`` keeps
+    values in local memory (its optional ``if_spilled``), or None."""
+    alt = getattr(sched, "if_spilled", None)
+    return None if alt is None else alt(params, overrides, target)
 
 
 def _check_used(cands, sched, params, overrides: dict, declined: list):
