@@ -1170,8 +1170,11 @@ class Gen:
             c.tf32 = random.Random(zlib.crc32(f"{c.seed}:{c.index}:tf32".encode())).random() < 0.5
         M, N, K = (r.choice((1, 7, 16, 33, 64, 128, 130)) for _ in range(3))
         if r.random() < 0.5:
+            # linear(x, x), the Gram matrix x @ x.T, in a stream of its own (as tf32)
+            gram = random.Random(zlib.crc32(f"{c.seed}:{c.index}:gram".encode())).random() < 0.3
             a = self.new_input([M, K], dt, layout=r.choice(("contig", "contig", "permute")))
-            w = self.new_input([N, K], dt, layout=r.choice(("contig", "permute")))
+            w = a if gram else self.new_input([N, K], dt, layout=r.choice(("contig", "permute")))
+            N = M if gram else N
             bias = self.new_input([N], dt, layout="contig") if r.random() < 0.5 else None
             ref = _tf32(a.ref, c) @ _tf32(w.ref, c).T + (bias.ref if bias else 0)
             args = [Ref(a.name), Ref(w.name)] + ([Ref(bias.name)] if bias else [])

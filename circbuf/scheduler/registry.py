@@ -18,6 +18,7 @@ from ..ir import CircbufError, Fusion, ReductionOp
 from . import matmul, normalization, outer_reduction, pointwise, pointwise_tma, reduction
 from .info import InputInfo
 from .overrides import TABLES, Declined
+from .segmenter import operands_share_a_tensor, reads_one_tensor_twice
 from .utils import check_aliases, check_distinct_axes, prepare, untangle_inlining
 
 SCHEDULERS = [
@@ -159,7 +160,16 @@ def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
     The candidates are asked in order of preference, each that takes every name
     given; one may decline these inputs (the next is asked). An override the
     chosen kernel does not use raises, naming the override and the kernel."""
-    check_distinct_axes(fusion)
+    why = reads_one_tensor_twice(fusion)
+    if why is not None:
+        raise Unschedulable(why)
+    try:
+        check_distinct_axes(fusion)
+    except CircbufError as e:
+        why = operands_share_a_tensor(fusion)
+        if why is None:
+            raise
+        raise Unschedulable(f"{e}; {why}") from None
     cands = candidates(fusion)  # first: a fusion no one scheduler takes is segmented, each segment checked
     check_aliases(fusion)
     overrides, notes = _rename(cands, overrides)  # fusions not built by a FusionDefinition

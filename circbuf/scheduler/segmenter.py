@@ -37,9 +37,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from ..ir import CircbufError, Fusion, IterType, ReshapeOp, TensorView, Var
+from ..ir import CircbufError, Fusion, IterDomain, IterType, ReshapeOp, TensorView, Var
 from ..ir.fusion import _elementwise_layout
-from ..ir.nodes import ELEMENTWISE, MemoryType, TensorDomain
+from ..ir.nodes import ELEMENTWISE, MemoryType, TensorDomain, _Contraction
 from ..ir.scalar import free_vars, is_const
 from ..ir.view import concretize_for
 from .utils import check_aliases, unwritten_output
@@ -474,9 +474,31 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None):
             new[id(t)] = t2
         return new[id(t)]
 
+    # a matmul whose two operands read one tensor computed elsewhere (x @ x, x @ x.T,
+    # linear(x, x)): the B operand's side reads it as a second input with axes of its
+    # own (its axes as both M and K, or M and N, are one axis of the fusion: no loop
+    # nest walks that); :func:`_b_side_reads` says which reads
+    twin_reads = _b_side_reads(group, gid)
+    twins: dict = {}  # id(tensor) -> (tensor, its second input)
+
+    def twin(t: TensorView) -> TensorView:
+        if id(t) not in twins:
+            first = tv(t)
+            d = copy.copy(first)
+            d.uses, d.definition, d.fusion = [], None, f2
+            axes = [_fresh_axis(i) for i in first.domain.no_reductions()]
+            d.domain = TensorDomain(
+                axes, contiguity=first.domain.contiguity, stride_order=first.domain.stride_order
+            )
+            twins[id(t)] = (t, d)
+        return twins[id(t)][1]
+
     for e in group:
         e2 = copy.copy(e)
-        e2.inputs = [tv(x) if isinstance(x, TensorView) else x for x in e.inputs]
+        e2.inputs = [
+            (twin(x) if (id(e), k) in twin_reads else tv(x)) if isinstance(x, TensorView) else x
+            for k, x in enumerate(e.inputs)
+        ]
         e2.outputs = [tv(o) for o in e.outputs]
         for o in e2.outputs:
             o.definition = e2
@@ -502,6 +524,9 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None):
     for t in boundary:
         f2.inputs.append(new[id(t)])
         sources.append(("tensor", t.name))
+    for t, d in twins.values():
+        f2.inputs.append(d)
+        sources.append(sources[f2.inputs.index(new[id(t)])])
     for o in outs:
         o2 = new[id(o)]
         o2.memory_type = MemoryType.Global
@@ -516,7 +541,89 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None):
     f2.derived_extents = fusion.derived_extents
     f2.schedule_overrides = fusion.schedule_overrides
     f2._tv_counter = fusion._tv_counter  # tensors a scheduler adds get names not taken here
+    for _, d in twins.values():  # the second reading of a tensor: a name of its own
+        d.name = f"T{f2._tv_counter}"
+        f2._tv_counter += 1
     return f2, sources
+
+
+def _fresh_axis(i: IterDomain) -> IterDomain:
+    """An axis like ``i`` (extent, kind, expanded extent) that is not ``i``."""
+    j = IterDomain(i.extent, i.iter_type)
+    j.expanded_extent = i.expanded_extent
+    return j
+
+
+def _computed_by(t: TensorView, made: dict) -> dict:
+    """The exprs of ``made`` (id(tensor) -> expr) that ``t`` is computed by,
+    transitively, by id."""
+    seen, todo = {}, [t]
+    while todo:
+        e = made.get(id(todo.pop()))
+        if e is not None and id(e) not in seen:
+            seen[id(e)] = e
+            todo += e.tv_inputs()
+    return seen
+
+
+def _b_side_reads(group: list, gid: set) -> set:
+    """(id(expr), input position) of the reads of a tensor computed outside
+    ``group`` (or a fusion input) by a contraction's B operand side, where its A
+    side reads that tensor too: the reads that take a second input of it. An
+    expr on both sides keeps its read (the group then fails, and the segmenter
+    cuts that expr apart)."""
+    made = {id(o): e for e in group for o in e.outputs}
+    out = set()
+    for c in group:
+        if not isinstance(c, _Contraction):
+            continue
+        sides = []
+        for k in (0, 1):
+            chain = _computed_by(c.inputs[k], made)
+            reads = {}
+            for e in chain.values():
+                for j, x in enumerate(e.inputs):
+                    if isinstance(x, TensorView) and id(x) not in made:
+                        reads.setdefault(id(x), []).append((e, j))
+            if id(c.inputs[k]) not in made:
+                reads.setdefault(id(c.inputs[k]), []).append((c, k))
+            sides.append((chain, reads))
+        (a_chain, a_reads), (_, b_reads) = sides
+        for t in set(a_reads) & set(b_reads):
+            out |= {(id(e), j) for e, j in b_reads[t] if id(e) not in a_chain}
+    return out
+
+
+def reads_one_tensor_twice(fusion: Fusion) -> str | None:
+    """Why ``fusion`` is cut before any scheduler sees it whole: a matmul or
+    linear reading one tensor as both operands (``x @ x``, ``linear(x, x)``),
+    whose axes would be one axis of the fusion twice over; its segment reads the
+    tensor as two inputs (:func:`_view`). None when there is none."""
+    for e in fusion.exprs():
+        if isinstance(e, _Contraction) and e.inputs[0] is e.inputs[1]:
+            return f"{e.out.name} reads {e.inputs[0].name} as both operands (its segment reads it twice)"
+    return None
+
+
+def operands_share_a_tensor(fusion: Fusion) -> str | None:
+    """A matmul or linear both of whose operands are computed from one tensor
+    (``x @ x.T`` written with a permute): the segmenter may cut it so that the
+    B side reads a second input of that tensor. None when there is none."""
+    made = {id(o): e for e in fusion.exprs() for o in e.outputs}
+    for c in fusion.exprs():
+        if not isinstance(c, _Contraction):
+            continue
+        src = []
+        for k in (0, 1):
+            ts = {id(c.inputs[k]): c.inputs[k]}
+            for e in _computed_by(c.inputs[k], made).values():
+                ts.update({id(x): x for x in e.tv_inputs()})
+            src.append(ts)
+        common = set(src[0]) & set(src[1])
+        if common:
+            t = min((src[0][i] for i in common), key=lambda x: x.name)
+            return f"both operands of {c.out.name} are computed from {t.name} (its segment reads it twice)"
+    return None
 
 
 def _cut(fusion: Fusion, positions: list[int], outputs=None):
