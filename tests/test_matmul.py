@@ -137,6 +137,8 @@ def test_override_sets_compile(ov):
         assert "threadIdx.y" in str(init.position)
         assert any(a.ring.name.endswith("_use") and str(a.count) != "1" for a in nodes(k, RingAdvance))
         assert {"acc_mma_turn", "acc_epi_turn"} <= set(k.barrier_names)
+        # the turn has one slot: a phase bit, no stage index (no `% 1`, no `== 1` wrap)
+        assert "acc_turn_phase ^= 1;" in ck.cuda and "acc_turn_stage" not in ck.cuda
 
 
 def test_epilogues_and_bias_compile():

@@ -371,7 +371,10 @@ class CudaCodegen:
 
     def visit_RingInit(self, n: RingInit):
         r = n.ring
-        if n.position is None:
+        if r.stages == 1:  # a turn (one slot; rings have >= 2): no stage, only the phase moves
+            pos = "0" if n.position is None else f"({self.scalar(n.position)}) & 1"
+            self.emit(f"unsigned {r.name}_phase = {pos};")
+        elif n.position is None:
             self.emit(f"int {r.name}_stage = 0;")
             self.emit(f"unsigned {r.name}_phase = 0;")
         else:
@@ -381,7 +384,10 @@ class CudaCodegen:
 
     def visit_RingAdvance(self, n: RingAdvance):
         r = n.ring
-        if isinstance(n.count, Const) and n.count.value == 1:
+        if r.stages == 1:
+            one = isinstance(n.count, Const) and n.count.value == 1
+            self.emit(f"{r.name}_phase ^= {'1' if one else f'({self.scalar(n.count)}) & 1'};")
+        elif isinstance(n.count, Const) and n.count.value == 1:
             self.emit(f"if (++{r.name}_stage == {r.stages}) {{ {r.name}_stage = 0; {r.name}_phase ^= 1; }}")
         else:
             self.emit(f"{r.name}_stage += {self.scalar(n.count)};")
