@@ -427,7 +427,11 @@ class FusionExecutor:
                 except CircbufError as e:  # segmented: x's other readers run before the in-place write
                     raise Unschedulable(str(e)) from None
             sched, params = again or compute_params(fusion, info, overrides)
+        # whether a spill sends these params on to others: the same params asked by an
+        # override (kept as asked) are another kernel
+        alt = if_spilled(sched, params, overrides, info.target) if sched is not None else None
         key = (
+            alt,
             params,
             layouts,
             views,
@@ -467,7 +471,6 @@ class FusionExecutor:
         from .runtime.nvrtc import compile_cuda
 
         cubin = compile_cuda(src, arch, name + ".cu")
-        alt = if_spilled(sched, params, overrides, info.target) if sched is not None else None
         if alt is not None and frame_bytes(cubin):
             ck = self._compile_fresh(info, arch, overrides, memo, again=(sched, alt))
             if memo:

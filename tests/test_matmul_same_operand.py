@@ -130,6 +130,32 @@ def test_the_segment_reads_the_tensor_twice():
     assert a.name != b.name and {i.id for i in a.logical}.isdisjoint(i.id for i in b.logical)
 
 
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64])
+def test_a_dot_of_a_computed_vector_with_itself_is_one_kernel(dt):
+    """relu(v) @ relu(v): a vector's one axis is K on both sides; one kernel, as before."""
+    with cb.FusionDefinition() as fd:
+        v = fd.define_tensor([-1], dtype={torch.float32: D.Float, torch.float64: D.Double}[dt])
+        r = fd.ops.relu(v)
+        fd.add_output(fd.ops.matmul(r, r))
+    x = torch.randn(40, generator=seeded(3), dtype=dt)
+    (out,) = interpret(fd, [x])
+    assert not isinstance(fd.last_params(), list)
+    check_outputs([out], [torch.relu(x.double()) @ torch.relu(x.double())], written=True)
+
+
+def test_an_expanded_operand_read_twice_is_written_out_twice():
+    """expand(v) @ expand(v) (every row v): both inputs of the matmul's segment, the
+    operand and its second reading, are the expand written out in full."""
+    with cb.FusionDefinition() as fd:
+        v = fd.define_tensor([-1], dtype=D.BFloat16)
+        e = fd.ops.broadcast_in_dim(v, [v.size(0), -1], [1])
+        fd.add_output(fd.ops.matmul(e, e))
+    x = torch.randn(32, generator=seeded(4)).bfloat16()
+    (out,) = interpret(fd, [x])
+    ex = x.double().expand(32, 32)
+    check_outputs([out], [ex @ ex], written=True)
+
+
 def test_non_square_x_at_x_is_refused_by_name():
     with cb.FusionDefinition() as fd:
         a = fd.define_tensor([-1, -1], dtype=D.BFloat16)

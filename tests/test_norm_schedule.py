@@ -360,3 +360,26 @@ def test_asked_blocks_per_sm_is_kept_when_it_spills():
     ck = fd.compile(norm_inputs("layer_norm", 10000, 5000, torch.bfloat16, "cpu"), arch="sm_90a")
     assert fd.last_params().blocks_per_sm == 5 and "__launch_bounds__(256, 5)" in ck.cuda
     assert frame_bytes(ck.cubin) > 0
+
+
+def test_asked_blocks_per_sm_is_not_answered_by_the_heuristic_fallback():
+    """The heuristic's 5 CTAs spilled and fell back to 4; the same params asked by an
+    override are kept as asked, on the same fusion (its memo) and a fresh one."""
+    for fresh in (False, True):
+        fd = norm_fusion("layer_norm", D.BFloat16)
+        ins = norm_inputs("layer_norm", 10000, 5000, torch.bfloat16, "cpu")
+        fd.compile(ins, arch="sm_90a", target="H200")
+        assert fd.last_params().blocks_per_sm == 4
+        if fresh:
+            fd = norm_fusion("layer_norm", D.BFloat16)
+        fd.fusion.schedule(blocks_per_sm=5)
+        ck = fd.compile(ins, arch="sm_90a", target="H200")
+        assert fd.last_params().blocks_per_sm == 5 and "__launch_bounds__(256, 5)" in ck.cuda
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layer_norm"])
+def test_a_grid_between_four_and_five_sms_of_row_blocks_keeps_four(kind):
+    """600 row blocks fill 4 CTAs on 132 SMs, not 5: the cap of 4 (64 registers), not none."""
+    fd = norm_fusion(kind, D.BFloat16)
+    ck = fd.compile(norm_inputs(kind, 600, 5000, torch.bfloat16, "cpu"), arch="sm_90a")
+    assert fd.last_params().blocks_per_sm == 4 and "__launch_bounds__(256, 4)" in ck.cuda

@@ -461,7 +461,11 @@ def _register_bound(overrides, cta, cta_bytes, target, grid):
     if "blocks_per_sm" in overrides:
         return _blocks_override(overrides["blocks_per_sm"], cta, target)
     want = -(-row_bytes_in_flight(target) // cta_bytes)
-    b = min(want, target.max_threads_per_sm // cta, target.registers_per_sm // (TRY_REGISTER_CAP * cta))
+    most = min(want, target.max_threads_per_sm // cta)
+    b = min(most, target.registers_per_sm // (TRY_REGISTER_CAP * cta))
+    floor = min(most, target.registers_per_sm // (MIN_REGISTER_CAP * cta))
+    while b > floor and grid < target.sm_count * b:  # the most CTAs the grid fills, down to the
+        b -= 1  # count a 64-register cap gives (a grid of 4.5 SMs' worth of row blocks: 4)
     return b if b >= 1 and grid >= target.sm_count * b else 0
 
 

@@ -222,7 +222,11 @@ def _segment(fusion: Fusion, env, verdicts) -> SegmentedFusion:
         key = (group, outputs)
         if key not in verdicts:
             f2 = view(sorted(group), outputs)
-            unfit = extents_differ(f2, env) or (env is not None and unwritten_output(f2, env))
+            unfit = (
+                extents_differ(f2, env)
+                or (env is not None and unwritten_output(f2, env))
+                or reads_one_tensor_twice(f2)  # (computed in the group: no second input for it)
+            )
             ok = [] if unfit else schedulers_taking(f2)
             if ok and f2.aliases:
                 try:
@@ -600,8 +604,10 @@ def reads_one_tensor_twice(fusion: Fusion) -> str | None:
     whose axes would be one axis of the fusion twice over; its segment reads the
     tensor as two inputs (:func:`_view`). None when there is none."""
     for e in fusion.exprs():
-        if isinstance(e, _Contraction) and e.inputs[0] is e.inputs[1]:
-            return f"{e.out.name} reads {e.inputs[0].name} as both operands (its segment reads it twice)"
+        x = e.inputs[0] if isinstance(e, _Contraction) else None
+        # (a vector's one axis is K on both sides: a dot, one kernel takes it as it is)
+        if x is not None and x is e.inputs[1] and x.ndim >= 2:
+            return f"{e.out.name} reads {x.name} as both operands (a segment may read it twice)"
     return None
 
 
@@ -622,7 +628,7 @@ def operands_share_a_tensor(fusion: Fusion) -> str | None:
         common = set(src[0]) & set(src[1])
         if common:
             t = min((src[0][i] for i in common), key=lambda x: x.name)
-            return f"both operands of {c.out.name} are computed from {t.name} (its segment reads it twice)"
+            return f"both operands of {c.out.name} are computed from {t.name} (a segment may read it twice)"
     return None
 
 
@@ -634,6 +640,11 @@ def _cut(fusion: Fusion, positions: list[int], outputs=None):
     view, sources = _view(fusion, fusion.exprs(), positions, outputs)
     f2 = view.clone()
     operands = _contraction_operands(fusion)
+    # a second input of an operand (``_view``'s twin, same source) is the operand too
+    wide = {src for t, src in zip(f2.inputs, sources) if isinstance(t, TensorView) and t.name in operands}
+    for t, src in zip(f2.inputs, sources):
+        if isinstance(t, TensorView) and t.name not in operands and src in wide:
+            _write_out_expanded(t)
     for t in f2.inputs + f2.outputs:
         if isinstance(t, TensorView) and t.name in operands:
             _write_out_expanded(t)
