@@ -352,7 +352,7 @@ def test_the_package_docstring_shows_the_contracts():
 _IR_FACTS = {
     "loop_nest", "allocated", "indexed", "approximated", "vectorized", "predicated", "wgmma_synced",
     "role_switch", "turns", "tma_stores_synced", "pipelined", "mbarriers_allocated", "simplified", "hoisted",
-    "synced", "named", "peer_stores", "peer_order",
+    "synced", "named", "peer_stores", "peer_order", "one_trip_dropped",
 }  # fmt: skip
 
 
@@ -520,6 +520,25 @@ def test_sync_pass_on_hand_built_ir():
     assert [type(n).__name__ for n in switch.bodies[1]] == ["Assign", "BlockSync", "Assign"]
     assert switch.bodies[1][1].barrier == (Var("bar_consumers"), 256) and not _of(switch.bodies[0], BlockSync)
     assert k.named_barriers == {"consumers": (1, 1)}
+
+
+def test_one_trip_pass_on_hand_built_ir():
+    """A loop of one trip becomes its body with its index 0, in every Scalar its
+    nodes hold (a copy's indices, a barrier's stage, a nested loop's bound); a
+    ring's own loop and a strided loop stay."""
+    from circbuf.lowering.one_trip import drop_one_trip_loops
+
+    s, g = _tv("S"), _tv("G", MemoryType.Global)
+    j, i, r, t = Var("j2"), Var("j3"), Var("j4"), Var("t")
+    inner = ForLoop(i, Const(4), [_copy(s, g, j * 512 + i)])
+    wait = MBarrierWait(MBarrierRef("X_full", j + 1), Var("X_use_phase"))
+    one = ForLoop(j, Const(1), [wait, inner])
+    ring = ForLoop(r, Const(1), [_copy(s, g, r)], key=7)
+    strided = ForLoop(t, Const(1), [_copy(s, g, t)], start=Var("blockIdx.x"), step=Const(132))
+    k = _kernel([one, ring, strided], circular_loops={"S": 7})
+    k = drop_one_trip_loops(k)
+    assert k.body[0] is wait and k.body[1] is inner and k.body[2:] == [ring, strided]
+    assert str(wait.bar.stage) == "1" and str(inner.body[0].lhs.index) == "j3"
 
 
 def test_sync_pass_merges_syncs_separated_by_fences():

@@ -40,8 +40,10 @@ after, so they require it)::
                     provides: pipelined, rings
     mbarriers       requires: rings, turns, turn_orders, launch
                     provides: mbarriers_allocated
+    one_trip        requires: pipelined, mbarriers_allocated
+                    provides: one_trip_dropped
     simplify        requires: indexed, predicated, turns, tma_stores_synced, pipelined,
-                              mbarriers_allocated
+                              mbarriers_allocated, one_trip_dropped
                     provides: simplified
     hoist           requires: simplified
                     provides: hoisted
@@ -72,7 +74,8 @@ on each role's own named barriers; ``pipelined`` circular buffers lowered to
 their rings (barrier waits, arrivals, stage and phase), ``Kernel.rings``
 describing them;
 ``mbarriers_allocated`` every registered mbarrier allocated, initialized and
-invalidated; ``simplified`` indices and conditions simplified; ``hoisted`` each
+invalidated; ``one_trip_dropped`` no loop of one trip left but the rings' own;
+``simplified`` indices and conditions simplified; ``hoisted`` each
 run-time loop's index arithmetic named once per iteration; ``synced``
 block syncs for shared-memory hazards; ``named`` buffers, rings, barriers,
 tile loop indices and tile coordinates named after their roles (``acc``,
@@ -97,6 +100,7 @@ from .kir import Kernel
 from .loop_nest import generate_loop_nest
 from .mbarriers import setup_mbarriers
 from .names import readable_names
+from .one_trip import drop_one_trip_loops
 from .passes import Pass, check_order
 from .peer_order import peer_order
 from .peer_stores import peer_stores
@@ -163,9 +167,23 @@ PASSES = [
         provides=("mbarriers_allocated",),
     ),
     Pass(
+        "one_trip",
+        drop_one_trip_loops,
+        requires=("pipelined", "mbarriers_allocated"),
+        provides=("one_trip_dropped",),
+    ),
+    Pass(
         "simplify",
         simplify_indices,
-        requires=("indexed", "predicated", "turns", "tma_stores_synced", "pipelined", "mbarriers_allocated"),
+        requires=(
+            "indexed",
+            "predicated",
+            "turns",
+            "tma_stores_synced",
+            "pipelined",
+            "mbarriers_allocated",
+            "one_trip_dropped",
+        ),
         provides=("simplified",),
     ),
     Pass("hoist", hoist_indices, requires=("simplified",), provides=("hoisted",)),

@@ -1,7 +1,7 @@
 """Pass: simplify every index and condition in the kernel.
 
-Requires: indexed, predicated, turns, tma_stores_synced, pipelined, mbarriers_allocated; provides:
-simplified.
+Requires: indexed, predicated, turns, tma_stores_synced, pipelined, mbarriers_allocated,
+one_trip_dropped; provides: simplified.
 
 Before::  T2[((((j0 * 128) + threadIdx.x) * 8) / 8) % 128]
 After::   T2[threadIdx.x]
