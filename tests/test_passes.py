@@ -541,6 +541,41 @@ def test_one_trip_pass_on_hand_built_ir():
     assert str(wait.bar.stage) == "1" and str(inner.body[0].lhs.index) == "j3"
 
 
+def test_one_trip_pass_folds_the_branches_its_index_decides():
+    """``IF j != 0`` in a loop of one trip is false: its else branch stays, its then
+    branch goes (no ``if (false)`` in the CUDA)."""
+    from circbuf.lowering.one_trip import drop_one_trip_loops
+
+    s, g = _tv("S"), _tv("G", MemoryType.Global)
+    j = Var("j8")
+    first, later = _copy(s, g), _copy(g, s)
+    branch = IfThenElse(j._bin_op("!=", Const(0)), [later], [first])
+    k = drop_one_trip_loops(_kernel([ForLoop(j, Const(1), [branch])]))
+    assert k.body == [first]
+
+
+def test_one_trip_pass_keeps_the_index_named_where_it_cannot_look():
+    """A node holding the index where the substitution cannot rewrite it (a frozen
+    holder) keeps it defined: ``LET j5 = 0`` before the body."""
+    from dataclasses import dataclass
+
+    from circbuf.lowering.kir import Let, Node
+    from circbuf.lowering.one_trip import drop_one_trip_loops
+
+    @dataclass(frozen=True)
+    class Box:
+        at: object
+
+    @dataclass(eq=False)
+    class Use(Node):
+        box: Box
+
+    j = Var("j5")
+    use = Use(Box(j * 16))
+    k = drop_one_trip_loops(_kernel([ForLoop(j, Const(1), [use])]))
+    assert isinstance(k.body[0], Let) and k.body[0].var.name == "j5" and k.body[1] is use
+
+
 def test_sync_pass_merges_syncs_separated_by_fences():
     k = insert_syncs(_kernel([BlockSync("a"), Fence("proxy_async"), BlockSync("b")]))
     assert [type(n).__name__ for n in k.body] == ["Fence", "BlockSync"] and k.body[1].reason == "a; b"

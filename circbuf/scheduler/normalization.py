@@ -456,8 +456,10 @@ def _blocks_override(b, cta, target):
 
 def _register_bound(overrides, cta, cta_bytes, target, grid):
     """CTAs per SM for __launch_bounds__ of the register-staged kernel: enough for
-    row_bytes_in_flight(target), never a register cap below MIN_REGISTER_CAP; 0 (no cap)
-    when the grid does not fill the SMs at that count."""
+    row_bytes_in_flight(target), as many as a TRY_REGISTER_CAP cap allows (the compile
+    driver takes one fewer where ptxas spills there: ``if_spilled``), no more than the
+    grid fills, down to what a MIN_REGISTER_CAP cap allows; 0 (no cap) when the grid
+    does not fill the SMs even then."""
     if "blocks_per_sm" in overrides:
         return _blocks_override(overrides["blocks_per_sm"], cta, target)
     want = -(-row_bytes_in_flight(target) // cta_bytes)
