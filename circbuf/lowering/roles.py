@@ -200,7 +200,7 @@ def assign_roles(kernel: Kernel) -> Kernel:
         if len(r) != 1:
             raise CircbufError(f"the buffers the {name} role reads ask for different register counts")
         r = r.pop()
-        entry = kernel.target.registers_per_sm // kernel.max_threads // 8 * 8  # what each thread starts with
+        entry = kernel.target.registers_at(kernel.max_threads)  # what each thread starts with
         role = Role(name, row, row + 1, tx.value, r, increase=r is not None and r > entry)
         kernel.roles.append(role)
         roles.append(role)

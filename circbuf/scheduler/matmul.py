@@ -109,12 +109,6 @@ def cta_threads(epilogue_role: bool) -> int:
     return WARPGROUP * (4 if epilogue_role else 3)
 
 
-def _entry_registers(target, threads: int) -> int:
-    """Registers each thread starts with under __launch_bounds__(threads, 1): the
-    SM's registers / threads, a multiple of 8 (168 on Hopper for 384, 128 for 512)."""
-    return target.registers_per_sm // threads // 8 * 8
-
-
 class MatmulScheduler:
     name = "matmul"
 
@@ -434,7 +428,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     if not isinstance(group, int) or group < 1:
         raise CircbufError(f"schedule(group={group!r}): must be an int >= 1")
     threads = cta_threads(role)
-    entry = _entry_registers(info.target, threads)
+    entry = info.target.registers_at(threads)  # what each thread starts with (launch bounds of 1 CTA)
     if role:
         # ptxas compiles every role under __launch_bounds__(512): 128 registers a thread,
         # which setmaxnreg cannot raise for it; so no role asks for more (or less)

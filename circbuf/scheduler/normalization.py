@@ -112,7 +112,7 @@ class NormalizationScheduler:
         b = params.blocks_per_sm
         if params.staging != "registers" or "blocks_per_sm" in overrides or b <= 1:
             return None
-        if register_cap(target, params.threads * params.rows, b) >= MIN_REGISTER_CAP:
+        if target.registers_at(params.threads * params.rows * b) >= MIN_REGISTER_CAP:
             return None
         return replace(params, blocks_per_sm=b - 1)
 
@@ -263,7 +263,7 @@ class NormalizationScheduler:
         # ~40 registers beyond a row held in registers; 4 spill. __launch_bounds__ caps the
         # registers so that the whole grid is resident.
         cta = threads * y
-        cap3 = gpu.registers_per_sm // (3 * cta) // 8 * 8  # registers per thread at 3 CTAs per SM
+        cap3 = gpu.registers_at(3 * cta)  # registers per thread at 3 CTAs per SM
         want = 3 if cta <= 256 and cap3 >= (per_thread if in_regs else 24) + 40 else 2
         fit = gpu.smem_per_sm // (stages * stage_bytes + 2048)  # CTAs whose row buffers fit an SM
         per_sm = max(1, min(want, fit, gpu.max_threads_per_sm // cta))
@@ -469,11 +469,6 @@ def _register_bound(overrides, cta, cta_bytes, target, grid):
     while b > floor and grid < target.sm_count * b:  # the most CTAs the grid fills, down to the
         b -= 1  # count a 64-register cap gives (a grid of 4.5 SMs' worth of row blocks: 4)
     return b if b >= 1 and grid >= target.sm_count * b else 0
-
-
-def register_cap(target: Target, threads: int, blocks: int) -> int:
-    """Registers per thread __launch_bounds__(threads, blocks) leaves (ptxas allocates in 8s)."""
-    return target.registers_per_sm // (threads * blocks) // 8 * 8
 
 
 def _row_transforms(tv, params):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from ..ir import CircbufError, Fusion, IterDomain, IterType, ReshapeOp, TensorView, Var
+from ..ir import CircbufError, Fusion, IterType, ReshapeOp, TensorView, Var
 from ..ir.fusion import _elementwise_layout
 from ..ir.nodes import ELEMENTWISE, MemoryType, TensorDomain, _Contraction
 from ..ir.scalar import free_vars, is_const
@@ -482,7 +482,7 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None):
     # linear(x, x)): the B operand's side reads it as a second input with axes of its
     # own (its axes as both M and K, or M and N, are one axis of the fusion: no loop
     # nest walks that); :func:`_b_side_reads` says which reads
-    twin_reads = _b_side_reads(group, gid)
+    twin_reads = _b_side_reads(group)
     twins: dict = {}  # id(tensor) -> (tensor, its second input)
 
     def twin(t: TensorView) -> TensorView:
@@ -490,7 +490,7 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None):
             first = tv(t)
             d = copy.copy(first)
             d.uses, d.definition, d.fusion = [], None, f2
-            axes = [_fresh_axis(i) for i in first.domain.no_reductions()]
+            axes = [i.fresh() for i in first.domain.no_reductions()]
             d.domain = TensorDomain(
                 axes, contiguity=first.domain.contiguity, stride_order=first.domain.stride_order
             )
@@ -551,13 +551,6 @@ def _view(fusion: Fusion, exprs: list, positions: list[int], outputs=None):
     return f2, sources
 
 
-def _fresh_axis(i: IterDomain) -> IterDomain:
-    """An axis like ``i`` (extent, kind, expanded extent) that is not ``i``."""
-    j = IterDomain(i.extent, i.iter_type)
-    j.expanded_extent = i.expanded_extent
-    return j
-
-
 def _computed_by(t: TensorView, made: dict) -> dict:
     """The exprs of ``made`` (id(tensor) -> expr) that ``t`` is computed by,
     transitively, by id."""
@@ -570,7 +563,23 @@ def _computed_by(t: TensorView, made: dict) -> dict:
     return seen
 
 
-def _b_side_reads(group: list, gid: set) -> set:
+def _operand_reads(c, made: dict) -> list:
+    """Per operand of contraction ``c``: (the exprs of ``made`` that compute it, by
+    id; its reads of tensors ``made`` does not make: id(tensor) -> [(expr, input
+    position)], ``c``'s own read of the operand included where it is one)."""
+    sides = []
+    for k in (0, 1):
+        chain = _computed_by(c.inputs[k], made)
+        reads: dict = {}
+        for e in [*chain.values(), c]:
+            for j, x in enumerate(e.inputs):
+                if isinstance(x, TensorView) and id(x) not in made and (e is not c or j == k):
+                    reads.setdefault(id(x), []).append((e, j))
+        sides.append((chain, reads))
+    return sides
+
+
+def _b_side_reads(group: list) -> set:
     """(id(expr), input position) of the reads of a tensor computed outside
     ``group`` (or a fusion input) by a contraction's B operand side, where its A
     side reads that tensor too: the reads that take a second input of it. An
@@ -579,22 +588,10 @@ def _b_side_reads(group: list, gid: set) -> set:
     made = {id(o): e for e in group for o in e.outputs}
     out = set()
     for c in group:
-        if not isinstance(c, _Contraction):
-            continue
-        sides = []
-        for k in (0, 1):
-            chain = _computed_by(c.inputs[k], made)
-            reads = {}
-            for e in chain.values():
-                for j, x in enumerate(e.inputs):
-                    if isinstance(x, TensorView) and id(x) not in made:
-                        reads.setdefault(id(x), []).append((e, j))
-            if id(c.inputs[k]) not in made:
-                reads.setdefault(id(c.inputs[k]), []).append((c, k))
-            sides.append((chain, reads))
-        (a_chain, a_reads), (_, b_reads) = sides
-        for t in set(a_reads) & set(b_reads):
-            out |= {(id(e), j) for e, j in b_reads[t] if id(e) not in a_chain}
+        if isinstance(c, _Contraction):
+            (a_chain, a_reads), (_, b_reads) = _operand_reads(c, made)
+            for t in set(a_reads) & set(b_reads):
+                out |= {(id(e), j) for e, j in b_reads[t] if id(e) not in a_chain}
     return out
 
 
@@ -612,23 +609,19 @@ def reads_one_tensor_twice(fusion: Fusion) -> str | None:
 
 
 def operands_share_a_tensor(fusion: Fusion) -> str | None:
-    """A matmul or linear both of whose operands are computed from one tensor
-    (``x @ x.T`` written with a permute): the segmenter may cut it so that the
-    B side reads a second input of that tensor. None when there is none."""
+    """A matmul or linear both of whose operands are computed from one fusion
+    input (``x @ x.T`` written with a permute): the segmenter may cut it so that
+    the B side reads a second input of that tensor. None when there is none."""
     made = {id(o): e for e in fusion.exprs() for o in e.outputs}
     for c in fusion.exprs():
-        if not isinstance(c, _Contraction):
-            continue
-        src = []
-        for k in (0, 1):
-            ts = {id(c.inputs[k]): c.inputs[k]}
-            for e in _computed_by(c.inputs[k], made).values():
-                ts.update({id(x): x for x in e.tv_inputs()})
-            src.append(ts)
-        common = set(src[0]) & set(src[1])
-        if common:
-            t = min((src[0][i] for i in common), key=lambda x: x.name)
-            return f"both operands of {c.out.name} are computed from {t.name} (a segment may read it twice)"
+        if isinstance(c, _Contraction):
+            (_, a_reads), (_, b_reads) = _operand_reads(c, made)
+            common = [e.inputs[j] for t in set(a_reads) & set(b_reads) for e, j in a_reads[t][:1]]
+            if common:
+                t = min(common, key=lambda x: x.name)
+                return (
+                    f"both operands of {c.out.name} are computed from {t.name} (a segment may read it twice)"
+                )
     return None
 
 
@@ -640,13 +633,13 @@ def _cut(fusion: Fusion, positions: list[int], outputs=None):
     view, sources = _view(fusion, fusion.exprs(), positions, outputs)
     f2 = view.clone()
     operands = _contraction_operands(fusion)
-    # a second input of an operand (``_view``'s twin, same source) is the operand too
-    wide = {src for t, src in zip(f2.inputs, sources) if isinstance(t, TensorView) and t.name in operands}
+    # a second input of an operand (``_view``'s twin: the same source) is the operand too
+    wide = {src for t, src in zip(f2.inputs, sources) if t.name in operands}
     for t, src in zip(f2.inputs, sources):
-        if isinstance(t, TensorView) and t.name not in operands and src in wide:
+        if t.name in operands or src in wide:
             _write_out_expanded(t)
-    for t in f2.inputs + f2.outputs:
-        if isinstance(t, TensorView) and t.name in operands:
+    for t in f2.outputs:
+        if t.name in operands:
             _write_out_expanded(t)
     written = {t.name: t for e in fusion.exprs() for t in e.outputs}
     for k, t in enumerate(f2.outputs):
