@@ -75,13 +75,39 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name()
 
 
-def host_us_per_call(fn, n=2000) -> float:
-    """Wall-clock microseconds per call of a host-bound ``fn`` (tiny inputs)."""
+def host_us_per_call(fn, n=2000, until_done=True) -> float:
+    """Wall-clock microseconds per call of a host-bound ``fn`` (tiny inputs);
+    ``until_done=False``: the host's own time, the clock stopped before the GPU
+    finishes what the calls queued."""
     for _ in range(200):
         fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(n):
         fn()
+    if until_done:
+        torch.cuda.synchronize()
+    t = time.perf_counter() - t
     torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+    return t / n * 1e6
+
+
+def kernel_us_per_call(fn, n=20) -> dict:
+    """{kernel name (60 characters): its GPU time per call, us} over ``n`` calls of
+    ``fn`` (torch.profiler; kernels of one name summed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    agg = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0)
+        if t and t > 0:
+            agg[e.key[:60]] = agg.get(e.key[:60], 0.0) + t / n
+    return agg

@@ -1,8 +1,9 @@
 """Probe (issue 18, decode): is a split-K decode step bound by its kernels or by
 the host path that launches them? For each decode shape: do_bench of the call
 (what the benchmark reports), the GPU time of its kernels per call (torch.profiler,
-summed over the call's kernels, PDL off so that kernels do not overlap), and the host time per call (a loop of calls with no
-synchronization), for circbuf and torch's linear (cuBLAS), same run, us::
+summed over the call's kernels, PDL off so that kernels do not overlap), and the
+host time per call (a loop of calls, the clock stopped before the GPU finishes),
+for circbuf and torch's linear (cuBLAS), same run, us::
 
     PYTHONPATH=. python scripts/probe_decode_host.py
 """
@@ -10,45 +11,20 @@ synchronization), for circbuf and torch's linear (cuBLAS), same run, us::
 from __future__ import annotations
 
 import os
-import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import bench_ms, gpu_name
+from benchmarks.common import bench_ms, gpu_name, host_us_per_call, kernel_us_per_call
 from tests.test_gpu_matmul import mm_fusion
 
 SHAPES = [(1, 4096, 4096), (1, 4096, 14336), (16, 4096, 4096), (64, 4096, 4096), (1, 14336, 4096)]
-CALLS = 200
-
-
-def gpu_us(fn) -> tuple[float, int]:
-    """GPU time of fn's kernels per call, and kernels per call."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-    ks = [e for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()]
-    return sum(e.device_time for e in ks) / CALLS, round(len(ks) / CALLS)
-
-
-def host_us(fn) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(CALLS):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / CALLS * 1e6
+CALLS = 200  # per profile and per host timing
 
 
 def main():
-    print(f"GPU: {gpu_name()}  linear x @ W.T bf16; us per call: do_bench | kernels' GPU time (count) | host")
+    print(
+        f"GPU: {gpu_name()}  linear x @ W.T bf16; us per call: do_bench | kernels' GPU time (distinct kernels) | host"
+    )
     for m, n, k in SHAPES:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -67,9 +43,10 @@ def main():
         }
         cells = []
         for tag, (fn, fn_serial) in rows.items():
-            h = host_us(fn)
+            h = host_us_per_call(fn, CALLS, until_done=False)
             b = bench_ms(fn) * 1e3
-            g, nk = gpu_us(fn_serial)
+            ks = kernel_us_per_call(fn_serial, CALLS)
+            g, nk = sum(ks.values()), len(ks)
             cells.append(f"{tag} {b:6.1f} | {g:6.1f} ({nk}) | {h:5.1f}")
         ps = fd.last_params()
         brief = " + ".join(p.brief() for p in ps) if isinstance(ps, list) else ps.brief()

@@ -14,34 +14,16 @@ import sys
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from benchmarks.common import bench_ms, gpu_name  # noqa: E402
+from benchmarks.common import kernel_us_per_call as kernels  # noqa: E402
 from circbuf.realign import realigned  # noqa: E402
 from tests.test_gpu_matmul import mm_fusion  # noqa: E402
 
 T0 = time.time()
 OUT = os.environ.get("OUT", "/tmp")
 RES = {}
-
-
-def kernels(fn, n=20):
-    """{kernel name: mean us per call} over n calls."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    agg = {}
-    for e in prof.key_averages():
-        t = getattr(e, "self_device_time_total", None)
-        if t is None:
-            t = getattr(e, "self_cuda_time_total", 0)
-        if t and t > 0:
-            agg[e.key[:60]] = agg.get(e.key[:60], 0.0) + t / n
-    return agg
 
 
 def tf(m, n, k, ms):
