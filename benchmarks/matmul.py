@@ -221,11 +221,10 @@ DECODE_VARIANTS = {
     "no split": dict(split_k=1),
     "split 2": dict(split_k=2),
     "split 4": dict(split_k=4),
-    "pp 64x32 s12": dict(pingpong=True, tile=(64, 32, 64), stages=12, split_k=1),
+    "split 8": dict(split_k=8),
+    "split 2 (reduction kernel)": dict(split_k=2, split_k_sum="reduction"),
+    "split 4 (reduction kernel)": dict(split_k=4, split_k_sum="reduction"),
     "pp 64x112 s10": dict(pingpong=True, tile=(64, 112, 64), stages=10, split_k=1),
-    "pp 64x64 bk128": dict(pingpong=True, tile=(64, 64, 128)),
-    "pp 64x64 s7": dict(pingpong=True, tile=(64, 64, 64), stages=7),
-    "coop 128x256 (before)": dict(pingpong=False, tile=(128, 256, 64), split_k=1),
 }
 
 

@@ -551,7 +551,8 @@ class FusionExecutor:
             return None
         from .scheduler.split_k import choose
 
-        return choose(self.fusion, info, self.fusion.schedule_overrides)
+        sk = choose(self.fusion, info, self.fusion.schedule_overrides)
+        return None if sk is None or sk.in_kernel else sk  # (in the kernel: the matmul params say so)
 
     def _split_runner(self):
         if self._split_run is None:
@@ -795,7 +796,14 @@ class FusionExecutor:
             # read on every later call of this signature: scalar inputs' types are checked again
             p.scalar_slots = [(k, None, None) for k, x in enumerate(self.fusion.inputs) if isinstance(x, Var)]
             p.finish = self._finish(info.extents)
-            p.tpos, p.like, p.name, p.hang, p.tmaps = self._tpos, None, "no kernel", None, []
+            p.tpos, p.like, p.name, p.hang, p.tmaps, p.workspace = (
+                self._tpos,
+                None,
+                "no kernel",
+                None,
+                [],
+                None,
+            )
             return p.ready()
         sk = self._split_k(info)
         if sk is not None:
@@ -898,8 +906,8 @@ class FusionExecutor:
             p.scalar_slots.append((pos, fmt, off))
             blobs.append((off, b"\0" * 8))
             off += 8
-        p.tmaps, p.hang, off = self._pack_tensor_maps_and_hang_record(
-            ck, info, out_shapes, out_strides, blobs, off, p.empty
+        p.tmaps, p.workspace, p.hang, off = self._pack_tensor_maps_and_hang_record(
+            ck, info, out_shapes, out_strides, blobs, off, p.empty, ev, device
         )
         p.name = ck.name
         p.argbuf = ctypes.create_string_buffer(max(off, 8) + (-max(off, 8) % 8))
@@ -936,8 +944,10 @@ class FusionExecutor:
             out.append(t)
         return out
 
-    def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, out_strides, blobs, off, empty):
-        """Tensor maps and the hang record follow the scalars in the parameters."""
+    def _pack_tensor_maps_and_hang_record(
+        self, ck, info, out_shapes, out_strides, blobs, off, empty, env, device
+    ):
+        """Tensor maps, split-K's workspace and the hang record follow the scalars in the parameters."""
         k = ck.launch
         maps = []
         tpos = self._tpos
@@ -965,6 +975,22 @@ class FusionExecutor:
                 maps.append(MapSlot(spec, tpos[spec.param], off, name))
             blobs.append((off, b"\0" * 128))
             off += 128
+        workspace = None
+        sk = getattr(k, "split_k", None)
+        if sk:
+            # the plan's own: its flags start at zero and the kernel's last CTA of each tile
+            # puts its flag back, so every call of the plan reuses them (one stream at a time)
+            if not empty:
+                import torch
+
+                floats, flags = int(evaluate(sk["partials"], env)), int(evaluate(sk["flags"], env))
+                workspace = (
+                    torch.empty(max(floats, 1), dtype=torch.float32, device=device),
+                    torch.zeros(max(flags, 1), dtype=torch.int32, device=device),
+                )
+            for t in workspace or (None, None):
+                blobs.append((off, struct.pack("<Q", 0 if t is None else t.data_ptr())))
+                off += 8
         hang = None
         if k.hang_record:
             if not empty:  # an empty plan launches nothing: no record to read
@@ -973,7 +999,7 @@ class FusionExecutor:
                 hang = torch.zeros(4, dtype=torch.int32, pin_memory=True)
             blobs.append((off, struct.pack("<Q", 0 if hang is None else hang.data_ptr())))
             off += 8
-        return maps, hang, off
+        return maps, workspace, hang, off
 
 
 def _first_run(p: SegmentedPlan, k: int):

@@ -165,6 +165,8 @@ CORPUS = {
     "mm_coop_t128_s6": _mm("matmul", 1000, 1032, 520, tile=(128, 128, 64), stages=6),
     "mm_coop_s5_p2": _mm("matmul", 1000, 1032, 520, tile=(128, 128, 64), stages=5, prefetch=2),
     "mm_coop_t256": _mm("linear", 777, 1000, 296, tile=(256, 128, 64)),
+    "mm_decode_split_k": _mm("linear", 1, 4096, 4096, bias=True, split_k=2),  # summed in the kernel
+    "mm_coop_split_k": _mm("matmul", 256, 256, 8192, epilogue="gelu", split_k=8),
     "mm_simt_ragged": _mm("matmul", 77, 100, 300),  # B's rows of 200 bytes: a cp.async fill since issue 18
     "mm_simt_fp32": _mm("matmul", 77, 100, 300, torch.float32),
     "mm_cp_async_odd_k": _mm(

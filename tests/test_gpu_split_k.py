@@ -44,12 +44,13 @@ def _same_bits(x, y):
     split=st.integers(1, 9),
     kind=st.sampled_from(["matmul", "linear"]),
     bias=st.booleans(),
+    where=st.sampled_from(["kernel", "reduction"]),
 )
-def test_hypothesis_split_k(m, n8, k8, split, kind, bias):
+def test_hypothesis_split_k(m, n8, k8, split, kind, bias, where):
     n, k = 8 * n8, 8 * k8
     split = min(split, -(-k // 64))  # at most one split per k step (more is refused: test_split_k.py)
     fd = mm_fusion(kind, bias=bias and kind == "linear", epilogue="gelu")
-    fd.fusion.schedule(split_k=split)
+    fd.fusion.schedule(split_k=split, split_k_sum=where)
     ins = _inputs(kind, m, n, k, bias and kind == "linear")
     (out,) = fd.execute(ins)
     check(out, _ref(kind, ins, "gelu"))
@@ -72,19 +73,37 @@ def test_decode_shapes(m, n, k):
     assert _same_bits(out, again), "split-K must give the same bits every run"
 
 
+@pytest.mark.parametrize("where", ["kernel", "reduction"])
 @pytest.mark.parametrize("split", [2, 3, 7])
-def test_split_with_a_tail_and_bias_is_deterministic(split):
+def test_split_with_a_tail_and_bias_is_deterministic(split, where):
     fd = mm_fusion("linear", bias=True, epilogue="gelu")
-    fd.fusion.schedule(split_k=split)
+    fd.fusion.schedule(split_k=split, split_k_sum=where)
     ins = _inputs("linear", 5, 1000, 1000, bias=True)  # 16 k steps: a tail for 3 and 7
     outs = [fd.execute(ins)[0] for _ in range(3)]
     check(outs[0], _ref("linear", ins, "gelu"))
     assert all(_same_bits(outs[0], o) for o in outs[1:])
 
 
+@pytest.mark.parametrize("m, n, k, split", [(1, 4096, 4096, 16), (256, 256, 8192, 16), (200, 1000, 3000, 5)])
+def test_split_in_the_kernel_same_bits_and_flags_back_to_zero(m, n, k, split):
+    """Many CTAs per tile racing to be last: the sum has the same bits on every
+    run (chunk order, whichever CTA sums), and every tile's flag is back at 0."""
+    fd = mm_fusion("matmul", epilogue="gelu")
+    fd.fusion.schedule(split_k=split, split_k_sum="kernel")
+    ins = _inputs("matmul", m, n, k)
+    outs = [fd.execute(ins)[0] for _ in range(5)]
+    assert fd.last_params().split_k == split
+    check(outs[0], _ref("matmul", ins, "gelu"))
+    assert all(_same_bits(outs[0], o) for o in outs[1:])
+    torch.cuda.synchronize()
+    ex = fd._get_executor()
+    (plan,) = [p for p in ex._plans.values() if getattr(p, "workspace", None) is not None]
+    assert plan.workspace[1].count_nonzero().item() == 0
+
+
 def test_workspace_comes_back_from_the_caching_allocator():
     fd = mm_fusion("linear")
-    fd.fusion.schedule(split_k=2)
+    fd.fusion.schedule(split_k=2, split_k_sum="reduction")
     ins = _inputs("linear", 16, 4096, 4096)
     assert fd.compile(ins).split_k.splits == 2
     for _ in range(3):

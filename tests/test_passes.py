@@ -131,6 +131,7 @@ CORPUS = [
     ("matmul_bias_gelu", "MatmulParams", _matmul("linear", "gelu")),
     ("matmul_pingpong", "MatmulParams", _matmul(pingpong=True, tile=(64, 256, 64))),
     ("matmul_not_persistent", "MatmulParams", _matmul(persistent=False)),
+    ("matmul_split_k", "MatmulParams", _matmul("linear", "gelu", split_k=3)),
     ("matmul_all_gather", "MatmulParams", _peer_store("all_gather")),
     ("matmul_reduce_scatter", "MatmulParams", _peer_store("reduce_scatter")),
     ("manual_ws_setmaxnreg", None, _manual_ws),
@@ -292,15 +293,15 @@ def test_the_pass_list_keeps_its_contracts():
         # the barriers set up before the rings registered theirs
         (("mbarriers", 6), r"'mbarriers' requires 'rings', which neither the loop nest nor an earlier pass"),
         # between tma_store and circular_buffer: circular_buffer still adds to the table
-        (("mbarriers", 9), r"'mbarriers' requires 'rings'"),
+        (("mbarriers", 10), r"'mbarriers' requires 'rings'"),
         # allocation looks for placed exprs, which indexing has turned into assignments
         (("allocation", 1), r"'allocation' requires 'loop_nest', which the earlier pass 'indexing' consumed"),
         (("predicate", 3), r"'predicate' requires 'vectorized'"),
         # sync must see the consumers' named barrier and every barrier the others add
-        (("sync", 9), r"'sync' requires 'pipelined'"),
-        (("circular_buffer", 7), r"'circular_buffer' requires 'turns'"),
-        # the turn barriers and TMA stores are placed per role
-        (("roles", 8), r"'turns' requires 'roles'"),
+        (("sync", 10), r"'sync' requires 'pipelined'"),
+        (("circular_buffer", 8), r"'circular_buffer' requires 'turns'"),
+        # split-K's sums, the turn barriers and TMA stores are placed per role
+        (("roles", 9), r"'split_k' requires 'roles'"),
     ],
 )
 def test_a_misordered_pass_list_fails_loudly(monkeypatch, move, match):
@@ -352,7 +353,7 @@ def test_the_package_docstring_shows_the_contracts():
 _IR_FACTS = {
     "loop_nest", "allocated", "indexed", "approximated", "vectorized", "predicated", "wgmma_synced",
     "role_switch", "turns", "tma_stores_synced", "pipelined", "mbarriers_allocated", "simplified", "hoisted",
-    "synced", "named", "peer_stores", "peer_order", "one_trip_dropped",
+    "synced", "named", "peer_stores", "peer_order", "one_trip_dropped", "split_k_summed",
 }  # fmt: skip
 
 

@@ -53,6 +53,14 @@ def _check(out, ref):
     torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
 
 
+def _splits(ck) -> int:
+    """K's splits in a compile: the GEMM kernel's own (summed in the kernel) or
+    the reduction plan's (partials, then a reduction kernel); 1: none."""
+    if hasattr(ck, "split_k"):
+        return ck.split_k.splits
+    return ck.params.split_k
+
+
 def _compiled(kind, m, n, k, target=H100, **ov):
     fd = _fd(kind, **ov)
     a = torch.empty(m, k, dtype=BF)
@@ -78,9 +86,9 @@ def test_decode_shapes_take_small_tiles(m, n, k, bn):
     at K = 4096 the split's reduction and the kernel's fixed cost eat the gain."""
     ck = _compiled("linear", m, n, k)
     if (n, k) == (4096, 14336):
-        assert ck.split_k.splits == 2, ck
+        assert _splits(ck) == 2, ck
         return
-    assert not hasattr(ck, "split_k"), ck
+    assert _splits(ck) == 1, ck
     p = ck.params
     assert p.tile[:2] == (64, bn) and p.pingpong and p.stages >= 4, p
     assert p.grid == min(-(-n // bn), 132), p  # not 16 CTAs of 128x256
@@ -92,42 +100,70 @@ def test_decode_splits_on_an_h200(m):
     N = 4096 splits in two (128 CTAs) at K = 14336 and at K = 4096; N = 14336
     (112 CTAs) does not."""
     ck = _compiled("linear", m, 4096, 14336, target=H200)
-    assert ck.split_k.splits == 2 and ck.split_k.tail == 0, ck
+    # one kernel: 64 tiles x 2 chunks, the last CTA of each tile sums them
+    assert ck.params.split_k == 2 and ck.params.tile[:2] == (64, 64) and ck.params.grid == 64, ck
+    ck = _compiled("linear", m, 4096, 14336, target=H200, split_k_sum="reduction")
     assert len(ck.kernels) == 2 and "reduction" in ck.kernels[1].name, ck
     assert ck.kernels[0].params.tile[:2] == (64, 64) and ck.kernels[0].params.grid == 128
-    assert _compiled("linear", m, 4096, 4096, target=H200).split_k.splits == 2
-    assert not hasattr(_compiled("linear", m, 14336, 4096, target=H200), "split_k")
+    assert _splits(_compiled("linear", m, 4096, 4096, target=H200)) == 2
+    assert _splits(_compiled("linear", m, 14336, 4096, target=H200)) == 1
 
 
 def test_large_m_keeps_the_cooperative_tile():
     ck = _compiled("matmul", 4096, 4096, 4096)
     assert ck.params.tile == (128, 256, 64) and not ck.params.pingpong
-    assert not hasattr(ck, "split_k")
+    assert _splits(ck) == 1
 
 
 def test_few_large_tiles_split_k():
     """M = N = 256 with K = 65536: two tiles on 132 SMs; split-K spreads K."""
     ck = _compiled("matmul", 256, 256, 65536)
-    assert ck.split_k.splits >= 8, ck
-    assert ck.kernels[0].params.tile == (128, 256, 64)
+    assert _splits(ck) >= 8, ck
+    assert ck.params.tile == (128, 256, 64) and ck.params.grid == 2
 
 
 def test_split_follows_the_target():
     one = dataclasses.replace(H100, sm_count=1)
-    assert not hasattr(_compiled("linear", 1, 4096, 14336, target=one), "split_k")
-    assert _compiled("linear", 1, 4096, 14336, target=H100).split_k.splits == 2
-    assert not hasattr(_compiled("linear", 1, 4096, 4096, target=H100), "split_k")
-    assert _compiled("linear", 1, 4096, 4096, target=H200).split_k.splits == 2
-    assert not hasattr(_compiled("matmul", 128, 256, 512), "split_k")  # one small tile: the launch costs more
+    assert _splits(_compiled("linear", 1, 4096, 14336, target=one)) == 1
+    assert _splits(_compiled("linear", 1, 4096, 14336, target=H100)) == 2
+    assert _splits(_compiled("linear", 1, 4096, 4096, target=H100)) == 1
+    assert _splits(_compiled("linear", 1, 4096, 4096, target=H200)) == 2
+    # one small tile: the fix-up costs more (H200: 11.5 us unsplit, 14.5 split 2)
+    assert _splits(_compiled("matmul", 128, 256, 512)) == 1
 
 
 def test_split_k_one_and_explicit_tile_overrides():
     ck = _compiled("linear", 1, 4096, 4096, split_k=1)
-    assert not hasattr(ck, "split_k") and ck.params.tile == (64, 64, 64)
+    assert _splits(ck) == 1 and ck.params.tile == (64, 64, 64)
     ck = _compiled("linear", 1, 4096, 4096, tile=(128, 128, 64), split_k=2)
-    assert ck.kernels[0].params.tile == (128, 128, 64)  # the partial kernel takes the other overrides
+    assert ck.params.tile == (128, 128, 64) and ck.params.split_k == 2
     ck = _compiled("linear", 8, 4096, 4096, split_k=4, stages=3)
+    assert ck.params.split_k == 4 and ck.params.stages == 3
+    ck = _compiled("linear", 1, 4096, 4096, tile=(128, 128, 64), split_k=2, split_k_sum="reduction")
+    assert ck.kernels[0].params.tile == (128, 128, 64)  # the partial kernel takes the other overrides
+    ck = _compiled("linear", 8, 4096, 4096, split_k=4, stages=3, split_k_sum="reduction")
     assert ck.split_k.splits == 4 and ck.kernels[0].params.stages == 3
+
+
+@pytest.mark.parametrize(
+    "ov, why",
+    [
+        (dict(persistent=False), "a non-persistent grid"),
+        (dict(epilogue="role"), "an epilogue role"),
+        (dict(cluster=(1, 2)), "a thread-block cluster"),
+        (dict(fill="cp.async"), "a cp.async operand fill"),
+    ],
+)
+def test_split_k_sum_in_the_kernel_names_what_rules_it_out(ov, why):
+    def compiled(**more):
+        fd = mm_fusion("linear", D.BFloat16)
+        fd.fusion.schedule(split_k=2, **ov, **more)  # (_fd's epilogue is the fusion's, not this override)
+        return fd.compile([torch.empty(8, 4096, dtype=BF), torch.empty(4096, 4096, dtype=BF)], target=H100)
+
+    with pytest.raises(cb.CircbufError, match=rf"split_k_sum='kernel'.*cannot sum.*\({why}\)"):
+        compiled(split_k_sum="kernel")
+    ck = compiled()  # the reduction kernel sums them there
+    assert ck.split_k.splits == 2 and not ck.split_k.in_kernel
 
 
 # ---------------------------------------------------------------- errors
@@ -169,22 +205,25 @@ def test_split_k_on_batched_operands_is_refused():
 
 # ------------------------------------------------------- the interpreter
 CASES = [
-    # kind, m, n, k, split_k, bias, epilogue, a_major
-    ("linear", 1, 136, 200, 3, True, "gelu", "K"),  # 4 steps: chunks 64, 64 + a tail of 72
+    # kind, m, n, k, split_k, bias, epilogue, a_major (in the kernel: chunks of ceil(steps / S)
+    # k steps, the last ones zero-filled past K; the reduction kernel: as said per case)
+    ("linear", 1, 136, 200, 3, True, "gelu", "K"),  # 4 steps: chunks 64, 64 + a tail of 72; 2+2+0
     ("matmul", 5, 64, 256, 2, False, None, "K"),  # even chunks, no tail
-    ("matmul", 17, 64, 1000, 5, False, "gelu", "K"),  # 16 steps over 5: 4 x 192 + 232
+    ("matmul", 17, 64, 1000, 5, False, "gelu", "K"),  # 16 steps over 5: 4 x 192 + 232; 4x4 + 0
     ("matmul", 8, 64, 384, 6, False, None, "M"),  # one step per split, an M-major A
     ("linear", 3, 72, 448, 7, True, None, "K"),  # N not a multiple of 64, one step each
+    ("matmul", 200, 136, 700, 4, False, "gelu", "K"),  # cooperative 128x256 tiles, 11 steps: 3+3+3+2
 ]
 
 
+@pytest.mark.parametrize("where", ["kernel", "reduction"])
 @pytest.mark.parametrize("kind, m, n, k, split, bias, epilogue, a_major", CASES)
-def test_split_k_matches_torch(kind, m, n, k, split, bias, epilogue, a_major):
-    fd = _fd(kind, bias=bias, epilogue=epilogue, split_k=split)
+def test_split_k_matches_torch(kind, m, n, k, split, bias, epilogue, a_major, where):
+    fd = _fd(kind, bias=bias, epilogue=epilogue, split_k=split, split_k_sum=where)
     ins = _inputs(kind, m, n, k, bias, a_major)
     out = interpret(fd, ins)[0]  # outputs NaN-poisoned, each element stored once
     ck = fd._get_executor().last
-    assert ck.split_k.splits == split
+    assert _splits(ck) == split and (where == "kernel") == (not hasattr(ck, "split_k"))
     _check(out, _ref(kind, ins, epilogue))
     again = interpret(fd, ins)[0]
     assert torch.equal(out.view(torch.int16), again.view(torch.int16))  # the same bits
@@ -196,7 +235,10 @@ def test_execute_under_circbuf_interpret_runs_the_split(monkeypatch):
     ins = _inputs("linear", 2, 64, 512)
     out = fd.execute(ins)[0]
     _check(out, _ref("linear", ins))
-    assert fd.last_params() is not None and len(fd.last_params()) == 2
+    assert fd.last_params().split_k == 2  # one kernel
+    fd = _fd("linear", split_k=2, split_k_sum="reduction")
+    _check(fd.execute(ins)[0], _ref("linear", ins))
+    assert len(fd.last_params()) == 2  # the partials' kernel, then the reduction's
 
 
 def test_small_m_tile_runs_a_deep_ring():
@@ -216,7 +258,7 @@ def test_heuristic_split_runs_in_the_interpreter():
     fd = _fd("linear", bias=True)
     ins = _inputs("linear", 1, 64, 2048, bias=True)
     out = interpret(fd, ins)[0]
-    assert fd._get_executor().last.split_k.splits == 8
+    assert _splits(fd._get_executor().last) == 8
     _check(out, _ref("linear", ins))
 
 
@@ -224,12 +266,59 @@ def test_split_k_kernels_pass_the_protocol_checker_on_two_sms():
     """Six partial tiles over 2 CTAs (each warpgroup several tiles, the ring
     wrapping across tiles), every kernel checked under 2 random schedules."""
     two = dataclasses.replace(H100, sm_count=2)
-    fd = _fd("linear", bias=True, split_k=2)
+    fd = _fd("linear", bias=True, split_k=2, split_k_sum="reduction")
     ins = _inputs("linear", 3, 192, 512, bias=True)
     out = interpret(fd, ins, check=2, target=two)[0]
     ck = fd._get_executor().last
     assert ck.split_k.splits == 2 and ck.kernels[0].params.grid == 2
     _check(out, _ref("linear", ins))
+
+
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_split_in_the_kernel_passes_the_protocol_checker(pingpong):
+    """Three tiles over a 4-SM target split 3 ways (grid 1 x 3: one CTA walks
+    every tile of its chunk; ping-pong warpgroups alternate them), every chunk
+    of the tiles checked under 3 random schedules; the sum is the last CTA's."""
+    four = dataclasses.replace(H100, sm_count=4)
+    fd = _fd(
+        "linear",
+        bias=True,
+        split_k=3,
+        pingpong=pingpong,
+        tile=(128, 64, 64) if not pingpong else (64, 64, 64),
+    )
+    ins = _inputs("linear", 70 if pingpong else 130, 192 if pingpong else 64, 640, bias=True)
+    out = interpret(fd, ins, check=3, target=four)[0]
+    p = fd._get_executor().last.params
+    assert p.split_k == 3 and p.grid == 1 and p.pingpong == pingpong
+    _check(out, _ref("linear", ins))
+
+
+def test_split_in_the_kernel_same_bits_in_any_cta_order():
+    """Whichever CTA of a tile counts last sums the chunks in chunk order: the
+    launch's CTAs run forwards, backwards and shuffled give the same bits."""
+    import random
+
+    from circbuf.interpret import launch_args
+    from circbuf.interpret.machine import Launch
+
+    fd = _fd("matmul", epilogue="gelu", split_k=4)
+    ins = _inputs("matmul", 70, 136, 900)
+    k, tensors, scal, grid, block = launch_args(fd, ins)
+    assert grid[1] == 4 and k.split_k["chunks"] == 4
+    outs = []
+    for order in ("forward", "backward", "shuffled"):
+        ts = [t.clone() for t in tensors]
+        launch = Launch(k, ts, scal, grid, block)
+        ctas = launch.ctas()
+        if order == "backward":
+            ctas = ctas[::-1]
+        elif order == "shuffled":
+            random.Random(7).shuffle(ctas)
+        launch.run(ctas=ctas)
+        outs.append(ts[-1])
+    _check(outs[0], _ref("matmul", ins, "gelu"))
+    assert all(torch.equal(outs[0].view(torch.int16), o.view(torch.int16)) for o in outs[1:])
 
 
 @pytest.mark.parametrize("k, split", [(1000, 2), (1000, 3), (512, 2)])
@@ -241,7 +330,7 @@ def test_split_k_plan_first_and_later_calls(monkeypatch, k, split):
     from circbuf.split_k import SplitKPlan
 
     monkeypatch.setenv("CIRCBUF_INTERPRET", "1")
-    fd = _fd("linear", bias=True, split_k=split)
+    fd = _fd("linear", bias=True, split_k=split, split_k_sum="reduction")
     ins = _inputs("linear", 3, 64, k, bias=True)
     ex = fd._get_executor()
     info, _ = ex._bind(ins, need_cuda=False)
@@ -264,12 +353,16 @@ def test_split_k_plan_first_and_later_calls(monkeypatch, k, split):
     kind=st.sampled_from(["matmul", "linear"]),
     a_t=st.booleans(),
     b_t=st.booleans(),
+    where=st.sampled_from(["kernel", "reduction"]),
 )
-def test_hypothesis_split_k_compiles(m, n8, k8, split, kind, a_t, b_t):
+def test_hypothesis_split_k_compiles(m, n8, k8, split, kind, a_t, b_t, where):
     """Every split of every layout compiles to tensor-core kernels (or, for a
-    split past the k steps, is refused by name)."""
+    split past the k steps, is refused by name); summed in the kernel, one
+    kernel with no stack frame (nothing spilled)."""
+    from circbuf.runtime.cubin import frame_bytes
+
     n, k = 8 * n8, 8 * k8
-    fd = _fd(kind, split_k=split)
+    fd = _fd(kind, split_k=split, split_k_sum=where)
     a = torch.empty(k, m, dtype=BF).t() if a_t and m % 8 == 0 else torch.empty(m, k, dtype=BF)
     shape = (n, k) if kind == "linear" else (k, n)
     b = torch.empty(shape[::-1], dtype=BF).t() if b_t else torch.empty(shape, dtype=BF)
@@ -282,6 +375,10 @@ def test_hypothesis_split_k_compiles(m, n8, k8, split, kind, a_t, b_t):
     if split == 1:
         assert ck.params.simt is None
         return
+    if where == "kernel":
+        assert ck.params.split_k == split and ck.params.simt is None
+        assert frame_bytes(ck.cubin) == 0, ck.params
+        return
     assert ck.split_k.splits == split
     mms = [q for q in ck.kernels if q.name == "circbuf_matmul"]
     assert len(mms) == len(ck.kernels) - 1 and all(q.params.simt is None for q in mms)
@@ -292,14 +389,45 @@ def test_split_k_epilogue_with_a_scalar_and_a_residual():
     a residual tile) and, as the MMA path, runs its math on the fp32 sum."""
     a, b = torch.randn(2, 256, dtype=BF), torch.randn(256, 64, dtype=BF)
     fd = mm_fusion("matmul", D.BFloat16, epilogue="scale")
-    fd.fusion.schedule(split_k=3)
+    fd.fusion.schedule(split_k=3, split_k_sum="reduction")
     out = interpret(fd, [a, b, 0.5])[0]
     assert fd._get_executor().last.split_k.tail == 128
     _check(out, 0.5 * (a.double() @ b.double()))
     r = torch.randn(2, 64, dtype=BF)
-    fd = mm_fusion("matmul", D.BFloat16, epilogue="residual")
-    fd.fusion.schedule(split_k=2)
-    out = interpret(fd, [a, b, r])[0]
-    want = a.double() @ b.double() + r.double()
-    _check(out, want)
-    assert (out.double() - want).abs().max() <= want.abs().max() * 2**-8  # one bf16 rounding, not two
+    for where in ("reduction", "kernel"):
+        fd = mm_fusion("matmul", D.BFloat16, epilogue="residual")
+        fd.fusion.schedule(split_k=2, split_k_sum=where)
+        out = interpret(fd, [a, b, r])[0]
+        want = a.double() @ b.double() + r.double()
+        _check(out, want)
+        assert (out.double() - want).abs().max() <= want.abs().max() * 2**-8  # one bf16 rounding, not two
+
+
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_split_k_pass_sums_after_the_k_loop_and_guards_the_epilogue(pingpong):
+    """The split_k lowering pass: after the k loop's last wgmma wait, the sum
+    over the tile's chunks, then the epilogue under ``split_last``; the kernel
+    takes the workspace (partials and flags) after its tensor maps. A kernel
+    whose K is not split is left as it was."""
+    fd = _fd("linear", bias=True, epilogue="gelu", split_k=4, pingpong=pingpong)
+    ck = fd.compile(_inputs("linear", 200, 256, 1024, bias=True), arch="sm_90a")
+    k = ck.kernel
+    text = str(k)
+    assert text.count("SPLIT_K_SUM") == 1 and "IF split_last" in text, text
+    before, after = text.split("SPLIT_K_SUM")
+    assert "WGMMA_WAIT_GROUP 0" in before and "TMA_STORE" not in before
+    assert "TMA_STORE" in after.split("IF split_last", 1)[1]
+    bm, bn = ck.params.tile[:2]
+    threads = 128 if pingpong else 256
+    assert k.split_k["chunks"] == 4
+    assert f"cb::split_k_sum<{bm * bn // threads}, {threads}>(&acc[0], cb_partials + " in ck.cuda
+    assert "float* __restrict__ cb_partials" in ck.cuda and "int* __restrict__ cb_tile_flags" in ck.cuda
+    from circbuf.ir import evaluate
+
+    env = {"i0": 200, "i1": 1024, "i2": 256}
+    tiles = -(-200 // bm) * -(-256 // bn)
+    assert evaluate(k.split_k["flags"], env) == tiles
+    assert evaluate(k.split_k["partials"], env) == tiles * 4 * bm * bn
+    plain = _fd("linear", bias=True, epilogue="gelu", split_k=1, pingpong=pingpong)
+    pk = plain.compile(_inputs("linear", 200, 256, 1024, bias=True), arch="sm_90a")
+    assert pk.kernel.split_k is None and "SPLIT_K_SUM" not in str(pk.kernel) and "cb_partials" not in pk.cuda

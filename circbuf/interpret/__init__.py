@@ -77,6 +77,11 @@ def check_kernel(
     launch = Launch(kernel, list(tensors), list(scalars), grid, block, check=True, count=False)
     every = launch.ctas()
     pick = every if ctas is None or len(every) <= ctas + 1 else every[:ctas] + every[-1:]
+    if kernel.split_k and pick is not every:
+        # split-K: every chunk (blockIdx.y) of the chosen tiles' CTAs, so that one of them sums
+        xs = sorted({x for x, _, _ in every})
+        keep = set(xs[:ctas] + xs[-1:])
+        pick = [b for b in every if b[0] in keep]
     for s in range(seed, seed + schedules):
         try:
             launch.run(seed=s, ctas=pick)

@@ -56,6 +56,7 @@ from .memory import GlobalMemory
 from .peer import HANDLERS as _PEER_HANDLERS
 from .race import Accum, Agent, Checker
 from .sched import Deadlock, Scheduler
+from .split_k import HANDLERS as _SPLIT_K_HANDLERS
 from .sync import (
     Barrier,
     BulkGroup,
@@ -438,6 +439,7 @@ class Launch:
         than the op."""
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
+        self.split_k_ws = ({}, {})  # split-K's partials and flags (interpret/split_k.py), per run
         try:
             order = self.whole_clusters(self.ctas() if ctas is None else ctas)
             for k in range(0, len(order), self.csize):
@@ -1654,6 +1656,7 @@ _HANDLERS = {
     kir.WgmmaWait: (None, _wgmma_wait),
 }
 _HANDLERS.update(_PEER_HANDLERS)  # issue 22's peer stores and flags
+_HANDLERS.update(_SPLIT_K_HANDLERS)  # split-K's fix-up in the GEMM kernel
 _YIELDING = tuple(t for t, (gen, plain) in _HANDLERS.items() if plain is None and t is not kir.RoleSwitch) + (
     kir.RoleSwitch,
 )

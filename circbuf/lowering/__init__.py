@@ -31,9 +31,11 @@ after, so they require it)::
                     provides: wgmma_synced
     roles           requires: allocated
                     provides: roles, role_switch, launch, max_threads, min_blocks
+    split_k         requires: indexed, allocated, wgmma_synced, roles, launch
+                    provides: split_k, split_k_summed, named_barriers
     turns           requires: allocated, wgmma_synced, roles
                     provides: turns, turn_orders
-    tma_store       requires: indexed, role_switch, launch
+    tma_store       requires: indexed, role_switch, launch, named_barriers
                     provides: tma_stores_synced, named_barriers
     circular_buffer requires: allocated, indexed, predicated, wgmma_synced, roles, turns,
                               tma_stores_synced, launch, max_threads
@@ -68,7 +70,9 @@ access an explicit index, its bounds recorded; ``vectorized`` vector loops
 collapsed into wide accesses; ``predicated`` guarded statements wrapped in
 their conditions; ``wgmma_synced`` wgmma fences, commits and waits;
 ``role_switch`` the warp roles of a warp-specialized kernel split the body
-(``Kernel.roles`` names them, ``launch`` has the producer row); ``turns`` ping-pong
+(``Kernel.roles`` names them, ``launch`` has the producer row); ``split_k_summed`` an accumulator whose K is split across
+``blockIdx.y`` published and summed by the last CTA of its tile, the
+epilogue run on that CTA only (``Kernel.split_k``: the workspace); ``turns`` ping-pong
 turn barriers; ``tma_stores_synced`` fences and barriers around TMA stores,
 on each role's own named barriers; ``pipelined`` circular buffers lowered to
 their rings (barrier waits, arrivals, stage and phase), ``Kernel.rings``
@@ -107,6 +111,7 @@ from .peer_stores import peer_stores
 from .predicate import insert_predicates
 from .roles import assign_roles
 from .simplify_indices import simplify_indices
+from .split_k import split_k_sums
 from .sync import insert_syncs
 from .tma_store import tma_stores
 from .turns import take_turns
@@ -133,6 +138,12 @@ PASSES = [
         provides=("roles", "role_switch", "launch", "max_threads", "min_blocks"),
     ),
     Pass(
+        "split_k",
+        split_k_sums,
+        requires=("indexed", "allocated", "wgmma_synced", "roles", "launch"),
+        provides=("split_k", "split_k_summed", "named_barriers"),
+    ),
+    Pass(
         "turns",
         take_turns,
         requires=("allocated", "wgmma_synced", "roles"),
@@ -141,7 +152,7 @@ PASSES = [
     Pass(
         "tma_store",
         tma_stores,
-        requires=("indexed", "role_switch", "launch"),
+        requires=("indexed", "role_switch", "launch", "named_barriers"),
         provides=("tma_stores_synced", "named_barriers"),
     ),
     Pass(

@@ -597,6 +597,8 @@ class CudaCodegen:
             params.append(f"{_SCALAR_T[v.dtype]} {v.name}")
         for m in range(len(k.tensor_maps)):
             params.append(f"const __grid_constant__ CUtensorMap tmap{m}")
+        if k.split_k:  # split-K's workspace (lowering/split_k.py): partials, and flags zeroed once
+            params += ["float* __restrict__ cb_partials", "int* __restrict__ cb_tile_flags"]
         if self.debug_hang:
             params.append("unsigned* cb_hang")
         self.ind = 1

@@ -938,6 +938,9 @@ class Kernel:
     )  # smem tv name -> (lbo, sbo, swizzle): wgmma descriptor bases
     named_barriers: dict = field(default_factory=dict)  # purpose -> first id (ids 1..15; 0 is __syncthreads)
     fast_math: bool = True  # may the fast_math pass pick approximate transcendentals (CIRCBUF_FAST_MATH)
+    # split-K summed in the kernel: chunks, the workspace's floats and flags per launch (Scalars
+    # of the extents); the runtime passes cb_partials and cb_tile_flags (split_k pass)
+    split_k: dict | None = None
     peer: dict | None = None  # an output stored to peer GPUs: kind, world, params, tiles (peer_stores pass)
     former_names: dict = field(default_factory=dict)  # new buffer/barrier name -> its T-number (names pass)
 

@@ -1,6 +1,6 @@
 """Pass: order TMA stores against the threads that fill their shared source.
 
-Requires: indexed, role_switch, launch; provides: tma_stores_synced, named_barriers.
+Requires: indexed, role_switch, launch, named_barriers; provides: tma_stores_synced, named_barriers.
 
 A TMA store reads its shared-memory source through the async proxy, so the
 threads' generic-proxy writes must be fenced (``fence.proxy.async``) and

@@ -46,6 +46,7 @@ class LaunchInfo:
     tensor_maps: list
     hang_record: bool
     barrier_names: list
+    split_k: dict | None = None  # split-K's workspace: floats and flags (Scalars of the extents)
 
     @classmethod
     def of(cls, kernel) -> LaunchInfo:
@@ -56,6 +57,7 @@ class LaunchInfo:
             list(kernel.tensor_maps),
             kernel.hang_record,
             list(kernel.barrier_names),
+            dict(kernel.split_k) if kernel.split_k else None,
         )
 
 
@@ -211,7 +213,7 @@ class Plan:
     __slots__ = (
         "ck", "grid", "block", "smem", "out_specs", "argbuf", "argptrs", "args_addr", "ptr_offsets",
         "ptr_slots", "scalar_slots", "tensor_inputs", "empty", "device", "dev_index", "poison", "launch",
-        "tmaps", "hang", "name", "finish", "plain_outs", "tpos", "like", "run",
+        "tmaps", "hang", "name", "finish", "plain_outs", "tpos", "like", "run", "workspace",
     )  # fmt: skip
 
     def run_generic(self, inputs, finish: bool = True):

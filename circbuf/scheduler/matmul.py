@@ -68,7 +68,7 @@ from ..ir import (
 )
 from ..ir.circular import REGISTERS_RULE
 from ..ir.scalar import is_const, simplify
-from . import matmul_ffma, matmul_reduce
+from . import matmul_ffma, matmul_reduce, split_k
 from .info import InputInfo
 from .matmul_path import (
     FILLS,
@@ -260,6 +260,10 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     else:
         b_major = "N" if lb == "inner" else "K"
     persistent = ov.get("persistent", True)
+    # split-K summed in this kernel (scheduler/split_k.py decides; the reduction-kernel
+    # variant never reaches here: the compile driver runs its steps instead)
+    sk = split_k.choose(fusion, info, ov)
+    splits = sk.splits if sk is not None and sk.in_kernel else 1
     # M <= 64 (decode): [64 x bn] tiles, one warpgroup each (ping-pong), bn by waves
     small = m <= SMALL_M and "tile" not in ov and persistent is True and ov.get("epilogue") != "role"
     pingpong = ov.get("pingpong", small)
@@ -278,7 +282,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     if n <= 128 and not pingpong:
         bn_d = 128
     if small and pingpong:
-        bm_d, bn_d = 64, small_m_bn(m, n, batch, info.target.sm_count)
+        bm_d, bn_d = 64, small_m_bn(m, n, batch * splits, info.target.sm_count)
     row = SWIZZLE_ROW // a.dtype.size  # K elements in one 128-byte swizzled row
     tile = ov.get("tile", (bm_d, bn_d, row))
     if not (isinstance(tile, (tuple, list)) and len(tile) == 3 and all(isinstance(x, int) for x in tile)):
@@ -342,7 +346,9 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     # epilogue inputs the producer loads by TMA (cooperative, TMA-stored outputs): a
     # stage per sub-tile of a tile, so the producer never waits on the epilogue for them
     # (a cp.async operand fill is the producer's only ring: its threads run the copy nest)
-    simple = not (pingpong or role or "cp.async" in (fa, fb)) and store == "tma"
+    # (not with split-K: a CTA whose partial is not the tile's last skips the epilogue, and
+    # the producer would load its inputs all the same)
+    simple = not (pingpong or role or "cp.async" in (fa, fb)) and store == "tma" and splits == 1
     loaded = _tma_inputs(fusion, e, info, epi[1]) if simple else ()
     input_bytes = sum(loaded) * input_stages(bn, epi[1]) * bm * epi[1] * 2
     # (their rings take the shared memory of the second staging buffer)
@@ -473,7 +479,8 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
             f"accumulator registers per thread do not fit in {budget_regs}"
         )
     tiles = batch * tiles_m * tiles_n
-    grid = min(tiles, info.target.sm_count) if persistent else tiles
+    # (split-K: grid x splits CTAs, blockIdx.y the chunk of K; one wave of them)
+    grid = min(tiles, max(info.target.sm_count // splits, 1)) if persistent else tiles
     csize = cluster[0] * cluster[1]
     if persistent and csize > 1:
         # whole clusters, all resident at once: every CTA of one walks the same tile
@@ -519,6 +526,7 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
         fill=(fa, fb),
         copy_vector=(va or 0, vb or 0),
         tf32=tf32,
+        split_k=splits,
     )
 
 
@@ -951,11 +959,11 @@ def _fragment(tv, pos, params, kind, serial_w=False):
     head = list(range(m64))
     if kind == "acc":
         k = m64 + 6
-        _k_loops(tv, k, bk, _operand_size(params))  # [Ko, Kc, K64]
-        tv.split(k + 2, WGMMA_K // _operand_size(params))  # [Ko, Kc, Kw, K16]
-        # the k loops outside the MMA tile: [.., Ko, Kc, Mb, frag.., Kw, K16]
-        order = head[:p] + [k, k + 1] + head[p:] + frag + [k + 2, k + 3]
-        q = m64 + 2
+        s = _k_loops(tv, k, bk, _operand_size(params), params.split_k)  # [(S), Ko, Kc, K64]
+        tv.split(k + s + 2, WGMMA_K // _operand_size(params))  # [(S), Ko, Kc, Kw, K16]
+        # the k loops outside the MMA tile: [.., (S), Ko, Kc, Mb, frag.., Kw, K16]
+        order = head[:p] + list(range(k, k + s + 2)) + head[p:] + frag + [k + s + 2, k + s + 3]
+        q = m64 + s + 2
     else:
         order = head + frag
         q = m64
@@ -974,11 +982,19 @@ def _operand_size(params) -> int:
     return 4 if params.tf32 else 2
 
 
-def _k_loops(tv, k, bk, size):
+def _k_loops(tv, k, bk, size, splits=1) -> int:
     """K -> [K/bk (the k loop), bk/row, row]: a row of 64 16-bit (32 fp32)
-    elements is one 128-byte swizzled row of the operand tiles."""
+    elements is one 128-byte swizzled row of the operand tiles. With
+    ``splits`` > 1 the k loop's steps are cut into that many chunks, one per
+    ``blockIdx.y``: [S{BIDy}, K/bk/S, bk/row, row] (a chunk past K is TMA's
+    zero fill). Returns the axes added before the k loop (0 or 1)."""
     tv.split(k, bk)
     tv.split(k + 1, SWIZZLE_ROW // size)
+    if splits == 1:
+        return 0
+    tv.split(k, splits, inner_split=False)
+    tv.axis(k).parallelize(ParallelType.BIDy)
+    return 1
 
 
 def _operand_tile(xs, roles, params, mn_role, major):
@@ -988,7 +1004,12 @@ def _operand_tile(xs, roles, params, mn_role, major):
     (boxes [64 x 64])."""
     pos = _tile(xs, roles, params, pingpong_split=False)
     # [T.., Mi, Ni, K] at pos
-    _k_loops(xs, pos + 2, params.tile[2], _operand_size(params))  # [Mi, Ni, Ko, Kc, K64]
+    s = _k_loops(
+        xs, pos + 2, params.tile[2], _operand_size(params), params.split_k
+    )  # [Mi, Ni, (S), Ko, Kc, K64]
+    if s:  # the split's chunk index before the tile's axes: [(S), Mi, Ni, Ko, Kc, K64]
+        xs.reorder(list(range(pos)) + [pos + 2, pos, pos + 1] + list(range(pos + 3, len(xs.loop))))
+        pos += 1
     mn, other = (pos, pos + 1) if mn_role == "M" else (pos + 1, pos)
     ko, kc, k64 = pos + 2, pos + 3, pos + 4
     if major == "K":
@@ -1017,7 +1038,7 @@ def _operand_tile(xs, roles, params, mn_role, major):
         xs.axis(mn + 1).parallelize(bulk)
     xs.swizzle(128)
     kind = WarpSpecialized(on=ParallelType.TIDy, registers=params.registers)
-    xs.circular_buffer(params.stages, params.prefetch, kind, axis=pos)
+    xs.circular_buffer(params.stages, params.prefetch, kind, axis=pos)  # (the ring loop: Ko)
 
 
 def _schedule_mma(fusion: Fusion, params: MatmulParams):

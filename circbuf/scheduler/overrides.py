@@ -215,6 +215,9 @@ MATMUL = _table(
              **_choice("tma", "rows", "direct")),
     Override("split_k", used_by=(MM,), doc="chunks of K run as partial products, summed in a fixed order "
              "(deterministic); at most the k steps of 64", **_int(1)),
+    Override("split_k_sum", used_by=(MM,), doc="where split-K's partial products are summed: 'kernel' (the "
+             "last CTA of a tile, in the GEMM kernel; the default where the kernel can) or 'reduction' (a "
+             "second kernel)", **_choice("kernel", "reduction")),
     Override("thread_tile", used_by=(MM_FFMA,), doc="fp32/fp64 (FFMA path): outputs a thread computes along M and "
              "along N; 8: [128 x 128] CTA tiles, 4: [64 x 64] (default 8, 4 where 8 makes fewer tiles than SMs)",
              **_int(4, 8, pow2=True)),

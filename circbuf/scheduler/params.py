@@ -248,6 +248,10 @@ class MatmulParams(Params):
     # cp.async: elements per copy of each operand (8/4/2 for 16/8/4 bytes of bf16; 1: through
     # registers, rows only 2-byte aligned); 0 for a TMA fill
     copy_vector: tuple = field(default=(0, 0), metadata={"hide_default": True})
+    # split-K in the kernel: K's k steps in ``split_k`` chunks, one per blockIdx.y; each
+    # CTA publishes its fp32 partial tile, the last of a tile's CTAs to finish sums them in
+    # chunk order (deterministic) and runs the epilogue (lowering/split_k.py)
+    split_k: int = field(default=1, metadata={"hide_default": True})
 
     def brief(self) -> str:
         if isinstance(self.simt, FfmaParams):
@@ -262,6 +266,8 @@ class MatmulParams(Params):
             kind += f", {sum(self.tma_inputs)} epilogue input(s) by TMA"
         if self.tf32:
             kind += ", TF32"
+        if self.split_k > 1:
+            kind += f", split-K {self.split_k} in the kernel"
         grid = "persistent" if self.persistent else "one CTA per tile"
         return (
             f"tile {bm}x{bn}x{bk}, {self.stages} stages (prefetch {self.prefetch}), {grid}, {kind}, "

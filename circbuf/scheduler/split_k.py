@@ -61,6 +61,10 @@ MIN_STEPS = 4  # k steps per split the heuristic keeps (the ring's prologue and 
 MIN_GAIN = 0.85  # a split must cut the modeled time by 15%: it costs a launch and the workspace
 TIE = 0.05  # splits whose modeled times are this close count as equal (the fewest wins)
 LAUNCH_S = 3e-6  # the reduction kernel's launch and ramp, seconds
+# the in-kernel fix-up on a tile's critical path: the partial's store, the flag's atomic, the
+# last CTA reading every chunk back (H200: a one-tile 128x256x512 GEMM took 11.5 us unsplit,
+# 14.5 split 2; 1x4096x4096 26.4 unsplit, 20.6 split 2; scripts/probe_split_k.py)
+FIXUP_S = 3e-6
 # Fit to the unsplit decode kernels (M = 1, N = 4096, 64 CTAs of 64x64 with 96 KB of B in
 # flight each) at K = 4096 and 14336 on an H100 and an H200 (`matmul.py --decode --variants`,
 # NOTES 2026-11-26): 27.7 and 72 us, i.e. a fixed ~10 us (launch, the ring's fill, the
@@ -86,14 +90,45 @@ class SplitK:
     kind: str
     a: int
     b: int
+    in_kernel: bool = False  # summed by the GEMM kernel's last CTA per tile (no reduction launch)
 
     @property
     def batched(self) -> int:
         return self.splits - (1 if self.tail else 0)
 
     def __str__(self):
+        if self.in_kernel:
+            return f"split-K {self.splits} in the kernel: the last CTA of a tile sums the partials in chunk order"
         tail = f" + a tail of {self.tail}" if self.tail else ""
         return f"split-K {self.splits}: {self.batched} chunks of {self.chunk}{tail}, deterministic fp32 reduction"
+
+
+def _kernel_why_not(fusion: Fusion, info, overrides: dict) -> str | None:
+    """Why the GEMM kernel cannot sum this fusion's split-K partials itself
+    (None: it can). It needs the persistent TMA-fed kernel with its epilogue
+    inline (each CTA's tile loop holds the fix-up) and outputs stored only
+    by that epilogue."""
+    from .. import knobs
+    from .matmul_path import _operand_fill, _operands
+    from .utils import contractions
+
+    if overrides.get("split_k_sum") == "reduction":
+        return "split_k_sum='reduction' asks for a reduction kernel"
+    if overrides.get("persistent", True) is not True:
+        return "a non-persistent grid"
+    if overrides.get("epilogue", "inline") != "inline":
+        return "an epilogue role"
+    if tuple(overrides.get("cluster", knobs.matmul_cluster())) != (1, 1):
+        return "a thread-block cluster"
+    if overrides.get("fill") == "cp.async":
+        return "a cp.async operand fill"
+    a, b, _ = _operands(contractions(fusion)[0])
+    for x in (a, b):
+        if _operand_fill(info.tensors[fusion.inputs.index(x)])[0] != "tma":
+            return f"operand {x.name} is not filled by TMA"
+    if any(o.peer_store is not None for o in fusion.outputs):
+        return "an output stored to peer GPUs"
+    return None
 
 
 def _why_not(fusion: Fusion, info) -> str | None:
@@ -126,9 +161,10 @@ def _why_not(fusion: Fusion, info) -> str | None:
     return None
 
 
-def _model(m: int, n: int, k: int, splits: int, itemsize: int, target) -> float:
+def _model(m: int, n: int, k: int, splits: int, itemsize: int, target, in_kernel: bool = False) -> float:
     """Modeled seconds of the busiest SM streaming its tiles' operands, plus
-    the workspace and the launch a split adds. An SM streams at the lesser of
+    the workspace and the launch a split adds (``in_kernel``: no launch; the
+    partials are whole tiles, padded rows too). An SM streams at the lesser of
     its share of the copy bandwidth among the CTAs running and what its ring
     keeps in flight over LOADED_LATENCY."""
     sms = target.sm_count
@@ -146,19 +182,23 @@ def _model(m: int, n: int, k: int, splits: int, itemsize: int, target) -> float:
     in_flight = stages * (rows + bn) * K_STEP * itemsize
     rate = min(target.copy_bandwidth / min(tiles, sms), in_flight / LOADED_LATENCY_S)
     t = KERNEL_FIXED_S + ceil_div(tiles, sms) * (rows + bn) * kc * itemsize / rate
-    if splits > 1:
+    if splits > 1 and in_kernel:
+        ws = tiles * bm * bn * 4  # every chunk's partial tile, written once and read once
+        t += 2 * ws / target.copy_bandwidth + FIXUP_S
+    elif splits > 1:
         ws = splits * m * n * 4
         t += (2 * ws + m * n * itemsize) / target.copy_bandwidth + LAUNCH_S
     return t
 
 
-def heuristic_splits(m: int, n: int, k: int, itemsize: int, target) -> int:
-    """The heuristic's number of K splits for an [m x n x k] matmul (1: none)."""
+def heuristic_splits(m: int, n: int, k: int, itemsize: int, target, in_kernel: bool = False) -> int:
+    """The heuristic's number of K splits for an [m x n x k] matmul (1: none);
+    ``in_kernel``: the GEMM kernel sums the partials (no reduction launch)."""
     times = {1: _model(m, n, k, 1, itemsize, target)}
     for s in range(2, MAX_SPLITS + 1):
         # no tail: a tail is a second launch after the chunks' (they do not overlap)
         if k % (s * K_STEP) == 0 and k // (s * K_STEP) >= MIN_STEPS:
-            times[s] = _model(m, n, k, s, itemsize, target)
+            times[s] = _model(m, n, k, s, itemsize, target, in_kernel)
     fastest = min(times.values())
     # the fewest splits within TIE of the fastest: a smaller workspace, longer k loops
     splits = min(s for s, t in times.items() if t <= fastest * (1 + TIE))
@@ -206,14 +246,22 @@ def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
                 f"split_k must be at most {steps} (each split takes at least one step)"
             )
         splits = asked
-    else:
-        splits = heuristic_splits(m, n, k, a.dtype.size, info.target)
+    why_kernel = _kernel_why_not(fusion, info, overrides)
+    if asked is None:
+        splits = heuristic_splits(m, n, k, a.dtype.size, info.target, in_kernel=why_kernel is None)
         if splits == 1:
             return None
+    ins = fusion.inputs
+    if why_kernel is None:  # chunks of ceil(steps / S) k steps, the last one zero-filled past K
+        chunk = ceil_div(steps, splits) * K_STEP
+        return SplitK(splits, chunk, 0, kind, ins.index(a), ins.index(b), in_kernel=True)
+    if overrides.get("split_k_sum") == "kernel":
+        raise CircbufError(
+            f"schedule(split_k_sum='kernel'): the GEMM kernel cannot sum the partials here ({why_kernel})"
+        )
     chunk = steps // splits * K_STEP
     rest = k - (splits - 1) * chunk
     tail = 0 if rest == chunk else rest
-    ins = fusion.inputs
     return SplitK(splits, chunk, tail, kind, ins.index(a), ins.index(b))
 
 
