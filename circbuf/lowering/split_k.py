@@ -7,9 +7,10 @@ An MMA accumulator whose reduction has an axis parallelized on ``blockIdx.y``
 matmul._k_loops`) holds, after its k loop, only this CTA's chunk of the sum.
 The S CTAs of a tile (one per ``blockIdx.y``) each publish that partial to a
 workspace and count themselves on the tile's flag; the one that counts last
-reads every chunk's partial back (its own too: no second set of registers)
-and adds them in chunk order, so the sum has the same bits whichever CTA
-finishes last, resets the flag for the next launch, and runs the epilogue. The others skip it: no CTA ever waits for
+reads every chunk's partial back (its own too: no second set of registers;
+of two chunks, only the other's: ``p0 + p1`` and ``p1 + p0`` are the same
+bits) and adds them in chunk order, so the sum has the same bits whichever
+CTA finishes last, resets the flag for the next launch, and runs the epilogue. The others skip it: no CTA ever waits for
 another (no spin, no co-residency needed), and there is no second kernel.
 
 The partials are laid out by register, not by matrix position: thread ``g``
@@ -55,7 +56,7 @@ HELPERS = {
 namespace cb {
 // split-K in the kernel (lowering/split_k.py): publish this CTA's fp32 partial of a tile
 // (N accumulator floats per thread, a float4 at a time: [chunk][N / 4][THREADS] floats x 4)
-// and count it on the tile's flag; the CTA that counts last reads every chunk's partial
+// and count it on the tile's flag; the CTA that counts last reads the chunks' partials
 // back and adds them in chunk order (the same bits whichever CTA is last), and resets the
 // flag for the next launch. True on that CTA.
 template <int N, int THREADS>
@@ -85,19 +86,38 @@ __device__ __forceinline__ bool split_k_sum(float* acc, float* partials, int* fl
       "  selp.s32 %0, 1, 0, q; }"
       : "=r"(last) : "r"(last), "r"(bar), "n"(THREADS) : "memory");
   if (!last) return false;
+  if (chunks == 2) {  // p0 + p1 == p1 + p0 bit for bit (IEEE addition commutes): the other chunk only
+    #pragma unroll
+    for (int r = 0; r < N / 4; ++r) {
+      const float4 v = __ldcg(&slot[((1 - chunk) * (N / 4) + r) * THREADS + g]);
+      acc[4 * r] += v.x; acc[4 * r + 1] += v.y; acc[4 * r + 2] += v.z; acc[4 * r + 3] += v.w;
+    }
+    return true;
+  }
   // acc = p0 + p1 + ... in chunk order, every chunk read back (its own too: no second set of
-  // registers), 8 float4s of each chunk at a time (32 registers of loads in flight)
+  // registers), 8 float4s of two chunks at a time (64 registers of loads in flight: each
+  // round trip to L2 is on the tile's critical path)
   #pragma unroll
   for (int r0 = 0; r0 < N / 4; r0 += 8) {
+    constexpr int R = N / 4 < 8 ? N / 4 : 8;
     #pragma unroll 1
-    for (int c = 0; c < chunks; ++c) {
+    for (int c = 0; c < chunks; c += 2) {
+      float4 v[2][R];
       #pragma unroll
-      for (int r = r0; r < (r0 + 8 < N / 4 ? r0 + 8 : N / 4); ++r) {
-        const float4 v = __ldcg(&slot[(c * (N / 4) + r) * THREADS + g]);
+      for (int r = 0; r < R; ++r) {
+        v[0][r] = __ldcg(&slot[(c * (N / 4) + r0 + r) * THREADS + g]);
+        if (c + 1 < chunks) v[1][r] = __ldcg(&slot[((c + 1) * (N / 4) + r0 + r) * THREADS + g]);
+      }
+      #pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float* a = &acc[4 * (r0 + r)];
         if (c == 0) {
-          acc[4 * r] = v.x; acc[4 * r + 1] = v.y; acc[4 * r + 2] = v.z; acc[4 * r + 3] = v.w;
+          a[0] = v[0][r].x; a[1] = v[0][r].y; a[2] = v[0][r].z; a[3] = v[0][r].w;
         } else {
-          acc[4 * r] += v.x; acc[4 * r + 1] += v.y; acc[4 * r + 2] += v.z; acc[4 * r + 3] += v.w;
+          a[0] += v[0][r].x; a[1] += v[0][r].y; a[2] += v[0][r].z; a[3] += v[0][r].w;
+        }
+        if (c + 1 < chunks) {
+          a[0] += v[1][r].x; a[1] += v[1][r].y; a[2] += v[1][r].z; a[3] += v[1][r].w;
         }
       }
     }
