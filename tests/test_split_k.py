@@ -97,14 +97,15 @@ def test_decode_shapes_take_small_tiles(m, n, k, bn):
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_decode_splits_on_an_h200(m):
     """4.2 TB/s over 64 CTAs is 66 GB/s each, more than a ring keeps in flight:
-    N = 4096 splits in two (128 CTAs) at K = 14336 and at K = 4096; N = 14336
+    N = 4096 splits in four at K = 14336 (32 tiles of 64x128 x 4 chunks: 128 CTAs;
+    H200: 45.6 us against 48.2 split in two) and in two at K = 4096; N = 14336
     (112 CTAs) does not."""
     ck = _compiled("linear", m, 4096, 14336, target=H200)
-    # one kernel: 64 tiles x 2 chunks, the last CTA of each tile sums them
-    assert ck.params.split_k == 2 and ck.params.tile[:2] == (64, 64) and ck.params.grid == 64, ck
+    # one kernel: 32 tiles x 4 chunks, the last CTA of each tile sums them
+    assert ck.params.split_k == 4 and ck.params.tile[:2] == (64, 128) and ck.params.grid == 32, ck
     ck = _compiled("linear", m, 4096, 14336, target=H200, split_k_sum="reduction")
     assert len(ck.kernels) == 2 and "reduction" in ck.kernels[1].name, ck
-    assert ck.kernels[0].params.tile[:2] == (64, 64) and ck.kernels[0].params.grid == 128
+    assert ck.kernels[0].params.tile[:2] == (64, 128) and ck.kernels[0].params.grid == 128
     assert _splits(_compiled("linear", m, 4096, 4096, target=H200)) == 2
     assert _splits(_compiled("linear", m, 14336, 4096, target=H200)) == 1
 

@@ -95,29 +95,33 @@ __device__ __forceinline__ bool split_k_sum(float* acc, float* partials, int* fl
     return true;
   }
   // acc = p0 + p1 + ... in chunk order, every chunk read back (its own too: no second set of
-  // registers), 8 float4s of two chunks at a time (64 registers of loads in flight: each
-  // round trip to L2 is on the tile's critical path)
+  // registers), 8 float4s of P chunks at a time: each round trip to L2 is on the tile's
+  // critical path, so two chunks' loads go together where the accumulator leaves room
+  // (N <= 64 floats; 128 beside 64 more registers of loads spilled)
+  constexpr int R = N / 4 < 8 ? N / 4 : 8;
+  constexpr int P = N <= 64 ? 2 : 1;
   #pragma unroll
-  for (int r0 = 0; r0 < N / 4; r0 += 8) {
-    constexpr int R = N / 4 < 8 ? N / 4 : 8;
+  for (int r0 = 0; r0 < N / 4; r0 += R) {
     #pragma unroll 1
-    for (int c = 0; c < chunks; c += 2) {
-      float4 v[2][R];
+    for (int c = 0; c < chunks; c += P) {
+      float4 v[P][R];
       #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        v[0][r] = __ldcg(&slot[(c * (N / 4) + r0 + r) * THREADS + g]);
-        if (c + 1 < chunks) v[1][r] = __ldcg(&slot[((c + 1) * (N / 4) + r0 + r) * THREADS + g]);
+      for (int p = 0; p < P; ++p) {
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (c + p < chunks) v[p][r] = __ldcg(&slot[((c + p) * (N / 4) + r0 + r) * THREADS + g]);
+        }
       }
       #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float* a = &acc[4 * (r0 + r)];
-        if (c == 0) {
-          a[0] = v[0][r].x; a[1] = v[0][r].y; a[2] = v[0][r].z; a[3] = v[0][r].w;
-        } else {
-          a[0] += v[0][r].x; a[1] += v[0][r].y; a[2] += v[0][r].z; a[3] += v[0][r].w;
-        }
-        if (c + 1 < chunks) {
-          a[0] += v[1][r].x; a[1] += v[1][r].y; a[2] += v[1][r].z; a[3] += v[1][r].w;
+      for (int p = 0; p < P; ++p) {
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float* a = &acc[4 * (r0 + r)];
+          if (c + p == 0) {
+            a[0] = v[p][r].x; a[1] = v[p][r].y; a[2] = v[p][r].z; a[3] = v[p][r].w;
+          } else if (c + p < chunks) {
+            a[0] += v[p][r].x; a[1] += v[p][r].y; a[2] += v[p][r].z; a[3] += v[p][r].w;
+          }
         }
       }
     }

@@ -59,7 +59,7 @@ K_STEP = 64  # elements of K per k step (one 128-byte swizzled row of a 16-bit o
 MAX_SPLITS = 16  # the heuristic's largest split (the workspace grows with it)
 MIN_STEPS = 4  # k steps per split the heuristic keeps (the ring's prologue and drain)
 MIN_GAIN = 0.85  # a split must cut the modeled time by 15%: it costs a launch and the workspace
-TIE = 0.05  # splits whose modeled times are this close count as equal (the fewest wins)
+TIE = 0.02  # splits whose modeled times are this close count as equal (the fewest wins)
 LAUNCH_S = 3e-6  # the reduction kernel's launch and ramp, seconds
 # the in-kernel fix-up on a tile's critical path: the partial's store, the flag's atomic, the
 # last CTA reading every chunk back (H200: a one-tile 128x256x512 GEMM took 11.5 us unsplit,
