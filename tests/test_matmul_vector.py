@@ -196,7 +196,12 @@ def test_split_k_override_reaches_the_matmul_segment():
     g = seeded(3)
     xs = [torch.randn(1, 256, generator=g).bfloat16(), torch.randn(64, 256, generator=g).bfloat16()]
     outs = interpret(fd, xs)
-    # the matmul's segment runs split: its params are the partial products' and the reduction's
+    # the matmul's segment runs split, summed in its kernel
+    assert fd.last_params()[-1].split_k == 2, fd.last_params()
+    _check(fd, outs, xs, lambda x, w: [x.expand(128, 256) @ w.T])
+    fd.fusion.schedule(split_k=2, split_k_sum="reduction")
+    outs = interpret(fd, xs)
+    # summed by a reduction kernel: the segment's params are the partial products' and the reduction's
     assert isinstance(fd.last_params()[-1], list), fd.last_params()
     _check(fd, outs, xs, lambda x, w: [x.expand(128, 256) @ w.T])
 
@@ -211,7 +216,7 @@ def test_gpu_split_k_segment_last(monkeypatch):
         x = fd.define_tensor([1, -1], dtype=D.BFloat16)
         w = fd.define_tensor([-1, -1], dtype=D.BFloat16)
         fd.add_output(fd.ops.linear(fd.ops.expand(x, [128, -1]), w))
-    fd.fusion.schedule(split_k=2)
+    fd.fusion.schedule(split_k=2, split_k_sum="reduction")
     g = seeded(4)
     xs = [
         torch.randn(1, 512, generator=g).bfloat16().to(DEV),

@@ -20,7 +20,7 @@ VALID = {  # a value every scheduler taking the name allows
     "stages": 3, "prefetch": 1, "tma": True, "war": "mbarrier", "warp_specialized": True, "tile_rows": 32,
     "tma_store": True, "cols": 64, "staging": "tma", "rows": 2, "blocks_per_sm": 2, "rows_in_registers": False,
     "persistent": True, "pingpong": False, "tile": (128, 128, 64), "cluster": (1, 1), "raster": "M", "group": 4,
-    "registers": (40, 232), "epilogue_tile": (64, 64), "epilogue": "inline", "fill": "tma", "split_k": 2, "realign": False,
+    "registers": (40, 232), "epilogue_tile": (64, 64), "epilogue": "inline", "fill": "tma", "split_k": 2, "split_k_sum": "kernel", "realign": False,
     "store": "tma", "thread_tile": 8, "k_step": 4, "ffma_smem": True,
 }  # fmt: skip
 
