@@ -61,6 +61,7 @@ from .runtime.executor import (
     MapSlot,
     Plan,
     SegmentedPlan,
+    Workspace,
     torch_dtype,
 )
 from .runtime.precision import allows_tf32
@@ -906,8 +907,8 @@ class FusionExecutor:
             p.scalar_slots.append((pos, fmt, off))
             blobs.append((off, b"\0" * 8))
             off += 8
-        p.tmaps, p.workspace, p.hang, off = self._pack_tensor_maps_and_hang_record(
-            ck, info, out_shapes, out_strides, blobs, off, p.empty, ev, device
+        p.tmaps, ws, p.hang, off = self._pack_tensor_maps_and_hang_record(
+            ck, info, out_shapes, out_strides, blobs, off, p.empty, ev
         )
         p.name = ck.name
         p.argbuf = ctypes.create_string_buffer(max(off, 8) + (-max(off, 8) % 8))
@@ -918,6 +919,7 @@ class FusionExecutor:
         p.args_addr = ctypes.addressof(p.argptrs)
         p.ptr_slots = (ctypes.c_uint64 * (len(p.argbuf) // 8)).from_buffer(p.argbuf)
         p.ptr_offsets = [o // 8 for o in p.ptr_offsets]
+        p.workspace = None if ws is None or p.empty else Workspace(ws[0], ws[1], device, ws[2], p.ptr_slots)
         p.tensor_inputs = self._tensor_inputs
         p.finish = self._finish(env)
         p.tpos = self._tpos
@@ -944,9 +946,7 @@ class FusionExecutor:
             out.append(t)
         return out
 
-    def _pack_tensor_maps_and_hang_record(
-        self, ck, info, out_shapes, out_strides, blobs, off, empty, env, device
-    ):
+    def _pack_tensor_maps_and_hang_record(self, ck, info, out_shapes, out_strides, blobs, off, empty, env):
         """Tensor maps, split-K's workspace and the hang record follow the scalars in the parameters."""
         k = ck.launch
         maps = []
@@ -978,19 +978,12 @@ class FusionExecutor:
         workspace = None
         sk = getattr(k, "split_k", None)
         if sk:
-            # the plan's own: its flags start at zero and the kernel's last CTA of each tile
-            # puts its flag back, so every call of the plan reuses them (one stream at a time)
-            if not empty:
-                import torch
-
-                floats, flags = int(evaluate(sk["partials"], env)), int(evaluate(sk["flags"], env))
-                workspace = (
-                    torch.empty(max(floats, 1), dtype=torch.float32, device=device),
-                    torch.zeros(max(flags, 1), dtype=torch.int32, device=device),
-                )
-            for t in workspace or (None, None):
-                blobs.append((off, struct.pack("<Q", 0 if t is None else t.data_ptr())))
-                off += 8
+            # the plan's, per stream, allocated at its first launch there (runtime Workspace);
+            # its two pointers follow the tensor maps
+            floats, flags = int(evaluate(sk["partials"], env)), int(evaluate(sk["flags"], env))
+            workspace = (floats, flags, [off // 8, off // 8 + 1])
+            blobs += [(off, b"\0" * 8), (off + 8, b"\0" * 8)]
+            off += 16
         hang = None
         if k.hang_record:
             if not empty:  # an empty plan launches nothing: no record to read

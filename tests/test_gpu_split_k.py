@@ -98,7 +98,31 @@ def test_split_in_the_kernel_same_bits_and_flags_back_to_zero(m, n, k, split):
     torch.cuda.synchronize()
     ex = fd._get_executor()
     (plan,) = [p for p in ex._plans.values() if getattr(p, "workspace", None) is not None]
-    assert plan.workspace[1].count_nonzero().item() == 0
+    ((_, flags),) = plan.workspace.by_stream.values()
+    assert flags.count_nonzero().item() == 0
+
+
+def test_split_in_the_kernel_on_two_streams_at_once():
+    """The same fusion and shapes launched on two streams without a sync between
+    them: each stream counts on flags of its own (one set would mix the two
+    launches' counts: a tile summed twice, or never)."""
+    fd = mm_fusion("linear")
+    fd.fusion.schedule(split_k=8, split_k_sum="kernel")
+    ins = _inputs("linear", 1, 4096, 8192)
+    want = _ref("linear", ins, dt=torch.float32)
+    (first,) = fd.execute(ins)  # (the plan, on the default stream)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    outs = []
+    for _ in range(20):
+        for s in streams:
+            with torch.cuda.stream(s):
+                outs.append(fd.execute(ins)[0])
+    torch.cuda.synchronize()
+    check(first, want)
+    assert all(_same_bits(first, o) for o in outs)
+    (plan,) = [p for p in fd._get_executor()._plans.values() if getattr(p, "workspace", None) is not None]
+    assert len(plan.workspace.by_stream) == 3
 
 
 def test_workspace_comes_back_from_the_caching_allocator():

@@ -150,10 +150,6 @@ class SplitKSum(Node):
     chunks: int
     last: Var
 
-    def index(self):
-        """The tile's first float of partials."""
-        return self.tile * (self.chunks * self.n * self.threads)
-
     def lines(self, ind):
         return [
             "  " * ind + f"SPLIT_K_SUM {self.acc.name}[{self.n}]: chunk {self.chunk} of {self.chunks}, "
@@ -162,13 +158,15 @@ class SplitKSum(Node):
 
     def cuda(self, cg):
         cg.helpers.update(HELPERS)
+        # (the tile's first float in 64 bits: a workspace may pass 2^31 floats)
         cg.emit(
             f"// split-K: this CTA's partial of the tile over chunk {cg.scalar(self.chunk)} of K; the last "
             f"of the tile's {self.chunks} CTAs sums them"
         )
         cg.emit(
             f"const bool {self.last.name} = cb::split_k_sum<{self.n}, {self.threads}>(&{self.acc.name}[0], "
-            f"cb_partials + {cg.scalar(self.index())}, &cb_tile_flags[{cg.scalar(self.tile)}], "
+            f"cb_partials + (long long)({cg.scalar(self.tile)}) * {self.chunks * self.n * self.threads}, "
+            f"&cb_tile_flags[{cg.scalar(self.tile)}], "
             f"(int)({cg.scalar(self.chunk)}), {self.chunks}, (int)({cg.scalar(self.gid)}), "
             f"(int)({cg.scalar(self.barrier)}));"
         )

@@ -135,6 +135,10 @@ def _sync_list(kernel: Kernel, nodes: list, bar) -> list:
                 done = _last_sync(n.body)
                 if done is None or not (done.barrier == want or is_block_wide(done.barrier)):
                     n.body.append(BlockSync("WAR across iterations on " + ", ".join(sorted(r & w)), want))
+        elif isinstance(n, IfThenElse) and not _thread_vars(n.cond):
+            # a branch every thread takes alike (split-K's ``split_last``: the whole sync
+            # group): its body syncs within itself, and around it as one statement below
+            n.then, n.else_ = _sync_list(kernel, n.then, bar), _sync_list(kernel, n.else_, bar)
         elif isinstance(n, RoleSwitch):  # each role syncs among its own threads
             n.bodies = [
                 _sync_list(

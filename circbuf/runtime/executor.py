@@ -225,7 +225,10 @@ class Plan:
         outs = self.new_outputs(inputs)
         if not self.empty:
             self.write_args(inputs, outs)
-            self.launch(torch._C._cuda_getCurrentRawStream(self.dev_index), self.args_addr)
+            stream = torch._C._cuda_getCurrentRawStream(self.dev_index)
+            if self.workspace is not None and stream != self.workspace.stream:
+                self.workspace.use(stream)
+            self.launch(stream, self.args_addr)
             if self.hang is not None:
                 check_hang(self, self.hang)
         if self.finish is not None and finish:
@@ -359,7 +362,14 @@ def _generate_run(p: Plan):
             t = f"o{m.output}" if m.output >= 0 else f"x{m.input_pos}"
             body.append(f"if {ptr_of[t]} != m{j}.ptr:")
             body.append(f"    retarget(argbuf, m{j}, {t}, {ptr_of[t]})")
-        body.append(f"launch(stream({p.dev_index}), {p.args_addr})")
+        if getattr(p, "workspace", None) is not None:  # split-K's partials and flags: the stream's own
+            g["ws"] = p.workspace
+            body.append(f"s = stream({p.dev_index})")
+            body.append("if s != ws.stream:")
+            body.append("    ws.use(s)")
+            body.append(f"launch(s, {p.args_addr})")
+        else:
+            body.append(f"launch(stream({p.dev_index}), {p.args_addr})")
         if p.hang is not None:
             body.append("check_hang(plan, plan.hang)")
     ret = f"[{', '.join(outs)}]"
@@ -380,6 +390,34 @@ def _retarget(argbuf, m, t, ptr):
 
     ctypes.memmove(ctypes.addressof(argbuf) + m.offset, encode(m.spec, t, m.name), 128)
     m.ptr = ptr
+
+
+class Workspace:
+    """Split-K's workspace of one launch plan (lowering/split_k.py): fp32
+    partials and int32 flags, one pair per CUDA stream the plan runs on (the
+    flags count a launch's CTAs: two launches at once on one pair would mix
+    their counts), allocated on the stream's first launch; the flags start
+    at zero and each launch's last CTA of a tile puts its flag back.
+    ``use(stream)`` writes the stream's pointers into the argument slots."""
+
+    def __init__(self, floats: int, flags: int, device, slots, ptr_slots):
+        self.floats, self.flags, self.device = max(floats, 1), max(flags, 1), device
+        self.slots, self.ptr_slots = slots, ptr_slots
+        self.by_stream: dict = {}
+        self.stream = None
+
+    def use(self, stream):
+        import torch
+
+        pair = self.by_stream.get(stream)
+        if pair is None:
+            pair = self.by_stream[stream] = (
+                torch.empty(self.floats, dtype=torch.float32, device=self.device),
+                torch.zeros(self.flags, dtype=torch.int32, device=self.device),
+            )
+        for slot, t in zip(self.slots, pair):
+            self.ptr_slots[slot] = t.data_ptr()
+        self.stream = stream
 
 
 @dataclass
@@ -416,6 +454,6 @@ def check_hang(plan, record):
 
 
 __all__ = [
-    "CompiledFusion", "CompiledKernel", "LaunchInfo", "MapSlot", "Plan", "SegmentedPlan", "check_hang",
+    "CompiledFusion", "CompiledKernel", "LaunchInfo", "MapSlot", "Plan", "SegmentedPlan", "Workspace", "check_hang",
     "torch_dtype",
 ]  # fmt: skip

@@ -198,9 +198,12 @@ def heuristic_splits(m: int, n: int, k: int, itemsize: int, target, in_kernel: b
     """The heuristic's number of K splits for an [m x n x k] matmul (1: none);
     ``in_kernel``: the GEMM kernel sums the partials (no reduction launch)."""
     times = {1: _model(m, n, k, 1, itemsize, target)}
+    steps = ceil_div(k, K_STEP)
     for s in range(2, MAX_SPLITS + 1):
-        # no tail: a tail is a second launch after the chunks' (they do not overlap)
-        if k % (s * K_STEP) == 0 and k // (s * K_STEP) >= MIN_STEPS:
+        # the reduction kernel's splits have no tail (a tail is a second launch after the
+        # chunks'); in the kernel, chunks of ceil(steps / S) k steps, the last ones shorter
+        whole = k % (s * K_STEP) == 0
+        if (whole or in_kernel) and steps // s >= MIN_STEPS:
             times[s] = _model(m, n, k, s, itemsize, target, in_kernel)
     fastest = min(times.values())
     # the fewest splits within TIE of the fastest: a smaller workspace, longer k loops
