@@ -444,4 +444,7 @@ def test_broken_pingpong_order_raises_instead_of_hanging():
         dict(pingpong=True),
     )
     assert "CIRCBUF_ERROR:" in out, out
-    assert "_mma_turn[" in out and "gave up" in out
+    # the second warpgroup waits on its MMA turn from the start; the producer then waits on
+    # the ring slots that warpgroup never frees: under load (12 test processes on one GPU)
+    # either wait may give up first, and either names the stuck protocol
+    assert ("_mma_turn[" in out or "ab_empty[" in out) and "gave up" in out, out
