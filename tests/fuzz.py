@@ -1268,6 +1268,8 @@ OVERRIDE_VALUES = {
     "registers": ((40, 232),),
     "epilogue_tile": ((64, 64), (64, 32)),
     "epilogue": ("inline", "role"),
+    "split_k": (1, 2, 3, 4),  # (more than the k steps: refused by name)
+    "split_k_sum": ("kernel", "reduction"),
 }
 
 

@@ -138,3 +138,21 @@ def test_workspace_comes_back_from_the_caching_allocator():
         fd.execute(ins)
     torch.cuda.synchronize()
     assert torch.cuda.memory_reserved() == reserved
+
+
+@pytest.mark.parametrize(
+    "kind, ashape, bshape, split",
+    [("linear", (1, 1, 4096), (4096, 4096), None), ("matmul", (4, 33, 2048), (4, 2048, 200), 5)],
+)
+def test_split_in_the_kernel_on_batched_operands(kind, ashape, bshape, split):
+    """A rank-3 decode linear (the heuristic's split) and a batched matmul (asked):
+    one kernel, against torch, the same bits twice."""
+    fd = mm_fusion(kind, arank=len(ashape), brank=len(bshape))
+    if split:
+        fd.fusion.schedule(split_k=split)
+    a, b = torch.randn(*ashape, device=DEV, dtype=BF), torch.randn(*bshape, device=DEV, dtype=BF)
+    (out,) = fd.execute([a, b])
+    (again,) = fd.execute([a, b])
+    assert fd.last_params().split_k == (split or fd.last_params().split_k) and fd.last_params().split_k > 1
+    check(out, (a.double() @ (b.double().T if kind == "linear" else b.double())))
+    assert _same_bits(out, again)

@@ -198,12 +198,40 @@ def test_split_k_on_the_simt_path_is_refused():
         fd.compile([torch.empty(4, 256), torch.empty(256, 64)], arch="sm_90a")
 
 
-def test_split_k_on_batched_operands_is_refused():
+def test_split_k_on_batched_operands_is_refused_by_the_reduction_kernel():
     fd = mm_fusion("matmul", arank=3, brank=3)
-    fd.fusion.schedule(split_k=2)
+    fd.fusion.schedule(split_k=2, split_k_sum="reduction")
     a, b = torch.empty(2, 4, 256, dtype=BF), torch.empty(2, 256, 64, dtype=BF)
-    with pytest.raises(cb.CircbufError, match=r"split_k=2.*3-D.*split-K takes 2-D operands"):
+    with pytest.raises(cb.CircbufError, match=r"split_k=2.*3-D.*reduction kernel takes 2-D operands"):
         fd.compile([a, b], arch="sm_90a")
+
+
+@pytest.mark.parametrize(
+    "kind, ashape, bshape, split",
+    [
+        ("matmul", (3, 5, 700), (3, 700, 72), 3),  # a batch of three, chunks of 4 k steps (11 in all)
+        ("linear", (2, 1, 1000), (64, 1000), 4),  # [B, S, K] @ W.T, as a decode step's linear
+    ],
+)
+def test_split_in_the_kernel_on_batched_operands(kind, ashape, bshape, split):
+    """The batch runs in the tile index; the K split does not care: one kernel,
+    checked by the protocol checker, against float64 torch."""
+    fd = mm_fusion(kind, D.BFloat16, arank=len(ashape), brank=len(bshape))
+    fd.fusion.schedule(split_k=split)
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(*ashape, dtype=BF, generator=g), torch.randn(*bshape, dtype=BF, generator=g)
+    out = interpret(fd, [a, b], check=2)[0]
+    assert fd._get_executor().last.params.split_k == split
+    _check(out, a.double() @ (b.double().T if kind == "linear" else b.double()))
+
+
+def test_a_decode_linear_of_rank_3_splits_like_rank_2():
+    """x [1, 1, K] @ W.T (a decode step as torch writes it) splits as x [1, K]
+    does: the heuristic counts the batch's tiles (H200: split 2 at 4096 x 4096)."""
+    for shape in ([1, 1, 4096], [1, 4096]):
+        fd = mm_fusion("linear", D.BFloat16, arank=len(shape))
+        ck = fd.compile([torch.empty(*shape, dtype=BF), torch.empty(4096, 4096, dtype=BF)], target=H200)
+        assert ck.params.split_k == 2, (shape, ck.params)
 
 
 # ------------------------------------------------------- the interpreter

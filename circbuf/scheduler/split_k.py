@@ -127,6 +127,8 @@ def _kernel_why_not(fusion: Fusion, info, overrides: dict) -> str | None:
         return "a cp.async operand fill"
     a, b, _ = _operands(contractions(fusion)[0])
     for x in (a, b):
+        if x not in fusion.inputs:
+            return f"operand {x.name} is computed in the fusion"
         if _operand_fill(info.tensors[fusion.inputs.index(x)])[0] != "tma":
             return f"operand {x.name} is not filled by TMA"
     if any(o.peer_store is not None for o in fusion.outputs):
@@ -134,8 +136,10 @@ def _kernel_why_not(fusion: Fusion, info, overrides: dict) -> str | None:
     return None
 
 
-def _why_not(fusion: Fusion, info) -> str | None:
-    """Why this fusion cannot be split along K (None: it can)."""
+def _why_not(fusion: Fusion, info, in_kernel: bool = False) -> str | None:
+    """Why this fusion cannot be split along K (None: it can); ``in_kernel``:
+    the GEMM kernel sums the partials (one kernel over the fusion as it is:
+    batched operands and operands read elsewhere too are fine there)."""
     from .matmul import MatmulScheduler
     from .matmul_path import _mma_unsupported, _operands
     from .utils import contractions
@@ -147,9 +151,18 @@ def _why_not(fusion: Fusion, info) -> str | None:
     why = _mma_unsupported(fusion, e, info)
     if why is not None:
         return f"the matmul runs on the SIMT path ({why})"
+    from .matmul_reduce import tile_outputs
+
+    if len(tile_outputs(fusion)) < len(fusion.outputs):
+        return "a row reduction's partials are computed in the epilogue (each K chunk would hold only a part)"
+    if in_kernel:
+        return None
     a, b, _ = _operands(e)
     if a.ndim != 2 or b.ndim != 2:
-        return f"operands {a.name} and {b.name} are {a.ndim}-D and {b.ndim}-D (split-K takes 2-D operands)"
+        return (
+            f"operands {a.name} and {b.name} are {a.ndim}-D and {b.ndim}-D (split-K through a reduction "
+            "kernel takes 2-D operands)"
+        )
     for x in (a, b):
         if any(u is not e for u in x.uses) or x in fusion.outputs:
             return f"operand {x.name} is read by more than the matmul"
@@ -157,14 +170,12 @@ def _why_not(fusion: Fusion, info) -> str | None:
         return "the fusion writes an input in place, returns a view or derives sizes"
     if any(kind != "output" for kind, _ in fusion.returns):
         return "the fusion returns an input"
-    from .matmul_reduce import tile_outputs
-
-    if len(tile_outputs(fusion)) < len(fusion.outputs):
-        return "a row reduction's partials are computed in the epilogue (each K chunk would hold only a part)"
     return None
 
 
-def _model(m: int, n: int, k: int, splits: int, itemsize: int, target, in_kernel: bool = False) -> float:
+def _model(
+    m: int, n: int, k: int, splits: int, itemsize: int, target, in_kernel: bool = False, batch: int = 1
+) -> float:
     """Modeled seconds of the busiest SM streaming its tiles' operands, plus
     the workspace and the launch a split adds (``in_kernel``: no launch; the
     partials are whole tiles, padded rows too). An SM streams at the lesser of
@@ -173,10 +184,10 @@ def _model(m: int, n: int, k: int, splits: int, itemsize: int, target, in_kernel
     sms = target.sm_count
     small = m <= SMALL_M
     if small:
-        bm, bn = 64, small_m_bn(m, n, splits, sms)
+        bm, bn = 64, small_m_bn(m, n, batch * splits, sms)
     else:
         bm, bn = 128, (256 if n > 128 else 128)
-    tiles = tile_count(m, n, splits, bm, bn)
+    tiles = tile_count(m, n, batch * splits, bm, bn)
     kc = ceil_div(ceil_div(k, K_STEP), splits) * K_STEP
     # a small M's A (every CTA reads the same few rows) comes from L2: B alone is streamed
     rows = 0 if small else bm
@@ -194,17 +205,19 @@ def _model(m: int, n: int, k: int, splits: int, itemsize: int, target, in_kernel
     return t
 
 
-def heuristic_splits(m: int, n: int, k: int, itemsize: int, target, in_kernel: bool = False) -> int:
-    """The heuristic's number of K splits for an [m x n x k] matmul (1: none);
-    ``in_kernel``: the GEMM kernel sums the partials (no reduction launch)."""
-    times = {1: _model(m, n, k, 1, itemsize, target)}
+def heuristic_splits(
+    m: int, n: int, k: int, itemsize: int, target, in_kernel: bool = False, batch: int = 1
+) -> int:
+    """The heuristic's number of K splits for ``batch`` [m x n x k] matmuls (1:
+    none); ``in_kernel``: the GEMM kernel sums the partials (no reduction launch)."""
+    times = {1: _model(m, n, k, 1, itemsize, target, batch=batch)}
     steps = ceil_div(k, K_STEP)
     for s in range(2, MAX_SPLITS + 1):
         # the reduction kernel's splits have no tail (a tail is a second launch after the
         # chunks'); in the kernel, chunks of ceil(steps / S) k steps, the last ones shorter
         whole = k % (s * K_STEP) == 0
         if (whole or in_kernel) and steps // s >= MIN_STEPS:
-            times[s] = _model(m, n, k, s, itemsize, target, in_kernel)
+            times[s] = _model(m, n, k, s, itemsize, target, in_kernel, batch)
     fastest = min(times.values())
     # the fewest splits within TIE of the fastest: a smaller workspace, longer k loops
     splits = min(s for s, t in times.items() if t <= fastest * (1 + TIE))
@@ -231,7 +244,8 @@ def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
 
     if MatmulScheduler.can_schedule(fusion) is not None:
         return None  # segmented: the matmul's segment takes split_k (and names why it cannot)
-    why = _why_not(fusion, info)
+    why_kernel = _kernel_why_not(fusion, info, overrides)
+    why = _why_not(fusion, info, in_kernel=why_kernel is None)
     if why is not None:
         if asked is not None and not why.startswith("the matmul runs on the SIMT path"):
             # (on the SIMT path the matmul scheduler names every override it cannot take)
@@ -243,6 +257,9 @@ def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
     m = evaluate(e.out.logical[-2].extent, env)
     n = evaluate(e.out.logical[-1].extent, env)
     k = evaluate(a.logical[-1].extent, env)
+    batch = 1
+    for i in e.out.logical[:-2]:
+        batch *= evaluate(i.loop_extent, env)
     steps = ceil_div(k, K_STEP)
     kind = "matmul" if type(e).__name__ == "MatmulOp" else "linear"
     if asked is not None:
@@ -252,9 +269,10 @@ def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
                 f"split_k must be at most {steps} (each split takes at least one step)"
             )
         splits = asked
-    why_kernel = _kernel_why_not(fusion, info, overrides)
     if asked is None:
-        splits = heuristic_splits(m, n, k, a.dtype.size, info.target, in_kernel=why_kernel is None)
+        splits = heuristic_splits(
+            m, n, k, a.dtype.size, info.target, in_kernel=why_kernel is None, batch=batch
+        )
         if splits == 1:
             return None
     ins = fusion.inputs
