@@ -484,3 +484,17 @@ def test_split_in_the_kernel_with_the_row_store(pingpong):
     assert p.store == "rows" and p.split_k == (7 if pingpong else 4) and p.pingpong == pingpong, p
     assert "RAW on" in fd._get_executor().last.cuda
     _check(out, _ref("linear", ins))
+
+
+def test_every_small_and_vector_matmul_compiles():
+    """The split-K decision on 1-D operands and every dtype (a GPU run found
+    the in-kernel check reading a vector's strides as a matrix's): the trust
+    suite's small and vector matmuls all compile for sm_90a."""
+    import tests.test_trust_frontend as T
+
+    for dtype in T.MM_DTYPES:
+        for op, cases in [("matmul", T.MM_SHAPES), ("linear", T.LINEAR_SHAPES)]:
+            for shapes in cases:
+                xs = T._mm_inputs(shapes, dtype, "cpu")
+                for fixed in (False, True):
+                    T._mm_fusion(op, shapes, dtype, fixed).compile(xs, arch="sm_90a")

@@ -244,8 +244,12 @@ def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
 
     if MatmulScheduler.can_schedule(fusion) is not None:
         return None  # segmented: the matmul's segment takes split_k (and names why it cannot)
-    why_kernel = _kernel_why_not(fusion, info, overrides)
-    why = _why_not(fusion, info, in_kernel=why_kernel is None)
+    # what rules out any split first (the SIMT path, a row reduction's partials), then
+    # whether the kernel can sum them, else what the reduction kernel's split needs
+    why = _why_not(fusion, info, in_kernel=True)
+    why_kernel = _kernel_why_not(fusion, info, overrides) if why is None else why
+    if why is None and why_kernel is not None:
+        why = _why_not(fusion, info)
     if why is not None:
         if asked is not None and not why.startswith("the matmul runs on the SIMT path"):
             # (on the SIMT path the matmul scheduler names every override it cannot take)
