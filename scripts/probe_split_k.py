@@ -15,7 +15,7 @@ import sys
 import torch
 
 from benchmarks.common import bench_ms, gpu_name
-from benchmarks.matmul import gbps, path, tflops
+from benchmarks.matmul import DECODE_VARIANTS, gbps, path, tflops
 from tests.test_gpu_matmul import mm_fusion
 
 SHAPES = [
@@ -30,14 +30,8 @@ SHAPES = [
     (3000, 5000, 4000),
     (256, 256, 65536),
 ]
-VARIANTS = {
-    "split 1": dict(split_k=1),
-    "split 2": dict(split_k=2),
-    "split 4": dict(split_k=4),
-    "split 8": dict(split_k=8),
-    "split 2 red": dict(split_k=2, split_k_sum="reduction"),
-    "split 4 red": dict(split_k=4, split_k_sum="reduction"),
-}
+# the decode benchmark's variants: split counts summed in the kernel and by a reduction kernel
+VARIANTS = {tag: ov for tag, ov in DECODE_VARIANTS.items() if set(ov) <= {"split_k", "split_k_sum"}}
 
 
 def _shape(m, n, k) -> int:

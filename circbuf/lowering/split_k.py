@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from ..ir import CircbufError, DataType, ParallelType, TensorView, Var
 from ..ir.scalar import Scalar
-from .kir import ForLoop, IfThenElse, Kernel, Node, Wgmma, WgmmaWait, walk
+from .kir import Allocate, ForLoop, IfThenElse, Kernel, Node, Wgmma, WgmmaWait, walk
 
 LAST = "split_last"
 
@@ -207,7 +207,7 @@ def split_k_sums(kernel: Kernel) -> Kernel:
     if not (after < len(body) and isinstance(body[after], WgmmaWait) and body[after].pending == 0):
         raise CircbufError(f"{acc.name}: split-K expects the k loop's wgmmas drained right after it")
     alloc = next(
-        (n for n in body if type(n).__name__ == "Allocate" and n.tv is acc and isinstance(n.size, int)), None
+        (n for n in body if isinstance(n, Allocate) and n.tv is acc and isinstance(n.size, int)), None
     )
     if alloc is None or alloc.size % 4:
         raise CircbufError(

@@ -136,27 +136,32 @@ def _kernel_why_not(fusion: Fusion, info, overrides: dict) -> str | None:
     return None
 
 
-def _why_not(fusion: Fusion, info, in_kernel: bool = False) -> str | None:
-    """Why this fusion cannot be split along K (None: it can); ``in_kernel``:
-    the GEMM kernel sums the partials (one kernel over the fusion as it is:
-    batched operands and operands read elsewhere too are fine there)."""
+def _why_not(fusion: Fusion, info) -> str | None:
+    """Why this fusion's K cannot be split at all (None: it can)."""
     from .matmul import MatmulScheduler
-    from .matmul_path import _mma_unsupported, _operands
+    from .matmul_path import _mma_unsupported
+    from .matmul_reduce import tile_outputs
     from .utils import contractions
 
     why = MatmulScheduler.can_schedule(fusion)
     if why is not None:
         return why
-    e = contractions(fusion)[0]
-    why = _mma_unsupported(fusion, e, info)
+    why = _mma_unsupported(fusion, contractions(fusion)[0], info)
     if why is not None:
         return f"the matmul runs on the SIMT path ({why})"
-    from .matmul_reduce import tile_outputs
-
     if len(tile_outputs(fusion)) < len(fusion.outputs):
         return "a row reduction's partials are computed in the epilogue (each K chunk would hold only a part)"
-    if in_kernel:
-        return None
+    return None
+
+
+def _reduction_why_not(fusion: Fusion) -> str | None:
+    """Why the partials cannot go through a reduction kernel (None: they can):
+    its steps take views of 2-D operands read by the matmul alone, and the
+    fusion's outputs as the reduction writes them."""
+    from .matmul_path import _operands
+    from .utils import contractions
+
+    e = contractions(fusion)[0]
     a, b, _ = _operands(e)
     if a.ndim != 2 or b.ndim != 2:
         return (
@@ -246,10 +251,10 @@ def choose(fusion: Fusion, info, overrides: dict) -> SplitK | None:
         return None  # segmented: the matmul's segment takes split_k (and names why it cannot)
     # what rules out any split first (the SIMT path, a row reduction's partials), then
     # whether the kernel can sum them, else what the reduction kernel's split needs
-    why = _why_not(fusion, info, in_kernel=True)
-    why_kernel = _kernel_why_not(fusion, info, overrides) if why is None else why
-    if why is None and why_kernel is not None:
-        why = _why_not(fusion, info)
+    why = _why_not(fusion, info)
+    why_kernel = None if why is not None else _kernel_why_not(fusion, info, overrides)
+    if why_kernel is not None:
+        why = _reduction_why_not(fusion)
     if why is not None:
         if asked is not None and not why.startswith("the matmul runs on the SIMT path"):
             # (on the SIMT path the matmul scheduler names every override it cannot take)
