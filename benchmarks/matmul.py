@@ -11,6 +11,8 @@
     PYTHONPATH=. python benchmarks/matmul.py --decode [--variants]
                                                         # M = 1..64 linears: TF/s, GB/s, path (and schedules)
     PYTHONPATH=. python benchmarks/matmul.py --odd       # shapes TMA cannot describe (the cp.async fill)
+    PYTHONPATH=. python benchmarks/matmul.py --edges     # 16-bit matmuls that once took the SIMT path:
+                                                        # K fixed to 1, K = 0, a returned expand, realign=False
     PYTHONPATH=. python benchmarks/matmul.py --fp32 [--variants]
                                                         # fp32 operands: TF32 on (vs cuBLAS TF32), then off;
                                                         # --variants: the FFMA path's override sets (TF32 off)
@@ -27,7 +29,14 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
-from benchmarks.common import bench_ms, gpu_name, require_cuda, static_compile, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    bench_ms,
+    copy_bandwidth_gbs,
+    gpu_name,
+    require_cuda,
+    static_compile,
+    write_json,
+)
 from circbuf import DataType  # noqa: E402
 from tests.test_gpu_matmul import mm_fusion  # noqa: E402
 
@@ -620,6 +629,90 @@ def fp32():
     write_json("bench_matmul_fp32.json", rows)
 
 
+def _edge_cases():
+    """(name, fusion builder, inputs, torch's function, bytes the op must move)."""
+    import circbuf as cb
+
+    bf = torch.bfloat16
+    B = DataType.BFloat16
+
+    def outer(fd):
+        fd.add_output(fd.ops.matmul(fd.define_tensor([-1, 1], dtype=B), fd.define_tensor([1, -1], dtype=B)))
+
+    def empty_k(fd):
+        fd.add_output(fd.ops.matmul(fd.define_tensor([-1, -1], dtype=B), fd.define_tensor([-1, -1], dtype=B)))
+
+    def expand_returned(fd):
+        x = fd.define_tensor([1, -1], dtype=B)
+        e = fd.ops.expand(x, [4096, -1])
+        fd.add_output(e)
+        fd.add_output(fd.ops.linear(e, fd.define_tensor([-1, -1], dtype=B)))
+
+    def odd(fd):
+        empty_k(fd)
+        fd.fusion.schedule(realign=False)
+
+    def r(*s):
+        return torch.randn(*s, device="cuda", dtype=bf)
+
+    def fusion(build):
+        with cb.FusionDefinition() as fd:
+            build(fd)
+        return fd
+
+    n = 8192
+    return [
+        (
+            "outer [8192, 1] @ [1, 8192]",
+            fusion(outer),
+            [r(n, 1), r(1, n)],
+            lambda a, b: a @ b,
+            2 * (n * n + 2 * n),
+        ),
+        ("K = 0: [8192, 0] @ [0, 8192]", fusion(empty_k), [r(n, 0), r(0, n)], lambda a, b: a @ b, 2 * n * n),
+        (
+            "returned expand: [1, 4096] -> [4096, 4096] @ W.T",
+            fusion(expand_returned),
+            [r(1, 4096), r(4096, 4096)],
+            lambda x, w: (x.expand(4096, 4096), x.expand(4096, 4096) @ w.T),
+            None,
+        ),
+        (
+            "realign=False: 2047^3 (cp.async fill)",
+            fusion(odd),
+            [r(2047, 2047), r(2047, 2047)],
+            lambda a, b: a @ b,
+            None,
+        ),
+    ]
+
+
+def edges() -> list:
+    """16-bit matmuls that took the SIMT sum of products before (issue 18: none
+    may): the path each takes now, against torch in the same run, and against
+    the copy bandwidth where the op is a write of its output."""
+    print(f"GPU: {gpu_name()}  bf16, do_bench median")
+    print(f"{'case':>48s} {'torch us':>9s} {'circbuf us':>10s} {'ratio':>6s} {'of copy':>7s}  path")
+    rows = []
+    for name, fd, xs, fn, nbytes in _edge_cases():
+        outs = fd.execute(xs)
+        ref = fn(*xs)
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        err = max(
+            ((o.float() - r.float()).abs().max().item() if o.numel() else 0.0) for o, r in zip(outs, ref)
+        )
+        t_torch = bench_ms(lambda f=fn, xs=xs: f(*xs)) * 1e3
+        t_cb = bench_ms(lambda fd=fd, xs=xs: fd.execute(xs)) * 1e3
+        copy = ""
+        if nbytes:
+            copy = f"{nbytes / t_cb / 1e3 / copy_bandwidth_gbs(nbytes):7.3f}"
+        print(
+            f"{name:>48s} {t_torch:9.1f} {t_cb:10.1f} {t_torch / t_cb:6.3f} {copy:>7s}  {path(fd)} (max err {err:.1e})"
+        )
+        rows.append(dict(case=name, torch_us=t_torch, circbuf_us=t_cb, path=path(fd), err=err))
+    return rows
+
+
 if __name__ == "__main__":
     require_cuda()
     if "--sweep" in sys.argv:
@@ -634,6 +727,8 @@ if __name__ == "__main__":
         decode()
     elif "--fp32" in sys.argv:
         fp32()
+    elif "--edges" in sys.argv:
+        write_json("bench_matmul_edges.json", edges())
     elif "--odd" in sys.argv:
         print(f"GPU: {gpu_name()}  bf16, do_bench median, TFLOP/s")
         write_json("bench_matmul_odd.json", odd())

@@ -628,6 +628,8 @@ class FusionExecutor:
         vals, kernels = {}, []
         for s, sub in zip(seg.segments, subs):
             args = [_source(kind, k, inputs, vals, env) for kind, k in s.inputs]
+            for q, shape in self._handover_views(s, env).items():
+                args[q] = args[q].expand(shape)
             kernels.append(sub.compile(args, arch, target))
             info, _ = sub._bind(args, need_cuda=False)
             shapes = sub._out_shapes(info.extents)
@@ -636,6 +638,27 @@ class FusionExecutor:
             ):
                 vals[name] = torch.empty_strided(shape, st, dtype=torch_dtype(o.dtype), device=device)
         return CompiledFusion(seg, kernels)
+
+    def _handover_views(self, s, env: dict) -> dict:
+        """``{k: shape}``: segment ``s`` reads its input ``k``, an earlier
+        segment's output, as the expand of what that segment wrote. An expand
+        the fusion returns is written as its one element (returned as torch's
+        stride-0 view), and a matmul's segment reads it as rows (the
+        segmenter's ``_write_out_expanded``); the runtime copies such an
+        operand dense first (scheduler/realign.py)."""
+        # (an operand the fusion does not return is written out in full by its segment)
+        returned = {o.name: o for o in self.fusion.outputs}
+        views = {}
+        for q, (kind, x) in enumerate(s.inputs):
+            if kind != "tensor":
+                continue
+            read, written = s.fusion.inputs[q], returned.get(x)
+            if written is not None and any(
+                w.is_broadcast and w.expanded_extent is not None and not r.is_broadcast
+                for w, r in zip(written.logical, read.logical)
+            ):
+                views[q] = tuple(evaluate(i.extent, env) for i in read.logical)
+        return views
 
     def _segmented_plan(self, info: InputInfo) -> SegmentedPlan:
         """Each segment's plan is made on the first run, when the tensors
@@ -657,7 +680,12 @@ class FusionExecutor:
                 where[("tensor", x)] for kind, x in s.inputs if kind == "tensor" and seg.last_use.get(x) == k
             }
             p.steps.append(
-                [_first_run(p, k), _getter(idx), [where[("tensor", x)] for x in s.outputs], sorted(dead)]
+                [
+                    _first_run(p, k),
+                    _getter(idx, self._handover_views(s, env)),
+                    [where[("tensor", x)] for x in s.outputs],
+                    sorted(dead),
+                ]
             )
         p.outs = [where[("tensor", o.name)] for o in self.fusion.outputs]
         p.finish = self._finish(info.extents)
@@ -1007,8 +1035,12 @@ def _first_run(p: SegmentedPlan, k: int):
     return run
 
 
-def _getter(idx: list):
-    """``vals -> [vals[i] for i in idx]``, as fast as Python gets it."""
+def _getter(idx: list, views: dict | None = None):
+    """``vals -> [vals[i] for i in idx]``, as fast as Python gets it;
+    ``views[q]``: argument ``q`` is expanded to that shape."""
+    if views:
+        plain = _getter(idx)
+        return lambda vals: tuple(x.expand(views[q]) if q in views else x for q, x in enumerate(plain(vals)))
     if not idx:  # a segment of no inputs (a full(...) reduced)
         return lambda vals: ()
     if len(idx) == 1:

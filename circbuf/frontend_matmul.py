@@ -9,6 +9,14 @@ sum of products read a 4096 x 4096 weight at half the bandwidth:
 
     matmul(a[K], b[K, N])  ->  squeeze(matmul(broadcast(a, [True, False]), b), [0])
 
+A 16-bit product whose K is fixed to 1 in the definition (``define_tensor([-1, 1])``:
+an outer product, no sum) is defined as the elementwise product it is, in
+fp32 and cast back as the tensor cores would round it (the product of two
+16-bit values is exact in fp32: torch's bits), and runs as a pointwise kernel
+at the output's write bandwidth:
+
+    matmul(a[M, 1], b[1, N])  ->  cast(mul(cast(a[M, 1]), cast(b[1, N])), bf16)
+
 fp32 and fp64 vectors keep the one 1-D expr (the FFMA path and the sum of
 products take it; whether fp32 runs on TF32 is known only per call).
 
@@ -24,6 +32,7 @@ products take it; whether fp32 runs on TF32 is known only per call).
 from __future__ import annotations
 
 from .ir import CircbufError, Const, DataType, LinearOp, MatmulOp
+from .ir.scalar import is_const
 
 # dtypes whose vector operands are defined as one-row / one-column matrices
 VECTOR_AS_MATRIX = (DataType.BFloat16, DataType.Half)
@@ -84,6 +93,25 @@ class ContractionOps:
             f"{what}: K of {a.name} and {b.name}",
         )
 
+    def _fixed_one_k(self, dt, *ks) -> bool:
+        """K fixed to 1 in a 16-bit product's definition: a broadcast K axis
+        not expanded (an expand along K is a sum over K rows)."""
+        return dt in VECTOR_AS_MATRIX and any(
+            k.is_broadcast and (k.expanded_extent is None or is_const(k.expanded_extent, 1)) for k in ks
+        )
+
+    def _outer(self, a, b, rank, bias, dt):
+        """``a [..., M, 1]``-like operands already shaped to broadcast against
+        each other (rank ``rank``): their product in fp32, ``+ bias``, cast to
+        ``dt`` once (see the module's docstring)."""
+        f = DataType.Float
+        c = self.mul(self.cast(a, f), self.cast(b, f))
+        if bias is not None:
+            c = self.add(
+                c, self.cast(self.broadcast(bias, [True] * (rank - bias.ndim) + [False] * bias.ndim), f)
+            )
+        return self.cast(c, dt)
+
     def matmul(self, a, b):
         """``a @ b`` with torch.matmul's shapes: a ``[..., M, K]`` or ``[K]``,
         b ``[..., K, N]`` or ``[K]``, batch axes broadcast. The result is in
@@ -109,6 +137,14 @@ class ContractionOps:
             return self.squeeze(
                 c, ([c.ndim - 2] if a.ndim == 1 else []) + ([c.ndim - 1] if b.ndim == 1 else [])
             )
+        if self._fixed_one_k(dt, ka, kb):
+            # an outer product: squeeze K (a broadcast, or an extent the inputs must make 1)
+            r = max(a.ndim, b.ndim)
+            a1 = self.squeeze(a, [a.ndim - 1])
+            b1 = self.squeeze(b, [b.ndim - 2])
+            a2 = self.broadcast(a1, [True] * (r - a.ndim) + [False] * (a.ndim - 1) + [True])
+            b2 = self.broadcast(b1, [True] * (r - b.ndim) + [False] * (b.ndim - 2) + [True, False])
+            return self._outer(a2, b2, r, None, dt)
         a_batch = ax[:-2] if a.ndim > 1 else []
         b_batch = bx[:-2] if b.ndim > 1 else []
         rank = max(len(a_batch), len(b_batch))
@@ -153,6 +189,12 @@ class ContractionOps:
             return self.squeeze(
                 c, ([c.ndim - 2] if a.ndim == 1 else []) + ([c.ndim - 1] if w.ndim == 1 else [])
             )
+        if self._fixed_one_k(dt, ax[-1], wx[-1]):
+            self._linear_bias_shape(bias, w, wx)
+            # an outer product: squeeze K (a broadcast, or an extent the inputs must make 1)
+            a2 = self.broadcast(self.squeeze(a, [a.ndim - 1]), [False] * (a.ndim - 1) + [True])
+            w2 = self.broadcast(self.squeeze(w, [1]), [True] * (a.ndim - 1) + [False])
+            return self._outer(a2, w2, a.ndim, bias, dt)
         ids = [self._out_axis([i]) for i in ax[:-1]]
         ma = [(i, i) for i in range(a.ndim - 1)]
         mw = []
@@ -161,23 +203,27 @@ class ContractionOps:
             ids.append(self._out_axis([wx[0]]))
         maps = [ma, mw]
         if bias is not None:
-            n = wx[0].loop_extent if w.ndim == 2 else Const(1)
-            if bias.ndim > 1 or (bias.ndim == 1 and w.ndim == 1):
-                raise CircbufError(
-                    f"linear: bias {bias.name} must be [N] (or 0-D for a 1-D weight), got {bias.ndim}-D"
-                )
-            if bias.ndim == 1:
-                b0 = bias.domain.no_reductions()[0]
-                if b0.concrete_extent is not None:
-                    self._require_same(
-                        n,
-                        b0.concrete_extent,
-                        f"linear: bias {bias.name} has length {b0.concrete_extent}, N of {w.name} is {n}",
-                        f"linear: bias length ({bias.name}) and N ({w.name})",
-                    )
-                maps.append([(0, len(ids) - 1)])
-            else:
-                maps.append([])
+            self._linear_bias_shape(bias, w, wx)
+            maps.append([(0, len(ids) - 1)] if bias.ndim == 1 else [])
         out = self._new(ids, dt)
         LinearOp(out, a, w, bias, maps)
         return out
+
+    def _linear_bias_shape(self, bias, w, wx):
+        """linear's bias is ``[N]`` (or 0-D; 0-D only for a 1-D weight)."""
+        if bias is None:
+            return
+        n = wx[0].loop_extent if w.ndim == 2 else Const(1)
+        if bias.ndim > 1 or (bias.ndim == 1 and w.ndim == 1):
+            raise CircbufError(
+                f"linear: bias {bias.name} must be [N] (or 0-D for a 1-D weight), got {bias.ndim}-D"
+            )
+        if bias.ndim == 1:
+            b0 = bias.domain.no_reductions()[0]
+            if b0.concrete_extent is not None:
+                self._require_same(
+                    n,
+                    b0.concrete_extent,
+                    f"linear: bias {bias.name} has length {b0.concrete_extent}, N of {w.name} is {n}",
+                    f"linear: bias length ({bias.name}) and N ({w.name})",
+                )

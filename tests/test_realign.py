@@ -112,7 +112,8 @@ def test_what_is_never_copied():
     fd = mm_fusion("matmul")
     fd.fusion.schedule(realign=False)
     fd.compile([a, b], arch="sm_90a")
-    assert fd.last_params().simt is not None  # what realign=False asks for
+    # no copy: the producer's cp.asyncs fill the ring (never the SIMT sum of products)
+    assert fd.last_params().simt is None and fd.last_params().fill == ("cp.async", "cp.async")
 
 
 def test_an_operand_written_in_place_is_not_copied():

@@ -158,7 +158,7 @@ class MatmulScheduler:
     @staticmethod
     def compute_params(fusion: Fusion, info: InputInfo, overrides: dict) -> MatmulParams:
         e = contractions(fusion)[0]
-        why = _mma_unsupported(fusion, e, info, overrides)
+        why = _mma_unsupported(fusion, e, info)
         if why is None:
             params = _mma_params(fusion, e, info, overrides)
             if params is not None:
@@ -169,7 +169,7 @@ class MatmulScheduler:
                 f"a row reduction computed in the matmul's epilogue needs the tensor-core path, which "
                 f"cannot take these inputs ({why or 'the tensor-core path cannot take it'})"
             )
-        asked = sorted(k for k in overrides if k != "realign")  # (realign=False asks for this path)
+        asked = sorted(k for k in overrides if k != "realign")  # (realign=False: fp32 reads any strides here)
         ffma, _ = matmul_ffma.ffma_params(fusion, info, overrides)
         other = [k for k in asked if ffma is None or k not in matmul_ffma.OVERRIDES]
         if other:

@@ -23,7 +23,6 @@ cp.async fills), the FFMA kernel, or the SIMT sum of products.
 
 from __future__ import annotations
 
-from .. import knobs
 from ..ir import (
     BinaryOp,
     BroadcastOp,
@@ -124,7 +123,8 @@ def _mma_structure(fusion: Fusion, e) -> Reason | None:
     for x in (a, b):
         if x.logical[tf32_k_axis(e, x)].is_broadcast:
             # (K fixed to 1, ``define_tensor([-1, 1])``: an outer product, no sum for the tensor
-            # cores; its one-row operand tiles met a lowering check)
+            # cores; its one-row operand tiles met a lowering check. A 16-bit one is defined
+            # elementwise by the frontend: fp32 and fp64 ones reach here)
             return Reason(
                 "broadcast k", f"operand {x.name}'s K axis is a broadcast (K fixed to 1: an outer product)"
             )
@@ -201,7 +201,7 @@ def fixed_ones(fusion: Fusion, e):
     return todo
 
 
-def _mma_unsupported(fusion: Fusion, e, info: InputInfo, overrides=None) -> str | None:
+def _mma_unsupported(fusion: Fusion, e, info: InputInfo) -> str | None:
     """None when the tensor-core path can take this fusion on these inputs,
     else why not (the SIMT path takes it)."""
     why = _mma_structure(fusion, e)
@@ -226,17 +226,10 @@ def _mma_unsupported(fusion: Fusion, e, info: InputInfo, overrides=None) -> str 
             if why:  # (the runtime copies such an operand K-major first: scheduler/realign.py)
                 return f"operand {x.name}: {why}"
     # strides or a pointer a tensor map cannot describe: the runtime copies such an operand
-    # into aligned rows before scheduling (scheduler/realign.py); one it may not copy (defined
-    # contiguous, written in place) has its ring filled by the producer threads' cp.asyncs
-    # (_operand_fill: 0.07-0.25 of the TMA path on an H100, slower than the copy);
-    # realign=False without a fill asks for the SIMT path
-    ov = overrides or {}
-    if ov.get("realign") is False and ov.get("fill") is None and not knobs.cp_async():
-        # (fill="tma": _mma_params names why not)
-        for x in (a, b):
-            why = _operand_layout(info.tensors[fusion.inputs.index(x)])[1]
-            if why is not None:
-                return f"operand {x.name}: {why}; schedule(fill='cp.async') takes it to the tensor cores"
+    # into aligned rows before scheduling (scheduler/realign.py); one it may not copy (written
+    # in place, realign=False) has its ring filled by the producer threads' cp.asyncs
+    # (_operand_fill: 0.07-0.25 of the TMA path on an H100, slower than the copy, ~50x
+    # faster than the SIMT sum of products)
     return None
 
 

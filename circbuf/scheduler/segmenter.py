@@ -632,12 +632,15 @@ def _cut(fusion: Fusion, positions: list[int], outputs=None):
     sources, output names)."""
     view, sources = _view(fusion, fusion.exprs(), positions, outputs)
     f2 = view.clone()
-    operands = _contraction_operands(fusion)
+    operands = _contraction_operands(fusion)  # written out in full by their producer
+    read = _contraction_operands(fusion, returned=True)
     # a second input of an operand (``_view``'s twin: the same source) is the operand too
-    wide = {src for t, src in zip(f2.inputs, sources) if t.name in operands}
+    wide = {src for t, src in zip(f2.inputs, sources) if t.name in read}
+    full = {src for t, src in zip(f2.inputs, sources) if t.name in operands}
     for t, src in zip(f2.inputs, sources):
-        if t.name in operands or src in wide:
-            _write_out_expanded(t)
+        if src in wide:
+            # (an expand the fusion returns is handed over as torch's stride-0 view)
+            _write_out_expanded(t, strided=src not in full)
     for t in f2.outputs:
         if t.name in operands:
             _write_out_expanded(t)
@@ -690,15 +693,16 @@ def _cut(fusion: Fusion, positions: list[int], outputs=None):
     return f2, sources, [t.name for t in f2.outputs]
 
 
-def _contraction_operands(fusion: Fusion) -> frozenset:
+def _contraction_operands(fusion: Fusion, returned: bool = False) -> frozenset:
     """Names of the tensors computed in ``fusion`` that a 16-bit matmul or
     linear reads as an operand (the tensor-core path takes them whole), none
-    that the fusion returns: an expand returned keeps torch's stride-0 layout
-    (the matmul then reads the expand on the SIMT path)."""
+    that the fusion returns unless ``returned``: an expand returned keeps
+    torch's stride-0 layout where it is written, and only the matmul's segment
+    reads it as rows."""
     from ..ir import DataType
     from ..ir.nodes import _Contraction
 
-    returned = {t.name for t in fusion.outputs}
+    returned = set() if returned else {t.name for t in fusion.outputs}
     return frozenset(
         x.name
         for e in fusion.exprs()
@@ -708,15 +712,22 @@ def _contraction_operands(fusion: Fusion) -> frozenset:
     )
 
 
-def _write_out_expanded(t: TensorView) -> None:
+def _write_out_expanded(t: TensorView, strided: bool = False) -> None:
     """A matmul operand between segments is written with its expanded axes
     in full (``x[1, K].expand(M, K)`` as M rows): a tensor map cannot read
     the expand of a smaller tensor (the tensor-core path took none, and the
     SIMT sum of products ran the matmul); the producer's expand writes the
-    rows, the matmul's segment reads them as any input."""
+    rows, the matmul's segment reads them as any input. ``strided``: the
+    producer keeps the expand (the fusion returns it, as torch's stride-0
+    view), and the matmul's segment reads that view as rows, promising no
+    strides (the runtime copies it dense first: scheduler/realign.py)."""
+    wide = False
     for i in t.logical:
         if i.is_broadcast and i.expanded_extent is not None and not is_const(i.expanded_extent, 1):
             i.iter_type, i.extent, i.expanded_extent = IterType.Iteration, i.expanded_extent, None
+            wide = True
+    if strided and wide:
+        t.domain = TensorDomain(t.domain.no_reductions(), contiguity=[None] * t.ndim)
 
 
 def _layout(t: TensorView):
