@@ -270,8 +270,8 @@ def test_invalid_overrides_are_named(ov, match):
 
 
 def test_simt_path_for_what_the_tensor_cores_cannot_take():
-    # fp32 operands, K = 0 (a row stride TMA cannot take is a cp.async fill now:
-    # tests/test_matmul_cp_async.py)
+    # fp32 operands (a row stride TMA cannot take is a cp.async fill now:
+    # tests/test_matmul_cp_async.py; K = 0 a fill: tests/test_matmul_no_simt.py)
     fd = mm_fusion("matmul", D.Float)
     ck = fd.compile([torch.randn(64, 96), torch.randn(96, 128)], arch="sm_90a")
     assert ck.params.simt is not None and "HGMMA" not in ck.sass()
@@ -279,7 +279,7 @@ def test_simt_path_for_what_the_tensor_cores_cannot_take():
     ck = fd.compile(
         [torch.randn(64, 0, dtype=torch.bfloat16), torch.randn(0, 32, dtype=torch.bfloat16)], arch="sm_90a"
     )
-    assert ck.params.simt is not None
+    assert [type(k.params).__name__ for k in ck.kernels] == ["PointwiseParams"]
     # fp32 runs the FFMA kernel (tests/test_matmul_ffma.py), which takes its own overrides only
     with pytest.raises(
         cb.CircbufError, match="SIMT path .*the FFMA kernel.*, which takes thread_tile, k_step"
@@ -287,13 +287,10 @@ def test_simt_path_for_what_the_tensor_cores_cannot_take():
         fd = mm_fusion("matmul", D.Float)
         fd.fusion.schedule(stages=3)
         fd.compile([torch.randn(64, 96), torch.randn(96, 128)], arch="sm_90a")
-    with pytest.raises(cb.CircbufError, match="SIMT path .* takes no matmul overrides"):
-        fd = mm_fusion("matmul")
+    with pytest.raises(cb.CircbufError, match=r"SIMT path \(Double operands .*the FFMA kernel"):
+        fd = mm_fusion("matmul", D.Double)
         fd.fusion.schedule(stages=3)
-        fd.compile(
-            [torch.randn(64, 0, dtype=torch.bfloat16), torch.randn(0, 32, dtype=torch.bfloat16)],
-            arch="sm_90a",
-        )
+        fd.compile([torch.randn(64, 8).double(), torch.randn(8, 32).double()], arch="sm_90a")
 
 
 def test_reduction_or_second_matmul_gets_its_own_kernel():

@@ -16,6 +16,7 @@ import warnings
 
 from ..ir import CircbufError, Fusion, ReductionOp
 from . import matmul, normalization, outer_reduction, pointwise, pointwise_tma, reduction
+from .empty_k import empty_k
 from .info import InputInfo
 from .overrides import TABLES, Declined
 from .segmenter import operands_share_a_tensor, reads_one_tensor_twice
@@ -160,7 +161,7 @@ def compute_params(fusion: Fusion, info: InputInfo, overrides: dict):
     The candidates are asked in order of preference, each that takes every name
     given; one may decline these inputs (the next is asked). An override the
     chosen kernel does not use raises, naming the override and the kernel."""
-    why = reads_one_tensor_twice(fusion)
+    why = reads_one_tensor_twice(fusion) or empty_k(fusion, info.extents)
     if why is not None:
         raise Unschedulable(why)
     try:

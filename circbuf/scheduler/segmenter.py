@@ -156,8 +156,15 @@ def segment(
     asked (the compile driver keeps it in its disk cache). ``target``: the
     GPU the sizes in ``env`` are compiled for (a matmul the split-K
     heuristic splits there keeps a row reduction of its output to itself)."""
+    from .empty_k import fill_empty_k
     from .matmul_reduce import is_partial, split_row_reductions
 
+    # a matmul whose K is 0 for these sizes is its fill (zeros, or the bias): the
+    # copy's expr positions differ, so its verdicts are kept apart
+    filled = fill_empty_k(fusion, env)
+    if filled is not None:
+        vs = None if verdicts is None else verdicts.setdefault(("K = 0 filled",), {})
+        return _segment(filled, env, vs)
     # a row reduction of a matmul's output: partials in the matmul's epilogue, then their
     # reduction; kept only where the matmul's segment holds every partial (an in-place
     # output beside it, say, can make the partials a segment of their own: the unsplit

@@ -11,6 +11,10 @@ bf16/fp16 matmul takes the SIMT path").
   rows (``segmenter._write_out_expanded(strided=True)``), copied dense by the
   runtime before the TMA path (``scheduler/realign.py``).
 
+- K = 0 for the inputs' sizes: the sum of no products is a fill (zeros, or
+  linear's bias), which the segmenter cuts for those sizes
+  (``scheduler/empty_k.py``); other sizes keep the tensor cores.
+
 Each case runs on the interpreter (CPU) and on the GPU with NaN-poisoned
 outputs, against float64 torch.
 """
@@ -186,6 +190,70 @@ def test_expand_returned_and_read_by_a_matmul_takes_the_tensor_cores(dt):
     check_outputs([ex, y], [xd, xd @ wd.T], written=True)
 
 
+# ------------------------------------------------ K = 0
+
+
+def _k0(fd, dt, kind, bias=False, act=False, rank=2):
+    a = fd.define_tensor([-1] * rank, dtype=dt)
+    b = fd.define_tensor([-1, -1], dtype=dt)
+    if kind == "matmul":
+        y = fd.ops.matmul(a, b)
+    else:
+        y = fd.ops.linear(a, b, fd.define_tensor([-1], dtype=dt) if bias else None)
+    fd.add_output(fd.ops.cast(fd.ops.gelu(y), dt) if act else y)
+
+
+K0_CASES = {
+    "matmul": dict(kind="matmul"),
+    "linear": dict(kind="linear"),
+    "linear + bias": dict(kind="linear", bias=True),
+    "linear + bias, gelu": dict(kind="linear", bias=True, act=True),
+    "batched matmul": dict(kind="matmul", rank=3),
+}
+
+
+def _k0_inputs(case, k, dt, device, m=70, n=90):
+    g = seeded(k + m)
+    rank, kind = case.get("rank", 2), case["kind"]
+    shapes = [((3,) if rank == 3 else ()) + (m, k), (k, n) if kind == "matmul" else (n, k)]
+    if case.get("bias"):
+        shapes.append((n,))
+    return [torch.randn(s, generator=g).to(dt).to(device) for s in shapes]
+
+
+def _k0_ref(case, xs):
+    x = [to_double(t).cpu() for t in xs]
+    y = x[0] @ x[1] if case["kind"] == "matmul" else F.linear(*x)
+    return [F.gelu(y) if case.get("act") else y]
+
+
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", sorted(K0_CASES))
+def test_k_zero_is_a_fill(name, dt):
+    case = K0_CASES[name]
+    with cb.FusionDefinition() as fd:
+        _k0(fd, {torch.bfloat16: D.BFloat16, torch.float32: D.Float}[dt], **case)
+    xs = _k0_inputs(case, 0, dt, "cpu")
+    outs = interpret(fd, xs)
+    assert "simt" not in _paths(fd) and "tensor cores" not in _paths(fd), _paths(fd)
+    check_outputs(outs, _k0_ref(case, xs), written=True)
+    if dt == torch.bfloat16:  # the same fusion with K > 0: the tensor cores, as before
+        xs = _k0_inputs(case, 64, dt, "cpu")
+        outs = interpret(fd, xs)
+        assert "tensor cores" in _paths(fd), _paths(fd)
+        check_outputs(outs, _k0_ref(case, xs), written=True)
+
+
+def test_k_zero_bias_is_torchs():
+    """linear with K = 0 is its bias, rounded once: the same bits as torch."""
+    case = K0_CASES["linear + bias"]
+    with cb.FusionDefinition() as fd:
+        _k0(fd, D.BFloat16, **case)
+    xs = _k0_inputs(case, 0, torch.bfloat16, "cpu")
+    (out,) = interpret(fd, xs)
+    assert torch.equal(out, F.linear(*xs))
+
+
 # ------------------------------------------------ on the GPU
 
 
@@ -229,3 +297,17 @@ def test_gpu_expand_returned_and_read_by_a_matmul(monkeypatch, m):
         assert ex.stride() == (0, 1), ex.stride()
         xd, wd = to_double(xs[0]).cpu().expand(m, 512), to_double(xs[1]).cpu()
         check_outputs([ex, y], [xd, xd @ wd.T], written=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(K0_CASES))
+def test_gpu_k_zero_is_a_fill(monkeypatch, name):
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    case = K0_CASES[name]
+    with cb.FusionDefinition() as fd:
+        _k0(fd, D.BFloat16, **case)
+    for k in (0, 64, 0):  # K = 0, then K > 0 (the tensor cores), then K = 0 again (its plan)
+        xs = _k0_inputs(case, k, torch.bfloat16, DEV, m=4099, n=1030)
+        outs = fd.execute(xs)
+        assert ("tensor cores" in _paths(fd)) == (k > 0), _paths(fd)
+        check_outputs(outs, _k0_ref(case, xs), written=True)
