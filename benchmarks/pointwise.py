@@ -3,6 +3,7 @@ against torch eager, a static per-shape torch.compile (benchmarks.common.static_
 overhead of a cached ``fd.execute`` on a 1024-element fusion.
 
     PYTHONPATH=. python benchmarks/pointwise.py [--log2n 28]
+    PYTHONPATH=. python benchmarks/pointwise.py --broadcast   # operands broadcast along rows or columns
 """
 
 from __future__ import annotations
@@ -66,8 +67,11 @@ def main():
     ap.add_argument("--log2n", type=int, default=28)
     ap.add_argument("--sweep", action="store_true", help="time unroll x threads variants")
     ap.add_argument("--tma-sweep", action="store_true", help="time TMA tile rows x stages x store variants")
+    ap.add_argument("--broadcast", action="store_true", help="operands broadcast along rows or columns")
     args = ap.parse_args()
     require_cuda()
+    if args.broadcast:
+        return broadcast()
     n = 1 << args.log2n
     if args.sweep:
         return sweep(n)
@@ -133,6 +137,56 @@ def main():
     print("host overhead per call (1024 elements): " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
     print(f"  ratio circbuf / torch eager add: {host['circbuf_execute_us'] / host['torch_eager_add_us']:.2f}")
     write_json("pointwise.json", {"gpu": gpu_name(), "copy_GBs": copy_gbs, "rows": rows, "host": host})
+
+
+# (name, shapes of the inputs, fusion body, torch's): operands broadcast against a
+# [M, N] output, the fusions a bias, a per-row scale or an outer product make
+BROADCASTS = [
+    ("x + bias[N]", [(-1, -1), (1, -1)], lambda o, x, b: o.add(x, b), lambda x, b: x + b),
+    ("x * scale[M, 1]", [(-1, -1), (-1, 1)], lambda o, x, s: o.mul(x, s), lambda x, s: x * s),
+    ("a[M, 1] * b[1, N]", [(-1, 1), (1, -1)], lambda o, a, b: o.mul(a, b), lambda a, b: a * b),
+    ("x * s[M, 1] + bias[N]", [(-1, -1), (-1, 1), (1, -1)], lambda o, x, s, b: o.add(o.mul(x, s), b),
+     lambda x, s, b: x * s + b),
+]  # fmt: skip
+
+
+def broadcast(shapes=((8192, 8192), (16384, 1024), (1024, 16384), (65536, 80))):
+    """Fusions with operands broadcast along rows or columns against eager,
+    static torch.compile and the copy bandwidth (bytes: the full-size inputs
+    and the output)."""
+    print(f"GPU: {gpu_name()}  bf16, do_bench median")
+    print(
+        f"{'fusion':>24s} {'shape':>12s} {'us':>8s} {'of copy':>8s} {'x eager':>8s} {'x compile':>9s}  params"
+    )
+    rows = []
+    for name, defs, body, ref_fn in BROADCASTS:
+        for m, n in shapes:
+            with cb.FusionDefinition() as fd:
+                xs = [fd.define_tensor(list(d), dtype=D.BFloat16) for d in defs]
+                fd.add_output(fd.ops.cast(body(fd.ops, *xs), D.BFloat16))
+            ins = [
+                torch.randn(*(m if a == -1 and k == 0 else n if a == -1 else 1 for k, a in enumerate(d)),
+                            device="cuda", dtype=torch.bfloat16)
+                for d in defs
+            ]  # fmt: skip
+            (out,) = fd.execute(ins)
+            err = (out.float() - ref_fn(*ins).float()).abs().max().item()
+            compiled = static_compile(ref_fn)
+            compiled(*ins)
+            t_cb = bench_ms(lambda fd=fd, ins=ins: fd.execute(ins))
+            t_eager = bench_ms(lambda f=ref_fn, ins=ins: f(*ins))
+            t_comp = bench_ms(lambda c=compiled, ins=ins: c(*ins))
+            nbytes = sum(t.numel() for t in ins if t.numel() == m * n) * 2 + m * n * 2
+            of_copy = nbytes / t_cb / 1e6 / copy_bandwidth_gbs(nbytes // 2)
+            p = str(fd.last_params()).replace("\n", " ")
+            print(
+                f"{name:>24s} {f'{m}x{n}':>12s} {t_cb * 1e3:8.1f} {of_copy:8.3f} {t_eager / t_cb:8.2f} "
+                f"{t_comp / t_cb:9.2f}  {p} (max err {err:.2g})",
+                flush=True,
+            )
+            rows.append(dict(fusion=name, m=m, n=n, ms=t_cb, of_copy=of_copy, eager_ms=t_eager,
+                             compile_ms=t_comp, params=p, err=err))  # fmt: skip
+    write_json("pointwise_broadcast.json", rows)
 
 
 def sweep(n):

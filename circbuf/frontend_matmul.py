@@ -138,12 +138,15 @@ class ContractionOps:
                 c, ([c.ndim - 2] if a.ndim == 1 else []) + ([c.ndim - 1] if b.ndim == 1 else [])
             )
         if self._fixed_one_k(dt, ka, kb):
-            # an outer product: squeeze K (a broadcast, or an extent the inputs must make 1)
+            # an outer product: a [..., M, 1] is already [..., M, 1 (N)], b [..., 1, N] already
+            # [..., 1 (M), N]; a K the inputs must make 1 is squeezed and broadcast there
             r = max(a.ndim, b.ndim)
-            a1 = self.squeeze(a, [a.ndim - 1])
-            b1 = self.squeeze(b, [b.ndim - 2])
-            a2 = self.broadcast(a1, [True] * (r - a.ndim) + [False] * (a.ndim - 1) + [True])
-            b2 = self.broadcast(b1, [True] * (r - b.ndim) + [False] * (b.ndim - 2) + [True, False])
+            if not ka.is_broadcast:
+                a = self.broadcast(self.squeeze(a, [a.ndim - 1]), [False] * (a.ndim - 1) + [True])
+            if not kb.is_broadcast:
+                b = self.broadcast(self.squeeze(b, [b.ndim - 2]), [False] * (b.ndim - 2) + [True, False])
+            a2 = a if a.ndim == r else self.broadcast(a, [True] * (r - a.ndim) + [False] * a.ndim)
+            b2 = b if b.ndim == r else self.broadcast(b, [True] * (r - b.ndim) + [False] * b.ndim)
             return self._outer(a2, b2, r, None, dt)
         a_batch = ax[:-2] if a.ndim > 1 else []
         b_batch = bx[:-2] if b.ndim > 1 else []
@@ -191,8 +194,11 @@ class ContractionOps:
             )
         if self._fixed_one_k(dt, ax[-1], wx[-1]):
             self._linear_bias_shape(bias, w, wx)
-            # an outer product: squeeze K (a broadcast, or an extent the inputs must make 1)
-            a2 = self.broadcast(self.squeeze(a, [a.ndim - 1]), [False] * (a.ndim - 1) + [True])
+            # an outer product: x [..., 1] is already [..., 1 (N)]; w [N, 1] is squeezed and
+            # broadcast to [1, .., N] (as a K the inputs must make 1 is)
+            a2 = a
+            if not ax[-1].is_broadcast:
+                a2 = self.broadcast(self.squeeze(a, [a.ndim - 1]), [False] * (a.ndim - 1) + [True])
             w2 = self.broadcast(self.squeeze(w, [1]), [True] * (a.ndim - 1) + [False])
             return self._outer(a2, w2, a.ndim, bias, dt)
         ids = [self._out_axis([i]) for i in ax[:-1]]

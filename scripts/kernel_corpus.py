@@ -39,6 +39,24 @@ def _pointwise(rank, shape, dtype=BF, **ov):
     return make
 
 
+def _pointwise_broadcast(rows, cols):
+    """``x * s[M, 1] + bias[1, N]``: the rows-and-columns schedule."""
+
+    def make():
+        with cb.FusionDefinition() as fd:
+            x = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+            s = fd.define_tensor([-1, 1], dtype=D.BFloat16)
+            b = fd.define_tensor([1, -1], dtype=D.BFloat16)
+            fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.mul(x, s), b), D.BFloat16))
+        return fd, [
+            torch.randn(rows, cols, dtype=BF),
+            torch.randn(rows, 1, dtype=BF),
+            torch.randn(1, cols, dtype=BF),
+        ]
+
+    return make
+
+
 def _norm(kind, rows, cols, dtype=BF, **ov):
     def make():
         fd = norm_fusion(kind, TD[dtype])
@@ -125,6 +143,7 @@ CORPUS = {
     # pointwise
     "pw_plain": _pointwise(2, (64, 1024)),
     "pw_plain_1d": _pointwise(1, (4096,)),
+    "pw_broadcast_rows_columns": _pointwise_broadcast(8192, 4096),
     "pw_tma": _pointwise(2, (1000, 1024), stages=3),
     "pw_tma_ws": _pointwise(3, (3, 77, 512), H, stages=4, warp_specialized=True),
     "pw_tma_pipe_3d": _pointwise(3, (3, 77, 512), H, stages=4, warp_specialized=False),

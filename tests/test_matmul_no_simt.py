@@ -306,8 +306,9 @@ def test_gpu_k_zero_is_a_fill(monkeypatch, name):
     case = K0_CASES[name]
     with cb.FusionDefinition() as fd:
         _k0(fd, D.BFloat16, **case)
-    for k in (0, 64, 0):  # K = 0, then K > 0 (the tensor cores), then K = 0 again (its plan)
+    for j, k in enumerate((0, 64, 0)):  # K = 0, K > 0 (the tensor cores), K = 0 again (its plan)
         xs = _k0_inputs(case, k, torch.bfloat16, DEV, m=4099, n=1030)
         outs = fd.execute(xs)
-        assert ("tensor cores" in _paths(fd)) == (k > 0), _paths(fd)
+        if j < 2:  # (last_params() is the last compile's: the third call runs the first's plan)
+            assert ("tensor cores" in _paths(fd)) == (k > 0), _paths(fd)
         check_outputs(outs, _k0_ref(case, xs), written=True)

@@ -34,7 +34,9 @@ class Params:
 
 @dataclass(frozen=True)
 class PointwiseParams(Params):
-    """Flattened 1-D schedule: [BIDx, TIDx, unroll, vectorize].
+    """Flattened 1-D schedule: [BIDx, TIDx, unroll, vectorize]; with
+    ``inner_threads`` (operands broadcast along rows or columns), rows and
+    columns: [BIDx (rows), BIDy (columns), TIDy, TIDx, unroll (rows), vectorize].
 
     >>> print(PointwiseParams(vectorize=8, unroll=2, threads=128,
     ...                       vectorize_inputs=(True,), vectorize_outputs=(True,)))
@@ -56,6 +58,9 @@ class PointwiseParams(Params):
     # why a fusion that asked for the TMA variant (``schedule(stages=N)``) got this kernel;
     # printed only when set
     tma_declined: str = field(default="", metadata={"hide_default": True})
+    # 0: flattened. Else the threads along the innermost axis (threadIdx.x); threads /
+    # inner_threads rows side by side (threadIdx.y), each thread ``unroll`` rows
+    inner_threads: int = field(default=0, metadata={"hide_default": True})
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,20 @@ Loop domain of every tensor after scheduling::
 Inputs with the reference's full shape are cached in registers (vectorized
 loads when their strides and pointer allow), outputs are computed into a
 register cache and stored vectorized; intermediates are inlined.
+
+Where an input is broadcast against the output (a bias ``[N]``, a row scale
+``[M, 1]``, an outer product), the flattened index costs a 64-bit division
+and remainder per element to find its row and column (0.31-0.72 of the copy
+bandwidth on an H200, 0.37-0.70x a static torch.compile): such fusions are
+scheduled as rows and columns instead, the innermost axis in memory apart
+from the others merged::
+
+    [iblockIdx.x{ceilDiv(O, U*Ty)}, iblockIdx.y{ceilDiv(I, V*Tx)}, ithreadIdx.y{Ty},
+     ithreadIdx.x{Tx}, iUR{U}, iV{V}]
+
+a row's index and a column's come from the block and thread indices, an
+input broadcast along the rows (``[1, N]``) is cached and loaded in vectors
+like a full one, and one broadcast along the columns is read once per row.
 """
 
 from __future__ import annotations
@@ -125,6 +139,12 @@ class PointwiseScheduler:
             vin.append(ok)
         threads = overrides.get("threads", 128)
         n_vec = -(-numel // vec)
+        inner_threads = _inner_threads(fusion, ref, lmap, cands, inner, vec, threads)
+        if inner_threads:
+            # inputs broadcast along the rows, their columns the reference's: vector loads too
+            for k, t in enumerate(info.tensors):
+                if k in _row_broadcasts(fusion, ref, lmap, axis) and t is not None and vec > 1:
+                    vin[k] = vector_access(t, axis, vec)
         unroll = overrides.get("unroll")
         if unroll is None:
             # Measured on H200 (benchmarks/pointwise.py --sweep): 2 vectors per
@@ -135,6 +155,7 @@ class PointwiseScheduler:
             while unroll < want and n_vec >= threads * unroll * 2 * info.target.sm_count * 8:
                 unroll *= 2
         return PointwiseParams(
+            inner_threads=inner_threads,
             vectorize=vec,
             unroll=unroll,
             threads=threads,
@@ -160,6 +181,9 @@ class PointwiseScheduler:
         ref_index = PointwiseScheduler.reference_index(fusion)
         ref_out = fusion.outputs[ref_index]
         cands = set(_vector_candidates(fusion, ref_out, LogicalMap(fusion)))
+        if params.inner_threads:
+            axis = ref_out.domain.allocation_order()[-1]
+            cands |= set(_row_broadcasts(fusion, ref_out, LogicalMap(fusion), axis))
         in_caches = []
         for k, x in enumerate(fusion.inputs):
             if k in cands and fusion.consumers(x):
@@ -174,25 +198,41 @@ class PointwiseScheduler:
 
         ref.reorder(ref_out.domain.allocation_order())  # memory order: stores run contiguous
         n = len(ref.loop)
-        for _ in range(n - 1):
-            ref.merge(0)
-        ref.split(0, params.vectorize)  # [N/V, V]
-        ref.split(0, params.threads)  # [N/V/T, T, V]
-        ref.split(0, params.unroll)  # [B, U, T, V]
-        ref.reorder([0, 2, 1, 3])  # [B, T, U, V]
-        ref.axis(0).parallelize(ParallelType.BIDx)
-        ref.axis(1).parallelize(ParallelType.TIDx)
+        if params.inner_threads:
+            for _ in range(n - 2):
+                ref.merge(0)  # [O, I]: the rows, the innermost axis
+            tx = params.inner_threads
+            ref.split(1, params.vectorize)  # [O, I/V, V]
+            ref.split(1, tx)  # [O, I/V/Tx, Tx, V]
+            ref.split(0, params.threads // tx)  # [O/Ty, Ty, I/V/Tx, Tx, V]
+            ref.split(0, params.unroll)  # [O/Ty/U, U, Ty, I/V/Tx, Tx, V]
+            ref.reorder([0, 3, 2, 4, 1, 5])  # [rows, columns, Ty, Tx, U, V]
+            for a, pt in enumerate(
+                (ParallelType.BIDx, ParallelType.BIDy, ParallelType.TIDy, ParallelType.TIDx)
+            ):
+                ref.axis(a).parallelize(pt)
+            at = 4
+        else:
+            for _ in range(n - 1):
+                ref.merge(0)
+            ref.split(0, params.vectorize)  # [N/V, V]
+            ref.split(0, params.threads)  # [N/V/T, T, V]
+            ref.split(0, params.unroll)  # [B, U, T, V]
+            ref.reorder([0, 2, 1, 3])  # [B, T, U, V]
+            ref.axis(0).parallelize(ParallelType.BIDx)
+            ref.axis(1).parallelize(ParallelType.TIDx)
+            at = 2
         propagate(ref, fusion.used_tvs(), lmap)
 
         inline_intermediates(fusion)
         for c, vec in in_caches:
-            c.inline_at(2)
-            if vec and len(c.loop) == 4:
-                c.axis(3).parallelize(ParallelType.Vectorize)
+            c.inline_at(at)
+            if vec and len(c.loop) == at + 2:
+                c.axis(at + 1).parallelize(ParallelType.Vectorize)
         for o, c, vec in out_caches:
-            c.inline_at(2)
-            if vec and len(o.loop) == 4:
-                o.axis(3).parallelize(ParallelType.Vectorize)
+            c.inline_at(at)
+            if vec and len(o.loop) == at + 2:
+                o.axis(at + 1).parallelize(ParallelType.Vectorize)
 
 
 _COST = {"gelu": 4, "tanh": 2, "sigmoid": 1, "silu": 1, "exp": 1, "log": 1}
@@ -248,6 +288,50 @@ def _unrelated_output(fusion: Fusion) -> str | None:
                     "(one grid cannot walk both)"
                 )
     return None
+
+
+# the most column blocks (gridDim.y)
+MAX_GRID_Y = 65535
+
+
+def _inner_threads(fusion, ref, lmap, cands, inner: int, vec: int, threads: int) -> int:
+    """Threads along the innermost axis for the rows-and-columns schedule
+    (see the module's docstring), or 0 for the flattened one: where an input
+    is broadcast against the reference (not a vector candidate), with no
+    reshape (whose splits and merges need the flattened axis), at least 8
+    vectors per row and the column blocks within the grid's y limit."""
+    from ..ir import ReshapeOp
+
+    if ref.ndim < 2 or any(isinstance(e, ReshapeOp) for e in fusion.exprs()):
+        return 0
+    broadcast = [
+        k
+        for k, x in enumerate(fusion.inputs)
+        if isinstance(x, TensorView) and x.ndim > 0 and k not in cands and fusion.consumers(x)
+    ]
+    n_vec = -(-inner // vec)
+    if not broadcast or n_vec < 8:
+        return 0
+    tx = 8
+    while tx < threads and tx < n_vec:
+        tx *= 2
+    if -(-n_vec // tx) > MAX_GRID_Y:
+        return 0
+    return tx
+
+
+def _row_broadcasts(fusion, ref, lmap, axis: int) -> list[int]:
+    """Inputs with the reference's axes in its order, broadcast along some but
+    not its innermost axis in memory (a bias ``[1, N]``): a run of the
+    columns is a run of theirs."""
+    return [
+        k
+        for k, x in enumerate(fusion.inputs)
+        if isinstance(x, TensorView)
+        and any(i.is_broadcast for i in x.logical)
+        and aligned(lmap, x, ref, broadcast=True)
+        and not x.logical[axis].is_broadcast
+    ]
 
 
 def _vector_candidates(fusion, ref, lmap) -> list[int]:
