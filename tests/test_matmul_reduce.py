@@ -187,7 +187,7 @@ def test_schedules_that_cannot_hold_the_partials_keep_the_reduction_whole(ov):
     reduction of its output (review: these raised, where they had run)."""
     fd = row_fusion("sum")
     fd.fusion.schedule(**ov)
-    k = 41 if "realign" in ov else 64  # (rows of 82 bytes: the SIMT path under realign=False)
+    k = 41 if "realign" in ov else 64  # (rows of 82 bytes: the cp.async fill under realign=False)
     x, w = torch.randn(130, k, dtype=torch.bfloat16), torch.randn(300, k, dtype=torch.bfloat16)
     y, r = interpret(fd, [x, w])
     assert not _split(fd)

@@ -210,9 +210,10 @@ def _simt_refuses(fusion: Fusion) -> str | None:
     """Why the SIMT path (the matmul decomposed into a sum of products, run
     by the reduction scheduler) cannot take ``fusion``, else None. The
     tensor-core path falls back to it on grounds of the fusion's structure
-    (:func:`_mma_structure`) and of the inputs' sizes (K = 0, an empty
-    operand), known only at compile (strides and alignment no longer: a
-    cp.async fill takes what a tensor map cannot describe); so a fusion the SIMT path cannot take is
+    (:func:`_mma_structure`) and of the inputs' sizes (an empty operand),
+    known only at compile (strides and alignment no longer: a cp.async fill
+    takes what a tensor map cannot describe; nor K = 0: scheduler/empty_k.py);
+    so a fusion the SIMT path cannot take is
     refused here, where the segmenter can still split it (an output of the
     bias's shape beside the matmul's, say, gets a kernel of its own)."""
     from .reduction import ReductionScheduler
@@ -223,7 +224,7 @@ def _simt_refuses(fusion: Fusion) -> str | None:
     if why is None:
         return None
     e = contractions(fusion)[0]
-    when = _mma_structure(fusion, e) or "inputs the tensor cores cannot take (K = 0, an empty operand)"
+    when = _mma_structure(fusion, e) or "inputs the tensor cores cannot take (an empty operand)"
     return f"matmul {e.out.name} runs on the SIMT path for {when}, which cannot take this fusion: {why}"
 
 

@@ -203,7 +203,8 @@ def split_row_reductions(fusion: Fusion, env, target=None) -> Fusion | None:
 
 def _overrides_refuse(ov: dict) -> bool:
     """Overrides under which the matmul cannot hold the partials (:func:`check_params`),
-    or may run on the SIMT path (``realign=False``): the fusion keeps its reduction whole."""
+    or skips the realign copy (``realign=False``: the cp.async fill, not measured with
+    the partials): the fusion keeps its reduction whole."""
     tile, epi = ov.get("tile"), ov.get("epilogue_tile")
     return (
         ov.get("epilogue", "inline") != "inline"

@@ -208,7 +208,7 @@ MATMUL = _table(
     Override("fill", used_by=(MM,), doc="operand ring fill: 'tma' (tensor maps) or 'cp.async' (producer threads); "
              "default: tma, an operand a tensor map cannot describe copied to aligned rows first (realign; CIRCBUF_CP_ASYNC=1: cp.async)", **_choice("tma", "cp.async")),
     Override("realign", used_by={True: (MM,), False: (MM, MM_SIMT, MM_FFMA)}, doc="copy an operand a tensor map cannot describe into 16-byte-aligned rows "
-             "before the kernel (default True; False: the SIMT path unless fill is given)", **_BOOL),
+             "before the kernel (default True; False: no copy, the producer threads' cp.async fill)", **_BOOL),
     Override("store", used_by=(MM,), doc="how outputs are stored: 'tma' (staging tile, TMA store; 16-byte rows), "
              "'rows' (staging tile, the threads store rows, 4-byte pieces as each row's alignment allows; "
              "the default for 16-bit outputs with an odd N) or 'direct' (from the accumulator registers)",

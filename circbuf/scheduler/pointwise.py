@@ -202,16 +202,22 @@ class PointwiseScheduler:
             for _ in range(n - 2):
                 ref.merge(0)  # [O, I]: the rows, the innermost axis
             tx = params.inner_threads
+            ty = params.threads // tx
             ref.split(1, params.vectorize)  # [O, I/V, V]
             ref.split(1, tx)  # [O, I/V/Tx, Tx, V]
-            ref.split(0, params.threads // tx)  # [O/Ty, Ty, I/V/Tx, Tx, V]
-            ref.split(0, params.unroll)  # [O/Ty/U, U, Ty, I/V/Tx, Tx, V]
-            ref.reorder([0, 3, 2, 4, 1, 5])  # [rows, columns, Ty, Tx, U, V]
-            for a, pt in enumerate(
-                (ParallelType.BIDx, ParallelType.BIDy, ParallelType.TIDy, ParallelType.TIDx)
-            ):
+            # a thread's U rows are consecutive (row = (r * Ty + ty) * U + u): a register
+            # array's index is then u alone
+            ref.split(0, params.unroll)  # [O/U, U, I/V/Tx, Tx, V]
+            if ty > 1:
+                ref.split(0, ty)  # [O/U/Ty, Ty, U, I/V/Tx, Tx, V]
+                ref.reorder([0, 3, 1, 4, 2, 5])  # [rows, columns, Ty, Tx, U, V]
+                axes = (ParallelType.BIDx, ParallelType.BIDy, ParallelType.TIDy, ParallelType.TIDx)
+            else:
+                ref.reorder([0, 2, 3, 1, 4])  # [rows, columns, Tx, U, V]
+                axes = (ParallelType.BIDx, ParallelType.BIDy, ParallelType.TIDx)
+            for a, pt in enumerate(axes):
                 ref.axis(a).parallelize(pt)
-            at = 4
+            at = len(axes)
         else:
             for _ in range(n - 1):
                 ref.merge(0)

@@ -13,8 +13,9 @@ written, ~7 us on an H100), and the GEMM then runs at its aligned speed, while
 the cp.async fill's producer threads re-read every tile of the operand at
 every k step with 2-byte loads where rows are only 2-byte aligned: it measured
 0.07-0.25 of the TMA path on an H100 (NOTES, issue 18). The cp.async fill
-stays available: ``schedule(fill="cp.async")`` or ``CIRCBUF_CP_ASYNC=1``.
-``schedule(realign=False)`` keeps such an operand on the SIMT path.
+stays available: ``schedule(fill="cp.async")`` or ``CIRCBUF_CP_ASYNC=1``;
+``schedule(realign=False)`` copies nothing, and the cp.async fill takes such
+an operand.
 
 >>> realigned_strides((2047, 2047), (2047, 1), 2)
 (2048, 1)
