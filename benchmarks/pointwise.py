@@ -139,13 +139,16 @@ def main():
     write_json("pointwise.json", {"gpu": gpu_name(), "copy_GBs": copy_gbs, "rows": rows, "host": host})
 
 
-# (name, shapes of the inputs, fusion body, torch's): operands broadcast against a
-# [M, N] output, the fusions a bias, a per-row scale or an outer product make
+# (name, the inputs' axes: "M", "N" or 1 (a broadcast), fusion body, torch's): operands
+# broadcast against a [M, N] output, the fusions a bias, a per-row scale or an outer
+# product make
 BROADCASTS = [
-    ("x + bias[N]", [(-1, -1), (1, -1)], lambda o, x, b: o.add(x, b), lambda x, b: x + b),
-    ("x * scale[M, 1]", [(-1, -1), (-1, 1)], lambda o, x, s: o.mul(x, s), lambda x, s: x * s),
-    ("a[M, 1] * b[1, N]", [(-1, 1), (1, -1)], lambda o, a, b: o.mul(a, b), lambda a, b: a * b),
-    ("x * s[M, 1] + bias[N]", [(-1, -1), (-1, 1), (1, -1)], lambda o, x, s, b: o.add(o.mul(x, s), b),
+    ("x + bias[1, N]", [("M", "N"), (1, "N")], lambda o, x, b: o.add(x, b), lambda x, b: x + b),
+    ("x + broadcast(bias[N])", [("M", "N"), ("N",)], lambda o, x, b: o.add(x, o.broadcast(b, [True, False])),
+     lambda x, b: x + b),
+    ("x * scale[M, 1]", [("M", "N"), ("M", 1)], lambda o, x, s: o.mul(x, s), lambda x, s: x * s),
+    ("a[M, 1] * b[1, N]", [("M", 1), (1, "N")], lambda o, a, b: o.mul(a, b), lambda a, b: a * b),
+    ("x * s[M, 1] + bias[1, N]", [("M", "N"), ("M", 1), (1, "N")], lambda o, x, s, b: o.add(o.mul(x, s), b),
      lambda x, s, b: x * s + b),
 ]  # fmt: skip
 
@@ -159,16 +162,13 @@ def broadcast(shapes=((8192, 8192), (16384, 1024), (1024, 16384), (65536, 80))):
         f"{'fusion':>24s} {'shape':>12s} {'us':>8s} {'of copy':>8s} {'x eager':>8s} {'x compile':>9s}  params"
     )
     rows = []
-    for name, defs, body, ref_fn in BROADCASTS:
+    for name, axes, body, ref_fn in BROADCASTS:
         for m, n in shapes:
             with cb.FusionDefinition() as fd:
-                xs = [fd.define_tensor(list(d), dtype=D.BFloat16) for d in defs]
+                xs = [fd.define_tensor([1 if a == 1 else -1 for a in ax], dtype=D.BFloat16) for ax in axes]
                 fd.add_output(fd.ops.cast(body(fd.ops, *xs), D.BFloat16))
-            ins = [
-                torch.randn(*(m if a == -1 and k == 0 else n if a == -1 else 1 for k, a in enumerate(d)),
-                            device="cuda", dtype=torch.bfloat16)
-                for d in defs
-            ]  # fmt: skip
+            size = {"M": m, "N": n, 1: 1}
+            ins = [torch.randn(*[size[a] for a in ax], device="cuda", dtype=torch.bfloat16) for ax in axes]
             (out,) = fd.execute(ins)
             err = (out.float() - ref_fn(*ins).float()).abs().max().item()
             compiled = static_compile(ref_fn)
@@ -178,14 +178,15 @@ def broadcast(shapes=((8192, 8192), (16384, 1024), (1024, 16384), (65536, 80))):
             t_comp = bench_ms(lambda c=compiled, ins=ins: c(*ins))
             nbytes = sum(t.numel() for t in ins if t.numel() == m * n) * 2 + m * n * 2
             of_copy = nbytes / t_cb / 1e6 / copy_bandwidth_gbs(nbytes // 2)
-            p = str(fd.last_params()).replace("\n", " ")
+            p = fd.last_params()
+            brief = f"inner_threads={p.inner_threads}, vectorize_inputs={p.vectorize_inputs}"
             print(
                 f"{name:>24s} {f'{m}x{n}':>12s} {t_cb * 1e3:8.1f} {of_copy:8.3f} {t_eager / t_cb:8.2f} "
-                f"{t_comp / t_cb:9.2f}  {p} (max err {err:.2g})",
+                f"{t_comp / t_cb:9.2f}  {brief} (max err {err:.2g})",
                 flush=True,
             )
             rows.append(dict(fusion=name, m=m, n=n, ms=t_cb, of_copy=of_copy, eager_ms=t_eager,
-                             compile_ms=t_comp, params=p, err=err))  # fmt: skip
+                             compile_ms=t_comp, params=str(p).replace("\n", " "), err=err))  # fmt: skip
     write_json("pointwise_broadcast.json", rows)
 
 

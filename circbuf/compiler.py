@@ -601,7 +601,7 @@ class FusionExecutor:
         """Each segment gets the schedule() overrides its schedulers take; a
         name no segment's scheduler takes is an error."""
         seg, subs = self._segments
-        asked = self.fusion.schedule_overrides
+        asked = {k: v for k, v in self.fusion.schedule_overrides.items() if k not in seg.ignored_overrides}
         taken = set()
         for s, sub in zip(seg.segments, subs):
             mine = {k: v for k, v in asked.items() if k in s.overrides}

@@ -94,10 +94,14 @@ class ContractionOps:
         )
 
     def _fixed_one_k(self, dt, *ks) -> bool:
-        """K fixed to 1 in a 16-bit product's definition: a broadcast K axis
-        not expanded (an expand along K is a sum over K rows)."""
-        return dt in VECTOR_AS_MATRIX and any(
-            k.is_broadcast and (k.expanded_extent is None or is_const(k.expanded_extent, 1)) for k in ks
+        """K fixed to 1 in a 16-bit product's definition: a broadcast K axis,
+        and none expanded (an expand along K is a sum over K rows, whatever
+        the other side's K says: the matmul and its K check stay)."""
+        expanded = [k for k in ks if k.is_broadcast and k.expanded_extent is not None]
+        return (
+            dt in VECTOR_AS_MATRIX
+            and not any(not is_const(k.expanded_extent, 1) for k in expanded)
+            and any(k.is_broadcast for k in ks)
         )
 
     def _outer(self, a, b, rank, bias, dt):
@@ -199,7 +203,7 @@ class ContractionOps:
             a2 = a
             if not ax[-1].is_broadcast:
                 a2 = self.broadcast(self.squeeze(a, [a.ndim - 1]), [False] * (a.ndim - 1) + [True])
-            w2 = self.broadcast(self.squeeze(w, [1]), [True] * (a.ndim - 1) + [False])
+            w2 = self.broadcast(self.squeeze(w, [1], squeeze_expanded=True), [True] * (a.ndim - 1) + [False])
             return self._outer(a2, w2, a.ndim, bias, dt)
         ids = [self._out_axis([i]) for i in ax[:-1]]
         ma = [(i, i) for i in range(a.ndim - 1)]

@@ -1169,11 +1169,22 @@ class Gen:
         if dt == D.Float:  # (a stream of its own: the cases' other draws stay as they were)
             c.tf32 = random.Random(zlib.crc32(f"{c.seed}:{c.index}:tf32".encode())).random() < 0.5
         M, N, K = (r.choice((1, 7, 16, 33, 64, 128, 130)) for _ in range(3))
+        # K = 0 (a fill) or K defined as a broadcast 1 (an outer product), in a stream of
+        # its own (as tf32: the cases' other draws stay as they were)
+        edge = random.Random(zlib.crc32(f"{c.seed}:{c.index}:edge k".encode())).random()
+        K = 0 if edge < 0.1 else 1 if edge < 0.2 else K
+        kb = edge >= 0.1 and edge < 0.2
         if r.random() < 0.5:
             # linear(x, x), the Gram matrix x @ x.T, in a stream of its own (as tf32)
             gram = random.Random(zlib.crc32(f"{c.seed}:{c.index}:gram".encode())).random() < 0.3
-            a = self.new_input([M, K], dt, layout=r.choice(("contig", "contig", "permute")))
-            w = a if gram else self.new_input([N, K], dt, layout=r.choice(("contig", "permute")))
+            a = self.new_input(
+                [M, K], dt, bcast=(False, kb), layout=r.choice(("contig", "contig", "permute"))
+            )
+            w = (
+                a
+                if gram
+                else self.new_input([N, K], dt, bcast=(False, kb), layout=r.choice(("contig", "permute")))
+            )
             N = M if gram else N
             bias = self.new_input([N], dt, layout="contig") if r.random() < 0.5 else None
             ref = _tf32(a.ref, c) @ _tf32(w.ref, c).T + (bias.ref if bias else 0)
@@ -1181,8 +1192,13 @@ class Gen:
             self.add("linear", args, {}, [Val("", dt, round_to(ref, dt), (False, False), False)])
         else:
             batch = [r.choice((2, 3))] if r.random() < 0.3 else []
-            a = self.new_input(batch + [M, K], dt, layout=r.choice(("contig", "permute")))
-            b = self.new_input([K, N], dt, layout=r.choice(("contig", "permute")))
+            a = self.new_input(
+                batch + [M, K],
+                dt,
+                bcast=[False] * len(batch) + [False, kb],
+                layout=r.choice(("contig", "permute")),
+            )
+            b = self.new_input([K, N], dt, bcast=(kb, False), layout=r.choice(("contig", "permute")))
             ref = _tf32(a.ref, c) @ _tf32(b.ref, c)
             self.add(
                 "matmul",

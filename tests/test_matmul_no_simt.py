@@ -129,6 +129,7 @@ def test_outer_product_has_torchs_bits(dt):
     torch's own 16-bit matmul gives the same bits."""
     fd, xs, _ = _case("[B, M, 1] @ [1, N]", dt, "cpu")
     (out,) = interpret(fd, xs)
+    assert _paths(fd) == ["PointwiseParams"], _paths(fd)
     assert torch.equal(out, xs[0] @ xs[1])
 
 
@@ -163,6 +164,7 @@ def test_k_fixed_to_one_shapes(m, n):
     fd, _, _ = _case("[M, 1] @ [1, N]", torch.bfloat16, "cpu")
     xs = [torch.randn(m, 1, generator=g).bfloat16(), torch.randn(1, n, generator=g).bfloat16()]
     (out,) = interpret(fd, xs)
+    assert _paths(fd) == ["PointwiseParams"], _paths(fd)
     assert torch.equal(out, xs[0] @ xs[1])
 
 
@@ -251,7 +253,65 @@ def test_k_zero_bias_is_torchs():
         _k0(fd, D.BFloat16, **case)
     xs = _k0_inputs(case, 0, torch.bfloat16, "cpu")
     (out,) = interpret(fd, xs)
+    assert _paths(fd) == ["PointwiseParams"], _paths(fd)
     assert torch.equal(out, F.linear(*xs))
+
+
+# ---- found by review
+
+
+def test_k_zero_through_an_expand_is_a_fill():
+    """K given by an expand of a [M, 1] operand (its axis' extent is the
+    expand's): K = 0 is still the fill (an internal Unschedulable once)."""
+    with cb.FusionDefinition() as fd:
+        a0 = fd.define_tensor([-1, 1], dtype=D.BFloat16)
+        b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+        fd.add_output(fd.ops.matmul(fd.ops.expand(a0, [-1, fd.ops.size(b, 0)]), b))
+    xs = [torch.randn(70, 1).bfloat16(), torch.randn(0, 90).bfloat16()]
+    check_outputs(interpret(fd, xs), [torch.zeros(70, 90, dtype=torch.float64)], written=True)
+    assert "simt" not in _paths(fd), _paths(fd)
+
+
+@pytest.mark.parametrize("op", ["matmul", "linear"])
+def test_expanded_k_beside_a_fixed_one_stays_a_matmul(op):
+    """One side's K an expand (to a size the inputs make 1), the other's fixed
+    to 1: an expand along K is a sum over K rows, so this stays a matmul (the
+    outer product's rewrite paired the expanded axis with M or N once)."""
+    with cb.FusionDefinition() as fd:
+        x0 = fd.define_tensor([-1, 1], dtype=D.BFloat16)
+        k = fd.define_tensor([-1], dtype=D.BFloat16)
+        b = fd.define_tensor([1, -1] if op == "matmul" else [-1, 1], dtype=D.BFloat16)
+        x = fd.ops.expand(x0, [-1, fd.ops.size(k, 0)])
+        fd.add_output(getattr(fd.ops, op)(x, b))
+    g = seeded(12)
+    xs = [
+        torch.randn(70, 1, generator=g).bfloat16(),
+        torch.randn(1, generator=g).bfloat16(),
+        torch.randn(1, 90, generator=g).bfloat16()
+        if op == "matmul"
+        else torch.randn(90, 1, generator=g).bfloat16(),
+    ]
+    ref = to_double(xs[0]) @ (to_double(xs[2]) if op == "matmul" else to_double(xs[2]).T)
+    check_outputs(interpret(fd, xs), [ref], written=True)
+
+
+def test_matmul_overrides_with_k_zero_are_ignored():
+    """schedule(realign=False, stages=3) with K = 0: no matmul runs for those
+    sizes, so its overrides apply to nothing (not an error, not the fill's
+    kernel); K > 0 takes them."""
+    for ov in (dict(realign=False), dict(stages=3)):
+        with cb.FusionDefinition() as fd:
+            a = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+            b = fd.define_tensor([-1, -1], dtype=D.BFloat16)
+            fd.add_output(fd.ops.matmul(a, b))
+        fd.fusion.schedule(**ov)
+        outs = interpret(fd, [torch.randn(70, 0).bfloat16(), torch.randn(0, 90).bfloat16()])
+        check_outputs(outs, [torch.zeros(70, 90, dtype=torch.float64)], written=True)
+        assert _paths(fd) == ["PointwiseParams"], _paths(fd)
+        xs = [torch.randn(70, 64).bfloat16(), torch.randn(64, 90).bfloat16()]
+        outs = interpret(fd, xs)
+        assert _paths(fd) == ["tensor cores"], _paths(fd)
+        check_outputs(outs, [to_double(xs[0]) @ to_double(xs[1])], written=True)
 
 
 # ------------------------------------------------ on the GPU
@@ -277,6 +337,7 @@ def test_gpu_outer_product_has_torchs_bits(monkeypatch, m, n):
         torch.randn(1, n, generator=g).bfloat16().to(DEV),
     ]
     (out,) = fd.execute(xs)
+    assert _paths(fd) == ["PointwiseParams"], _paths(fd)
     assert torch.equal(out, xs[0] @ xs[1])
 
 

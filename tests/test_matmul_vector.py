@@ -234,7 +234,7 @@ def test_gpu_split_k_segment_last(monkeypatch):
 @pytest.mark.parametrize("ashape,bshape", [([1], [1, -1]), ([1], [1]), ([-1, 1], [1, -1])])
 def test_k_fixed_to_one_is_an_outer_product(ashape, bshape):
     """K defined as 1 (a broadcast axis, as torch.compile defines a static size
-    1): an outer product, defined elementwise (tests/test_matmul_outer.py);
+    1): an outer product, defined elementwise (tests/test_matmul_no_simt.py);
     the tensor-core path's one-row operand tiles once met a lowering check."""
     with cb.FusionDefinition() as fd:
         a = fd.define_tensor(ashape, dtype=D.BFloat16)

@@ -69,6 +69,9 @@ def _run(name, shape, device="cpu", offset=0, transposed=False):
     xs = _inputs(defs, shape, seeded(sum(shape) + len(name)), device, offset, transposed)
     outs = interpret(fd, xs) if device == "cpu" else fd.execute(xs)
     check_outputs(outs, [ref(*[to_double(x).cpu() for x in xs])], written=True)
+    p = fd.last_params()
+    # rows and columns wherever a row holds 8 vectors (every case has a broadcast operand)
+    assert (p.inner_threads > 0) == (-(-shape[-1] // p.vectorize) >= 8), p
     return fd
 
 
@@ -128,6 +131,8 @@ def test_shapes(name, m, n, b, offset, transposed, unroll):
     shape = (b, m, n) if "B" in name else (m, n)
     xs = _inputs(defs, shape, seeded(m * n + b), offset=offset, transposed=transposed)
     check_outputs(interpret(fd, xs), [ref(*[to_double(x) for x in xs])], written=True)
+    p = fd.last_params()
+    assert (p.inner_threads > 0) == (-(-n // p.vectorize) >= 8), p
 
 
 @pytest.mark.gpu

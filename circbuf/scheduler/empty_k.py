@@ -13,7 +13,9 @@ SIMT sum of products spent ~0.6 ms on an 8192 x 8192 output (issue 18):
 (torch's result: zeros, or the bias rounded once from fp32 as the tensor
 cores' epilogue rounds it). The rest of the fusion (an epilogue, other
 outputs) reads ``c`` as before. Sizes other than K = 0 keep their own split
-(the compile driver keys splits by which sizes are 0).
+(the compile driver keys splits by which sizes are 0). The matmul's
+``schedule()`` overrides have no matmul to apply to there: for those sizes
+they are ignored (:data:`IGNORED`), not given to the fill's kernel.
 
 >>> import circbuf as cb
 >>> with cb.FusionDefinition() as fd:
@@ -41,7 +43,11 @@ from ..ir import (
     TensorView,
     evaluate,
 )
+from .overrides import MATMUL
 from .utils import contractions
+
+# the overrides a filled matmul leaves without a kernel (the matmul scheduler's)
+IGNORED = frozenset(MATMUL)
 
 
 def _empty(fusion: Fusion, env) -> list:
@@ -49,7 +55,8 @@ def _empty(fusion: Fusion, env) -> list:
     out = []
     for e in contractions(fusion):
         try:
-            k = evaluate(e.inputs[0].logical[-1].extent, env)  # (A's last axis is K, a vector's too)
+            # (A's last axis is K, a vector's too; an expand along it has the expand's extent)
+            k = evaluate(e.inputs[0].logical[-1].loop_extent, env)
         except KeyError:  # a size these inputs do not give
             continue
         if k == 0:

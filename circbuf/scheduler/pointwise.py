@@ -142,8 +142,9 @@ class PointwiseScheduler:
         inner_threads = _inner_threads(fusion, ref, lmap, cands, inner, vec, threads)
         if inner_threads:
             # inputs broadcast along the rows, their columns the reference's: vector loads too
+            rows = _row_broadcasts(fusion, ref, lmap, axis)
             for k, t in enumerate(info.tensors):
-                if k in _row_broadcasts(fusion, ref, lmap, axis) and t is not None and vec > 1:
+                if k in rows and t is not None and vec > 1:
                     vin[k] = vector_access(t, axis, vec)
         unroll = overrides.get("unroll")
         if unroll is None:

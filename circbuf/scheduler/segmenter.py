@@ -82,6 +82,8 @@ class SegmentedFusion:
             ("tensor", fusion.outputs[k].name) if kind == "output" else (kind, k)
             for kind, k in fusion.returns
         ]
+        # schedule() names meant for no segment of this split (a matmul filled for K = 0)
+        self.ignored_overrides: frozenset = frozenset()
         keep = {name for kind, name in self.returns if kind == "tensor"}
         keep |= {fusion.outputs[k].name for k in fusion.aliases}
         self.last_use: dict[str, int] = {}
@@ -156,7 +158,7 @@ def segment(
     asked (the compile driver keeps it in its disk cache). ``target``: the
     GPU the sizes in ``env`` are compiled for (a matmul the split-K
     heuristic splits there keeps a row reduction of its output to itself)."""
-    from .empty_k import fill_empty_k
+    from .empty_k import IGNORED, fill_empty_k
     from .matmul_reduce import is_partial, split_row_reductions
 
     # a matmul whose K is 0 for these sizes is its fill (zeros, or the bias): the
@@ -164,7 +166,9 @@ def segment(
     filled = fill_empty_k(fusion, env)
     if filled is not None:
         vs = None if verdicts is None else verdicts.setdefault(("K = 0 filled",), {})
-        return _segment(filled, env, vs)
+        seg = _segment(filled, env, vs)
+        seg.ignored_overrides = IGNORED
+        return seg
     # a row reduction of a matmul's output: partials in the matmul's epilogue, then their
     # reduction; kept only where the matmul's segment holds every partial (an in-place
     # output beside it, say, can make the partials a segment of their own: the unsplit
