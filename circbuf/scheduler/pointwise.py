@@ -139,7 +139,7 @@ class PointwiseScheduler:
             vin.append(ok)
         threads = overrides.get("threads", 128)
         n_vec = -(-numel // vec)
-        inner_threads = _inner_threads(fusion, ref, lmap, cands, inner, vec, threads)
+        inner_threads = _inner_threads(fusion, ref, cands, inner, vec, threads, info.target.max_grid_yz)
         if inner_threads:
             # inputs broadcast along the rows, their columns the reference's: vector loads too
             rows = _row_broadcasts(fusion, ref, lmap, axis)
@@ -297,11 +297,7 @@ def _unrelated_output(fusion: Fusion) -> str | None:
     return None
 
 
-# the most column blocks (gridDim.y)
-MAX_GRID_Y = 65535
-
-
-def _inner_threads(fusion, ref, lmap, cands, inner: int, vec: int, threads: int) -> int:
+def _inner_threads(fusion, ref, cands, inner: int, vec: int, threads: int, max_grid_y: int) -> int:
     """Threads along the innermost axis for the rows-and-columns schedule
     (see the module's docstring), or 0 for the flattened one: where an input
     is broadcast against the reference (not a vector candidate), with no
@@ -322,7 +318,7 @@ def _inner_threads(fusion, ref, lmap, cands, inner: int, vec: int, threads: int)
     tx = 8
     while tx < threads and tx < n_vec:
         tx *= 2
-    if -(-n_vec // tx) > MAX_GRID_Y:
+    if -(-n_vec // tx) > max_grid_y:
         return 0
     return tx
 
