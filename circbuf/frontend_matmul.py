@@ -97,11 +97,11 @@ class ContractionOps:
         """K fixed to 1 in a 16-bit product's definition: a broadcast K axis,
         and none expanded (an expand along K is a sum over K rows, whatever
         the other side's K says: the matmul and its K check stay)."""
-        expanded = [k for k in ks if k.is_broadcast and k.expanded_extent is not None]
+        bcast = [k for k in ks if k.is_broadcast]
         return (
             dt in VECTOR_AS_MATRIX
-            and not any(not is_const(k.expanded_extent, 1) for k in expanded)
-            and any(k.is_broadcast for k in ks)
+            and bool(bcast)
+            and all(k.expanded_extent is None or is_const(k.expanded_extent, 1) for k in bcast)
         )
 
     def _outer(self, a, b, rank, bias, dt):

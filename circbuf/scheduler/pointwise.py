@@ -9,7 +9,7 @@ Inputs with the reference's full shape are cached in registers (vectorized
 loads when their strides and pointer allow), outputs are computed into a
 register cache and stored vectorized; intermediates are inlined.
 
-Where an input is broadcast against the output (a bias ``[N]``, a row scale
+Where an input is broadcast against the output (a bias, a row scale
 ``[M, 1]``, an outer product), the flattened index costs a 64-bit division
 and remainder per element to find its row and column (0.31-0.72 of the copy
 bandwidth on an H200, 0.37-0.70x a static torch.compile): such fusions are
@@ -20,8 +20,9 @@ from the others merged::
      ithreadIdx.x{Tx}, iUR{U}, iV{V}]
 
 a row's index and a column's come from the block and thread indices, an
-input broadcast along the rows (``[1, N]``) is cached and loaded in vectors
-like a full one, and one broadcast along the columns is read once per row.
+input broadcast along the rows (defined ``[1, N]``) is cached and loaded in
+vectors like a full one (a 1-D ``[N]`` broadcast in the fusion is read
+element by element), and one broadcast along the columns once per row.
 """
 
 from __future__ import annotations
@@ -307,11 +308,10 @@ def _inner_threads(fusion, ref, cands, inner: int, vec: int, threads: int, max_g
 
     if ref.ndim < 2 or any(isinstance(e, ReshapeOp) for e in fusion.exprs()):
         return 0
-    broadcast = [
-        k
+    broadcast = any(
+        isinstance(x, TensorView) and x.ndim > 0 and k not in cands and fusion.consumers(x)
         for k, x in enumerate(fusion.inputs)
-        if isinstance(x, TensorView) and x.ndim > 0 and k not in cands and fusion.consumers(x)
-    ]
+    )
     n_vec = -(-inner // vec)
     if not broadcast or n_vec < 8:
         return 0
