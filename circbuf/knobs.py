@@ -24,6 +24,8 @@
 - ``CIRCBUF_PDL=0``: launch kernels without programmatic dependent launch
   (by default each may be scheduled while the stream's previous kernel
   finishes; its first statement waits for it: ``cb::grid_dependency``).
+- ``CIRCBUF_ROW_COPY=0``: realign a matmul operand with torch's ``copy_``
+  instead of circbuf's 16-byte row copy (``circbuf/runtime/row_copy.py``).
 - ``CIRCBUF_DYNAMO_COMPILE_ONLY=1``: the torch.compile backend
   (``circbuf.dynamo``) translates and compiles every fusion for sm_90a but
   runs the graph eagerly (works on CPU tensors).
@@ -151,3 +153,8 @@ def check_schedules() -> int:
 def pdl() -> bool:
     """Launch with programmatic dependent launch (``CIRCBUF_PDL``, default on)."""
     return os.environ.get("CIRCBUF_PDL", "1") != "0"
+
+
+def row_copy() -> bool:
+    """Realign operands with circbuf's row copy (``CIRCBUF_ROW_COPY``, default on)."""
+    return os.environ.get("CIRCBUF_ROW_COPY", "1") != "0"
