@@ -67,10 +67,10 @@ def test_job_of_refuses_what_the_kernel_cannot_copy():
 
 def test_plan_rows_covers_every_chunk():
     for rows, row_bytes in [(1, 2), (2047, 4094), (768, 100514), (4096, 200), (3, 10**7), (10**6, 16)]:
-        tx, ty, row_ctas, col_ctas = plan_rows(rows, row_bytes, 132)
+        tx, ty, row_ctas, col_ctas = plan_rows(rows, row_bytes, 660)
         chunks = -(-row_bytes // 16)
         assert tx * ty == row_copy.THREADS and (tx == 128 or tx >= chunks / 2)
-        assert 1 <= row_ctas * col_ctas <= 132 * 8 or row_ctas == 1
+        assert 1 <= row_ctas * col_ctas <= 660 or row_ctas == 1
         assert col_ctas <= 65535 and (col_ctas * 2 * tx >= chunks or col_ctas == 65535)
 
 

@@ -97,6 +97,14 @@ class LoadedKernel:
         return launch
 
 
+def blocks_per_sm(kernel: LoadedKernel, threads: int, smem: int = 0) -> int:
+    """How many CTAs of ``threads`` threads (``smem`` dynamic bytes) of
+    ``kernel`` one SM holds at once (the driver's occupancy calculator)."""
+    drv = _drv()
+    n = check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, threads, smem), "cuOccupancy")
+    return max(1, int(n))
+
+
 def _ctypes_config():
     import ctypes
 

@@ -22,11 +22,11 @@ arguments are byte counts, so one cubin serves every dtype. Up to
 ``MAX_JOBS`` copies run in one launch (``blockIdx.y`` picks the copy): a
 GEMM realigning both operands pays one launch.
 
->>> plan_rows(rows=2047, row_bytes=4094, sm_count=132)   # threads a row, rows a CTA, CTAs
-(128, 2, 1024, 1)
->>> plan_rows(rows=768, row_bytes=100514, sm_count=132)   # 100 KB rows: 25 CTAs share one
-(128, 2, 42, 25)
->>> plan_rows(rows=4096, row_bytes=200, sm_count=132)
+>>> plan_rows(rows=2047, row_bytes=4094, resident=660)   # threads a row, rows a CTA, CTAs
+(128, 2, 660, 1)
+>>> plan_rows(rows=768, row_bytes=100514, resident=660)   # 100 KB rows: 25 CTAs share one
+(128, 2, 26, 25)
+>>> plan_rows(rows=4096, row_bytes=200, resident=660)
 (8, 32, 128, 1)
 """
 
@@ -150,11 +150,12 @@ class _Jobs(ctypes.Structure):
     _fields_ = [("job", _Job * MAX_JOBS)]
 
 
-def plan_rows(rows: int, row_bytes: int, sm_count: int, tx: int | None = None) -> tuple:
+def plan_rows(rows: int, row_bytes: int, resident: int, tx: int | None = None) -> tuple:
     """``(threads per row, rows per CTA, row CTAs, column CTAs)``: a thread
     copies two 16-byte chunks of a row (up to 128 threads on 256 chunks
-    share one), the CTA's other threads further rows; up to 8 CTAs per SM,
-    grid-stride loops over the rest (``tx``: threads per row, given)."""
+    share one), the CTA's other threads further rows; at most ``resident``
+    CTAs (what the GPU holds at once: one wave), grid-stride loops over the
+    rest (``tx``: threads per row, given)."""
     chunks = max(1, -(-row_bytes // 16))
     if tx is None:
         tx = 1
@@ -162,7 +163,7 @@ def plan_rows(rows: int, row_bytes: int, sm_count: int, tx: int | None = None) -
             tx *= 2
     ty = THREADS // tx
     cols = min(-(-chunks // (2 * tx)), 65535)
-    return tx, ty, max(1, min(-(-rows // ty), sm_count * 8 // cols)), cols
+    return tx, ty, max(1, min(-(-rows // ty), resident // cols)), cols
 
 
 def job_of(src, dst) -> tuple | None:
@@ -205,18 +206,19 @@ class RowCopier:
         from . import driver, nvrtc
 
         self.device_index = device_index
-        self.target = Target.from_device(device_index)
-        cubin = nvrtc.compile_cuda(SOURCE, self.target.arch, "realign_rows.cu")
+        target = Target.from_device(device_index)
+        cubin = nvrtc.compile_cuda(SOURCE, target.arch, "realign_rows.cu")
         with torch.cuda.device(device_index):
             self.kernel = driver.LoadedKernel(cubin, "realign_rows")
+            # one wave: as many CTAs as the SMs hold at once (5 each at 46 registers a thread)
+            self.resident = target.sm_count * driver.blocks_per_sm(self.kernel, THREADS)
 
     def bind(self, jobs) -> BoundCopy:
         assert 0 < len(jobs) <= MAX_JOBS
         shapes = [(rows * batches, row_bytes) for rows, batches, row_bytes, *_ in jobs]
-        sms = self.target.sm_count
         # one launch: the widest rows' block; as many CTAs as either copy asks (the other's extra exit)
-        tx = max(plan_rows(r, b, sms)[0] for r, b in shapes)
-        plans = [plan_rows(r, b, sms, tx) for r, b in shapes]
+        tx = max(plan_rows(r, b, self.resident)[0] for r, b in shapes)
+        plans = [plan_rows(r, b, self.resident, tx) for r, b in shapes]
         grid = (max(p[2] for p in plans), max(p[3] for p in plans), len(jobs))
         launch = self.kernel.launcher(grid, (tx, THREADS // tx, 1), 0)
         return BoundCopy(launch, jobs, self.device_index)
