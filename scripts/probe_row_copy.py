@@ -45,7 +45,10 @@ for name, x in cases.items():
     t_row = bench_ms(lambda b=bound, x=x, y2=y2: b([(x, y2)])) * 1e3
     torch.cuda.synchronize()
     same = torch.equal(y1, y2)
-    z, xf = torch.empty(x.numel(), dtype=x.dtype, device="cuda"), torch.empty(x.numel(), dtype=x.dtype, device="cuda")
+    z, xf = (
+        torch.empty(x.numel(), dtype=x.dtype, device="cuda"),
+        torch.empty(x.numel(), dtype=x.dtype, device="cuda"),
+    )
     t_flat = bench_ms(lambda z=z, xf=xf: z.copy_(xf)) * 1e3
     print(
         f"{name:>30s}: copy_ {t_torch:7.1f} ({gbs(nbytes, t_torch):5.0f}) | row copy {t_row:7.1f} "

@@ -320,3 +320,86 @@ def test_tma_store_in_a_role_syncs_per_warpgroup_on_named_constants():
     last = switch.bodies[1][-1]
     assert isinstance(last, ElectOne) and isinstance(last.then[0], BulkWaitGroup)
     assert not switch.bodies[0] and k.body == [switch]
+
+
+def _hand_turns_kernel():
+    """Two ping-pong warpgroups' tile loop by hand: ``FOR t { FOR k { WGMMA } ;
+    WGMMA_WAIT 0 ; epilogue }``, the accumulator marked to take turns on
+    threadIdx.y, the consumers role of two sync groups."""
+    from circbuf.lowering.kir import MmaOperand, Wgmma, WgmmaWait
+
+    buf, acc = _tvs()
+    acc.turns = P.TIDy
+    op = MmaOperand(buf, Const(0), 16, 1024, 128, False)
+    mma = Wgmma(TensorRef(acc, Const(0)), op, op, (64, 128, 16), Var("k"))  # scale_d: 0 at k = 0
+    k_loop = ForLoop(Var("k"), Var("K"), [mma], key=2)
+    epilogue = Assign(TensorRef(buf, Const(0)), None, [TensorRef(acc, Const(0))])
+    tile = ForLoop(Var("t"), Var("T"), [k_loop, WgmmaWait(0), epilogue], key=1)
+    k = Kernel(
+        name="turns",
+        body=[tile],
+        tensor_params=[],
+        scalar_params=[Var("K"), Var("T")],
+        launch={P.TIDx: Const(128), P.TIDy: Const(3)},
+        extent_bindings={},
+        strides={},
+        max_threads=384,
+    )
+    k.roles = [
+        Role("consumers", lo=0, hi=2, threads=256, groups=2),
+        Role("producer", lo=2, hi=3, threads=128),
+    ]
+    return k, tile, k_loop, epilogue
+
+
+def test_turns_pass_places_the_turn_barriers_by_hand():
+    """The MMA turn is waited for before the k loop and handed over right
+    after it (before the drain); the epilogue's turn after the drain, handed
+    over after the epilogue; one order of 2 groups x 2 phases, 128 arrivals."""
+    from circbuf.lowering.kir import WgmmaWait
+    from circbuf.lowering.turns import take_turns
+
+    k, tile, k_loop, epilogue = _hand_turns_kernel()
+    take_turns(k)
+    (order,) = k.turn_orders
+    assert order.barriers() == [(f"{order.name}_mma_turn", 2, 128), (f"{order.name}_epi_turn", 2, 128)]
+    kinds = [type(n).__name__ for n in tile.body if type(n).__name__ != "Comment"]
+    assert kinds == [
+        "MBarrierWait",  # my MMA turn
+        "ForLoop",  # the k loop
+        "MBarrierArrive",  # the other's MMAs may go (before the drain)
+        "WgmmaWait",
+        "MBarrierWait",  # my epilogue turn
+        "Assign",  # the epilogue
+        "MBarrierArrive",  # the other's epilogue may go
+        "RingAdvance",
+    ]
+    body = [n for n in tile.body if type(n).__name__ != "Comment"]
+    assert body[1] is k_loop and body[5] is epilogue and isinstance(body[3], WgmmaWait)
+    waits, arrives = (nodes([tile], MBarrierWait), nodes([tile], MBarrierArrive))
+    assert [w.bar.name for w in waits] == [order.barrier("mma"), order.barrier("epi")]
+    assert [a.bar.name for a in arrives] == [order.barrier("mma"), order.barrier("epi")]
+    # a group waits on its own barrier (threadIdx.y) and arrives on the other's (1 - threadIdx.y)
+    assert all("threadIdx.y" in str(w.bar.stage) and "1 -" not in str(w.bar.stage) for w in waits)
+    assert all("(1 - threadIdx.y)" in str(a.bar.stage) for a in arrives)
+    # the turn's phase starts at the other group's position: group 0 goes first
+    (init,) = nodes(k.body, RingInit)
+    assert k.body.index(init) < k.body.index(tile)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda k, tile: tile.body.remove(tile.body[1]), "never waited for"),
+        (lambda k, tile: setattr(k.roles[0], "groups", 1), "each read their own tiles"),
+        (lambda k, tile: k.roles.pop(0), "ring's readers only"),
+        (lambda k, tile: k.body.__setitem__(0, tile.body[0]), "tile loop around the k loop"),
+    ],
+)
+def test_turns_pass_refuses_what_it_cannot_order(change, message):
+    from circbuf.lowering.turns import take_turns
+
+    k, tile, _k_loop, _epi = _hand_turns_kernel()
+    change(k, tile)
+    with pytest.raises(cb.CircbufError, match=message):
+        take_turns(k)

@@ -285,7 +285,7 @@ def lower(
     True
     """
     check_order(PASSES)
-    kernel = generate_loop_nest(fusion, name)
+    kernel = generate_loop_nest(fusion, name, target)
     kernel.index_type = index_type
     kernel.target = target
     kernel.fast_math = fast_math

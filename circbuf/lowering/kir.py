@@ -727,7 +727,10 @@ class Ring:
     ``"cp.async"`` (every producer thread copies its chunks of each box and
     arrives: ``cp.async.mbarrier.arrive.noinc``, or a proxy fence and an
     arrive after stores through registers; a TMA buffer of the same ring is
-    still announced and issued by the elected lane), later ``"threads"``.
+    still announced and issued by the elected lane) or ``"threads"`` (the
+    producer role's threads write the slot from registers, then every one
+    arrives: the MMA warpgroups handing finished accumulator tiles to an
+    epilogue role).
     ``full``/``empty`` are the mbarrier arrays (``empty`` None: a block
     sync releases the slots), completing a phase on
     ``full_arrivals``/``empty_arrivals`` arrivals; ``load``/``use`` carry

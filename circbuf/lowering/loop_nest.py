@@ -29,6 +29,7 @@ from __future__ import annotations
 from ..ir import CircbufError, Const, Fusion, MemoryType, ParallelType, ReductionOp, TensorView, Var, simplify
 from ..ir.iterdomain import Split
 from ..ir.scalar import is_const
+from ..target import DEFAULT, Target
 from . import wgmma_ops
 from .kir import BlockReduce, ExprStmt, ForLoop, Kernel, ReductionInit, TensorParam
 
@@ -81,7 +82,7 @@ def _first_reduction_axis(tv):
     return None
 
 
-def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
+def generate_loop_nest(fusion: Fusion, name: str = "kernel", target: Target = DEFAULT) -> Kernel:
     """Entry: scheduled fusion -> Kernel holding ExprStmts in loops."""
     exprs = fusion.exprs()
     uf = _UnionFind()
@@ -222,8 +223,8 @@ def generate_loop_nest(fusion: Fusion, name: str = "kernel") -> Kernel:
             if not isinstance(ext, Const):
                 raise CircbufError(f"the extent bound to {pt.value} must be a constant, got {ext}")
             threads *= ext.value
-    if threads > 1024:
-        raise CircbufError(f"{threads} threads per block exceeds the limit of 1024")
+    if threads > target.max_threads_per_block:
+        raise CircbufError(f"{threads} threads per block exceeds the limit of {target.max_threads_per_block}")
     kernel = Kernel(
         name=name,
         body=body,

@@ -35,6 +35,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
+from ..target import DEFAULT
+
 MAX_JOBS = 2
 THREADS = 256  # a CTA's threads; 8 CTAs fill an SM's 2048
 
@@ -150,19 +152,21 @@ class _Jobs(ctypes.Structure):
     _fields_ = [("job", _Job * MAX_JOBS)]
 
 
-def plan_rows(rows: int, row_bytes: int, resident: int, tx: int | None = None) -> tuple:
+def plan_rows(
+    rows: int, row_bytes: int, resident: int, tx: int | None = None, max_cols: int = DEFAULT.max_grid_yz
+) -> tuple:
     """``(threads per row, rows per CTA, row CTAs, column CTAs)``: a thread
     copies two 16-byte chunks of a row (up to 128 threads on 256 chunks
     share one), the CTA's other threads further rows; at most ``resident``
     CTAs (what the GPU holds at once: one wave), grid-stride loops over the
-    rest (``tx``: threads per row, given)."""
+    rest (``tx``: threads per row, given; ``max_cols``: gridDim.y's limit)."""
     chunks = max(1, -(-row_bytes // 16))
     if tx is None:
         tx = 1
         while tx < min(-(-chunks // 2), THREADS // 2):
             tx *= 2
     ty = THREADS // tx
-    cols = min(-(-chunks // (2 * tx)), 65535)
+    cols = min(-(-chunks // (2 * tx)), max_cols)
     return tx, ty, max(1, min(-(-rows // ty), resident // cols)), cols
 
 
@@ -206,7 +210,7 @@ class RowCopier:
         from . import driver, nvrtc
 
         self.device_index = device_index
-        target = Target.from_device(device_index)
+        self.target = target = Target.from_device(device_index)
         cubin = nvrtc.compile_cuda(SOURCE, target.arch, "realign_rows.cu")
         with torch.cuda.device(device_index):
             self.kernel = driver.LoadedKernel(cubin, "realign_rows")
@@ -218,7 +222,7 @@ class RowCopier:
         shapes = [(rows * batches, row_bytes) for rows, batches, row_bytes, *_ in jobs]
         # one launch: the widest rows' block; as many CTAs as either copy asks (the other's extra exit)
         tx = max(plan_rows(r, b, self.resident)[0] for r, b in shapes)
-        plans = [plan_rows(r, b, self.resident, tx) for r, b in shapes]
+        plans = [plan_rows(r, b, self.resident, tx, self.target.max_grid_yz) for r, b in shapes]
         grid = (max(p[2] for p in plans), max(p[3] for p in plans), len(jobs))
         launch = self.kernel.launcher(grid, (tx, THREADS // tx, 1), 0)
         return BoundCopy(launch, jobs, self.device_index)

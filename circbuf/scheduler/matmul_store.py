@@ -14,8 +14,8 @@
   without branching, so that the unrolled row loop keeps several
   iterations' shared loads in flight: on an H200 an odd N's row store
   then runs as an even N's, 28 us at 2047^3 against 23.9 for the TMA
-  store at 2048^3). The default for 16-bit outputs a TMA store cannot take
-  whose N is odd.
+  store at 2048^3). The default for 16-bit outputs a TMA store cannot take:
+  an odd N, or an even N whose rows are not 16 bytes apart (2046, 4098).
 - ``"direct"``: from the accumulator fragments' registers straight to global
   memory (a pair per store where N is even: rows 4-byte aligned; otherwise
   one element, a warp instruction touching 8 rows).
@@ -62,7 +62,7 @@ def _rows_refused(fusion, role, info=None) -> str | None:
 def choose_store(fusion, ov, n, bn, epi, tma_ok, role, info=None) -> tuple:
     """``(store, epilogue_tile)``: the ``store`` override checked (a CircbufError
     names why a value cannot apply), else ``"tma"`` where a TMA store can take
-    every output, ``"rows"`` for 16-bit outputs with an odd N, else
+    every output, ``"rows"`` for 16-bit outputs it cannot take, else
     ``"direct"``. A row store's default sub-tile is the widest of 64, 32, 16
     columns dividing bn."""
     store = ov.get("store")
@@ -78,7 +78,7 @@ def choose_store(fusion, ov, n, bn, epi, tma_ok, role, info=None) -> tuple:
     if store == "rows" and why is not None:
         raise CircbufError(f"schedule(store='rows'): {why}")
     if store is None:
-        store = "tma" if tma_ok else "rows" if why is None and n % 2 else "direct"
+        store = "tma" if tma_ok else "rows" if why is None else "direct"
     if store == "rows":
         if "epilogue_tile" not in ov:
             epi = (64, next(c for c in ROW_COLUMNS if bn % c == 0))
