@@ -118,8 +118,8 @@ def tflops(m, n, k, ms):
 
 
 def table():
-    print(f"GPU: {gpu_name()}  bf16, do_bench median, TFLOP/s")
-    print(f"{'shape':>24s} {'kind':>6s} {'cuBLAS':>8s} {'circbuf':>8s} {'ratio':>6s}  params")
+    print(f"GPU: {gpu_name()}  bf16, do_bench median, TFLOP/s (GB/s: A and B read once, C written once)")
+    print(f"{'shape':>24s} {'kind':>6s} {'cuBLAS':>8s} {'circbuf':>8s} {'GB/s':>6s} {'ratio':>6s}  params")
     rows, ratios = [], []
     for m, n, k, kind in SHAPES:
         a, b = inputs(m, n, k, kind)
@@ -134,7 +134,7 @@ def table():
         ratios.append(r)
         print(
             f"{f'{m}x{n}x{k}':>24s} {kind:>6s} {tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} "
-            f"{r:6.3f}  {path(fd)} (err {err:.1e})"
+            f"{gbps(m, n, k, t_cb):6.0f} {r:6.3f}  {path(fd)} (err {err:.1e})"
         )
         rows.append(
             dict(m=m, n=n, k=k, kind=kind, torch_ms=t_torch, circbuf_ms=t_cb, params=path(fd), err=err)
@@ -165,7 +165,7 @@ def batched() -> list:
         shape = f"[{bt},{m},{k}]@[{bt},{k},{n}]"
         print(
             f"{shape:>24s} {'bmm':>6s} {tflops(bt * m, n, k, t_torch):8.1f} {tflops(bt * m, n, k, t_cb):8.1f} "
-            f"{t_torch / t_cb:6.3f}  {path(fd)} (err {err:.1e})"
+            f"{bt * gbps(m, n, k, t_cb):6.0f} {t_torch / t_cb:6.3f}  {path(fd)} (err {err:.1e})"
         )
         rows.append(dict(batch=bt, m=m, n=n, k=k, kind="bmm", torch_ms=t_torch, circbuf_ms=t_cb, err=err))
     return rows
@@ -177,7 +177,8 @@ def odd() -> list:
     rows = []
     print("\nodd shapes (issue 18: each >= 2.5x cuBLAS and >= 0.75x circbuf at the nearest aligned shape)")
     print(
-        f"{'shape':>24s} {'kind':>6s} {'cuBLAS':>8s} {'circbuf':>8s} {'ratio':>6s} {'aligned':>8s} {'vs TMA':>6s}  path"
+        f"{'shape':>24s} {'kind':>6s} {'cuBLAS':>8s} {'circbuf':>8s} {'GB/s':>6s} {'ratio':>6s} {'aligned':>8s} "
+        f"{'vs TMA':>6s}  path"
     )
     for m, n, k, kind, a_off, twin in ODD_SHAPES:
         a, b = inputs(m, n, k, kind, a_off)
@@ -199,7 +200,8 @@ def odd() -> list:
         tag = f"{m}x{n}x{k}" + (f"+{a_off}" if a_off else "")
         print(
             f"{tag:>24s} {kind:>6s} {tflops(m, n, k, t_torch):8.1f} {tflops(m, n, k, t_cb):8.1f} "
-            f"{t_torch / t_cb:6.3f} {tflops(*twin, t_twin):8.1f} {own:6.3f}  {how} (err {err:.1e})"
+            f"{gbps(m, n, k, t_cb):6.0f} {t_torch / t_cb:6.3f} {tflops(*twin, t_twin):8.1f} {own:6.3f}  {how} "
+            f"(err {err:.1e})"
         )
         rows.append(
             dict(
@@ -245,7 +247,7 @@ def decode():
     print(f"GPU: {gpu_name()}  linear x @ W.T, bf16, do_bench median")
     print(
         f"{'shape':>22s} {'cuBLAS TF/s':>11s} {'GB/s':>6s} {'circbuf TF/s':>12s} {'GB/s':>6s} "
-        f"{'ratio':>6s} {'W copy GB/s':>11s}  path"
+        f"{'ratio':>6s} {'W copy GB/s':>11s} {'of copy':>7s}  path"
     )
     rows = []
     for m, n, k, kind in DECODE_SHAPES + [(4096, 128256, 4096, "linear")]:
@@ -264,7 +266,8 @@ def decode():
         copy = 2 * b.numel() * b.element_size() / t_copy / 1e6
         print(
             f"{f'{m}x{n}x{k}':>22s} {tflops(m, n, k, t_torch):11.1f} {gbps(m, n, k, t_torch):6.0f} "
-            f"{tflops(m, n, k, t_cb):12.1f} {gbps(m, n, k, t_cb):6.0f} {t_torch / t_cb:6.3f} {copy:11.0f}  "
+            f"{tflops(m, n, k, t_cb):12.1f} {gbps(m, n, k, t_cb):6.0f} {t_torch / t_cb:6.3f} {copy:11.0f} "
+            f"{gbps(m, n, k, t_cb) / copy:7.3f}  "
             f"{path(fd)} (err {err:.1e}{'' if same else ', NOT DETERMINISTIC'})",
             flush=True,
         )

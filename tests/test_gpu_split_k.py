@@ -58,6 +58,32 @@ def test_hypothesis_split_k(m, n8, k8, split, kind, bias, where):
     assert _same_bits(out, again)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.sampled_from([1, 2, 5, 31, 64, 97]),
+    n=st.integers(1, 700),
+    k=st.integers(1, 2000),
+    split=st.integers(1, 5),
+    kind=st.sampled_from(["matmul", "linear"]),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    where=st.sampled_from(["kernel", "reduction"]),
+)
+def test_hypothesis_split_k_any_k_and_dtype(m, n, k, split, kind, dtype, where):
+    """K and N of any size (rows not 16 bytes apart: realigned operands, row stores), fp16 too;
+    the same bits twice."""
+    from tests.util import D
+
+    split = min(split, -(-k // 64))
+    fd = mm_fusion(kind, {torch.bfloat16: D.BFloat16, torch.float16: D.Half}[dtype])
+    fd.fusion.schedule(split_k=split, split_k_sum=where)
+    a = torch.randn(m, k, device=DEV, dtype=dtype)
+    b = torch.randn((n, k) if kind == "linear" else (k, n), device=DEV, dtype=dtype)
+    (out,) = fd.execute([a, b])
+    check(out, _ref(kind, [a, b]))
+    (again,) = fd.execute([a, b])
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16))
+
+
 DECODE = [
     (m, n, k) for m in (1, 16, 64) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))
 ]

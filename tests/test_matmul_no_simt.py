@@ -246,6 +246,29 @@ def test_k_zero_is_a_fill(name, dt):
         check_outputs(outs, _k0_ref(case, xs), written=True)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(sorted(K0_CASES)),
+    dt=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+    m=st.integers(0, 200),
+    n=st.integers(0, 200),
+    k=st.sampled_from([0, 0, 1, 7, 64, 131]),
+)
+def test_hypothesis_k_zero_among_other_ks(name, dt, m, n, k):
+    """K drawn with 0 among other sizes (M and N 0 too), every dtype: K = 0 is
+    the fill, never the SIMT path for 16-bit operands; results against float64
+    with the outputs poisoned (the interpreter)."""
+    case = K0_CASES[name]
+    with cb.FusionDefinition() as fd:
+        _k0(fd, {torch.bfloat16: D.BFloat16, torch.float16: D.Half, torch.float32: D.Float}[dt], **case)
+    xs = _k0_inputs(case, k, dt, "cpu", m=m, n=n)
+    outs = interpret(fd, xs)
+    check_outputs(outs, _k0_ref(case, xs), written=True)
+    if dt != torch.float32 and m * n:
+        assert "simt" not in _paths(fd), _paths(fd)
+        assert ("tensor cores" in _paths(fd)) == (k > 0), _paths(fd)
+
+
 def test_k_zero_bias_is_torchs():
     """linear with K = 0 is its bias, rounded once: the same bits as torch."""
     case = K0_CASES["linear + bias"]

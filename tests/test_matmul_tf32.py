@@ -23,6 +23,8 @@ import re
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import circbuf as cb
 from circbuf.interpret import interpret
@@ -219,6 +221,35 @@ def test_gpu_error_against_torch(tf32):
     ours = (fd.execute(xs)[0].double() - ref).abs().max().item()
     theirs = (torch.matmul(*xs).double() - ref).abs().max().item()
     assert ours <= 3.5 * theirs, (ours, theirs)
+
+
+@pytest.mark.gpu
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 300),
+    n=st.integers(1, 300),
+    k=st.integers(1, 600),
+    kind=st.sampled_from(["matmul", "linear"]),
+    allow=st.booleans(),
+    off=st.integers(0, 3),
+)
+def test_gpu_hypothesis_tf32_on_and_off(monkeypatch, m, n, k, kind, allow, off):
+    """fp32 shapes of any size, A ``off`` elements into its buffer, TF32 allowed
+    or not: TF32's bound with it (where a shape keeps the fp32 path, as a
+    one-column B does, its result is within it too), fp32's rounding of a
+    k-term sum without (the FFMA path); outputs NaN-poisoned."""
+    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", allow)
+    g = seeded(m * 7919 + n * 31 + k + off)
+    a = torch.randn(off + m * k, generator=g)[off:].view(m, k).to(DEV)
+    b = torch.randn((n, k) if kind == "linear" else (k, n), generator=g).to(DEV)
+    fd = _fusion(kind)
+    (out,) = fd.execute([a, b])
+    ref, bound = _reference(kind, [a, b])
+    if not allow:  # IEEE fp32: each of k products and sums rounded once
+        bt = b.cpu().double().T if kind == "linear" else b.cpu().double()
+        bound = (a.cpu().double().abs() @ bt.abs()) * (k + 2) * 2.0**-24 + 1e-6
+    _check(out, ref, bound)
 
 
 def test_one_column_b_keeps_the_fp32_path(tf32):
