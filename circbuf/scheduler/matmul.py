@@ -1199,48 +1199,12 @@ def _pair_caches(fusion, params, rank):
                 x.cache_after()
 
 
-# Bytes of one epilogue input a thread may load at once, ahead of the epilogue's loops
-# (a bias: a 128x256 cooperative tile's 64 bf16 per thread, 32 registers), so that its
-# loads are in flight together (one L2 latency) rather than a sub-tile's at a time after
-# each sub-tile's barrier. Beside a 128-register accumulator, ptxas spills at 128 bytes;
-# 64 loads half a tile's (two latencies, not four). 0: per sub-tile.
-EPILOGUE_LOAD_AHEAD_BYTES = 64
-
-
-def _load_ahead_position(tv) -> int | None:
-    """Where a register copy of an epilogue input that is the same along some
-    rows of the tile (a bias) is loaded: outside the outermost of the
-    epilogue's loops (constant extents, after the tile loop and the thread
-    axes) where what a thread holds for the loops inside fits
-    EPILOGUE_LOAD_AHEAD_BYTES; None where no such loop does."""
-    serial = (ParallelType.Serial, ParallelType.Unroll)
-    if _copy_of_input(tv) is None or not any(a.is_broadcast and a.parallel_type in serial for a in tv.loop):
-        return None
-    for first, a in enumerate(tv.loop):
-        if a.parallel_type not in serial or not isinstance(simplify(a.loop_extent), Const):
-            continue
-        held = tv.dtype.size
-        for b in tv.loop[first:]:
-            if b.parallel_type in serial and not b.is_broadcast:
-                ext = simplify(b.loop_extent)
-                held = held * ext.value if isinstance(ext, Const) else None
-                if held is None:
-                    return None
-        if held <= EPILOGUE_LOAD_AHEAD_BYTES:
-            return first
-    return None
-
-
 def _hoist_position(tv) -> int:
     """The loop position to compute ``tv`` (a value of the epilogue's inputs
     alone) at: outside the outermost loop over one of its broadcast axes
     (a bias along N is the same in every row of the fragment), where the
     values it holds for the loops inside stay within EPILOGUE_HOIST_ELEMENTS,
-    else outside the next such loop; its full loop depth when it has none.
-    A bias's own loads go further out (:func:`_load_ahead_position`)."""
-    ahead = _load_ahead_position(tv)
-    if ahead is not None:
-        return ahead
+    else outside the next such loop; its full loop depth when it has none."""
     serial = (ParallelType.Serial, ParallelType.Unroll)
     for k, ax in enumerate(tv.loop):
         if ax.parallel_type not in serial or not ax.is_broadcast or is_const(simplify(ax.loop_extent), 1):
