@@ -89,8 +89,45 @@ def test_checker_names_a_read_before_the_copy_landed():
         check_kernel(k, tensors, scalars, grid, block, schedules=2)
 
 
-def test_pingpong_and_role_keep_reading_it_themselves():
-    for ov in (dict(pingpong=True), dict(epilogue="role")):
-        fd, ins, _ = epilogue_input("residual", 1000, 1032, 136)
+def test_the_role_keeps_reading_it_itself():
+    fd, ins, _ = epilogue_input("residual", 1000, 1032, 136)
+    fd.fusion.schedule(epilogue="role")
+    assert fd.compile(ins, arch="sm_90a").params.tma_inputs == ()
+
+
+PINGPONG = [
+    ((300, 520, 128), dict(pingpong=True, tile=(64, 256, 64))),
+    ((300, 520, 128), dict(pingpong=True, tile=(128, 128, 64))),  # two row blocks a warpgroup
+    ((200, 264, 64), dict(pingpong=True, tile=(64, 256, 64), stages=3)),
+    ((16, 4096, 256), {}),  # decode: the heuristic's ping-pong 64-row tiles
+]
+
+
+@pytest.mark.parametrize("shape, ov", PINGPONG)
+def test_pingpong_loads_it_by_tma(shape, ov):
+    """Ping-pong: the producer walks every tile (both warpgroups'), a tile's
+    sub-tiles of the input after its k steps; each warpgroup reads its own
+    tiles' stages, skipping the other's (as the operands' ring). Results equal
+    the cooperative kernel's bit for bit; the checker passes."""
+    fd, ins, ref = epilogue_input("residual", *shape)
+    if ov:
         fd.fusion.schedule(**ov)
-        assert fd.compile(ins, arch="sm_90a").params.tma_inputs == ()
+    out = interpret(fd, ins, target=ONE_SM)[0]
+    p = fd.last_params()
+    assert p.pingpong and p.tma_inputs == (False, False, True), p.brief()
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
+    coop, _, _ = epilogue_input("residual", *shape)
+    coop.fusion.schedule(pingpong=False, tile=(128, 256, 64))
+    assert torch.equal(interpret(coop, ins, target=ONE_SM)[0], out)
+    check(fd, ins, schedules=2, target=ONE_SM)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, ov", PINGPONG + [((4096, 4096, 512), dict(pingpong=True))])
+def test_gpu_pingpong_loads_it_by_tma(shape, ov):
+    fd, ins, ref = epilogue_input("residual", *shape, device="cuda")
+    if ov:
+        fd.fusion.schedule(**ov)
+    (out,) = fd.execute(ins)  # outputs NaN-poisoned before the launch (conftest)
+    assert fd.last_params().tma_inputs == (False, False, True)
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)

@@ -344,12 +344,12 @@ def _mma_params(fusion, e, info, ov) -> MatmulParams:
     _check_peer_store(fusion, store, persistent, pingpong, role)
     # two staging buffers per warpgroup when a tile has an even number of
     # sub-tiles: a sub-tile is written while the last one's TMA store still reads
-    # epilogue inputs the producer loads by TMA (cooperative, TMA-stored outputs): a
+    # epilogue inputs the producer loads by TMA (TMA-stored outputs; not the role's): a
     # stage per sub-tile of a tile, so the producer never waits on the epilogue for them
     # (a cp.async operand fill is the producer's only ring: its threads run the copy nest)
     # (not with split-K: a CTA whose partial is not the tile's last skips the epilogue, and
     # the producer would load its inputs all the same)
-    simple = not (pingpong or role or "cp.async" in (fa, fb)) and store == "tma" and splits == 1
+    simple = not (role or "cp.async" in (fa, fb)) and store == "tma" and splits == 1
     loaded = _tma_inputs(fusion, e, info, epi[1]) if simple else ()
     input_bytes = sum(loaded) * input_stages(bn, epi[1]) * bm * epi[1] * 2
     # (their rings take the shared memory of the second staging buffer)
@@ -613,7 +613,9 @@ def _tma_inputs(fusion, e, info, epi_cols) -> tuple:
     """Per fusion input, whether the producer loads it by TMA a [bm x en]
     sub-tile at a time (a residual: an input of the output's [M, N] shape,
     16-bit, rows of 128 bytes per sub-tile, one a tensor map describes); ()
-    when none is. Cooperative kernels with a TMA store only."""
+    when none is. Kernels with a TMA store, cooperative (both warpgroups'
+    halves of a sub-tile in one stage) or ping-pong (the producer walks every
+    tile; a warpgroup reads its own tiles' stages); not the epilogue role."""
     a, b, _ = _operands(e)
     out = e.out
     if out.ndim != 2:
@@ -1105,11 +1107,12 @@ def _schedule_mma(fusion: Fusion, params: MatmulParams):
         roles = _roles(tv, lmap, classes)
         if None in roles:
             raise CircbufError(f"{tv.name}: an axis that is not an axis of the matmul's output")
-        pos = _tile(tv, roles, params, pingpong_split=params.pingpong)
+        # (an epilogue input the producer loads walks every tile, as the operands do)
+        pos = _tile(tv, roles, params, pingpong_split=params.pingpong and tv not in loaded)
         kind = "acc" if tv is acc else "store" if id(tv) in stores or tv in loaded else "epilogue"
         kind = "rows" if kind == "store" and params.store == "rows" and tv not in loaded else kind
         # the epilogue role's values, and the producer's loads, walk both warpgroups' halves
-        side = (handoff is not None and tv not in (acc, handoff)) or tv in loaded
+        side = (handoff is not None and tv not in (acc, handoff)) or (tv in loaded and not params.pingpong)
         axes = _fragment(tv, pos, params, kind, serial_w=side)
         if tv is handoff:
             _handoff_ring(tv, axes, params)
@@ -1150,10 +1153,12 @@ def _input_ring(rs, axes, params):
     one stage per epilogue sub-tile (both warpgroups' [64 x en] boxes), swizzled
     as the output's staging tile, ringed over the sub-tile loop."""
     rs.swizzle(128)
-    w = rs.loop.index(axes["tidy"])
+    # the ring loop: the sub-tile loop (Nc), just outside W (cooperative: both warpgroups'
+    # boxes) or the sub-tile's rows (ping-pong: one warpgroup's tile at a time)
+    ring = rs.loop.index(axes["tidy"]) - 1 if axes["tidy"] is not None else rs.loop.index(axes["m64"]) - 1
     kind = WarpSpecialized(on=ParallelType.TIDy, registers=params.registers)
     S = input_stages(params.tile[1], params.epilogue_tile[1])
-    rs.circular_buffer(S, S - 1, kind, axis=w - 1)
+    rs.circular_buffer(S, S - 1, kind, axis=ring)
 
 
 def _handoff_ring(h, axes, params):
