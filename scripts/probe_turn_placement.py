@@ -7,6 +7,9 @@ Variants, each built by rewriting the pass's output in this process:
 - ``drained``: handed over after ``WGMMA_WAIT_GROUP 0`` (the MMAs done);
 - ``no epilogue order``: the epilogue turn's waits and arrives dropped (the
   two epilogues may overlap each other; the MMA order alone staggers them).
+  Not valid for a kernel whose producer loads an epilogue input by TMA (a
+  residual): that ring's parity waits rely on the epilogue turn, so the
+  probe times bias, relu and gelu epilogues only.
 
 linear (+ bias + relu / gelu), ping-pong 64x256, bf16, 8192x8192x1024 and
 4096x14336x4096, bare cuBLAS GEMM in the same run; two timings each, us::

@@ -66,13 +66,25 @@ def test_job_of_refuses_what_the_kernel_cannot_copy():
     assert job_of(src[:0], dst[:0]) is None  # nothing to copy
 
 
-def test_plan_rows_covers_every_chunk():
-    for rows, row_bytes in [(1, 2), (2047, 4094), (768, 100514), (4096, 200), (3, 10**7), (10**6, 16)]:
-        tx, ty, row_ctas, col_ctas = plan_rows(rows, row_bytes, 660)
-        chunks = -(-row_bytes // 16)
-        assert tx * ty == row_copy.THREADS and (tx == 128 or tx >= chunks / 2)
-        assert 1 <= row_ctas * col_ctas <= 660 or row_ctas == 1
-        assert col_ctas * 2 * tx >= chunks or col_ctas == DEFAULT.max_grid_yz
+@pytest.mark.parametrize(
+    "rows, row_bytes, want",
+    [
+        (1, 2, (1, 256, 1, 1)),
+        (2047, 4094, (128, 2, 660, 1)),  # a row's 256 chunks: 128 threads, two each
+        (768, 100514, (128, 2, 26, 25)),  # 25 column CTAs a row, 26 x 25 <= one wave of 660
+        (4096, 200, (8, 32, 128, 1)),  # 13 chunks: 8 threads a row, 32 rows a CTA
+        (3, 10**7, (128, 2, 1, 2442)),  # more column CTAs than a wave: one row CTA
+        (10**6, 16, (1, 256, 660, 1)),
+        (1, 2**40, (128, 2, 1, DEFAULT.max_grid_yz)),  # past gridDim.y: a column grid-stride loop
+    ],
+)
+def test_plan_rows(rows, row_bytes, want):
+    tx, ty, row_ctas, col_ctas = got = plan_rows(rows, row_bytes, 660)
+    assert got == want
+    chunks = -(-row_bytes // 16)
+    assert tx * ty == row_copy.THREADS
+    assert col_ctas * 2 * tx >= chunks or col_ctas == DEFAULT.max_grid_yz  # every chunk has a CTA
+    assert row_ctas * col_ctas <= 660 or row_ctas == 1
 
 
 def test_kernel_compiles_to_vector_loads_and_stores():
@@ -161,12 +173,35 @@ def test_gpu_hypothesis_rows(rows, cols, batch, off, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_two_copies_in_one_launch():
-    a, da, _ = _pair((2047, 2047), torch.bfloat16, 1, "cuda")
-    b, db, _ = _pair((300, 50257), torch.bfloat16, 0, "cuda")
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (((2047, 2047), 1), ((300, 50257), 0)),
+        (((4096, 100), 3), ((64, 2047), 1)),  # 200-byte rows beside 4 KB rows: one block shape for both
+        (((5, 7), 0), ((3000, 9), 5)),
+    ],
+)
+def test_gpu_two_copies_in_one_launch(first, second):
+    (sa, oa), (sb, ob) = first, second
+    a, da, _ = _pair(sa, torch.bfloat16, oa, "cuda")
+    b, db, _ = _pair(sb, torch.bfloat16, ob, "cuda")
     row_copy.copier(torch.cuda.current_device()).bind([job_of(a, da), job_of(b, db)])([(a, da), (b, db)])
     torch.cuda.synchronize()
     assert torch.equal(da, a) and torch.equal(db, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape, strides",
+    [
+        ((100003,), (1,)),  # 1-D: one row
+        ((3, 4095, 300), (4095 * 301, 1, 4095)),  # column-major rows with a batch axis
+        ((2, 1, 77), (80, 77, 1)),  # a row axis of one
+    ],
+)
+def test_gpu_one_dim_and_batched_columns(shape, strides):
+    for off in (0, 1, 5):
+        _check_copy(shape, torch.bfloat16, off, strides)
 
 
 @pytest.mark.gpu

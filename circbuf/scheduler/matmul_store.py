@@ -78,7 +78,9 @@ def choose_store(fusion, ov, n, bn, epi, tma_ok, role, info=None) -> tuple:
     if store == "rows" and why is not None:
         raise CircbufError(f"schedule(store='rows'): {why}")
     if store is None:
-        store = "tma" if tma_ok else "rows" if why is None else "direct"
+        # (a sub-tile width a row store cannot take, asked for: the registers' store)
+        fits = "epilogue_tile" not in ov or epi[1] in ROW_COLUMNS
+        store = "tma" if tma_ok else "rows" if why is None and fits else "direct"
     if store == "rows":
         if "epilogue_tile" not in ov:
             epi = (64, next(c for c in ROW_COLUMNS if bn % c == 0))
