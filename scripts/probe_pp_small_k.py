@@ -39,13 +39,17 @@ def main():
                 want = _torch_epilogue(ep)(*(t.double() for t in ins))
             line, best = f"  {ep or 'bare':>9s}", {}
             for tag, ov in VARIANTS.items():
-                fd = mm_fusion("linear", bias=ep not in (None, "residual"), epilogue=None if ep == "bias" else ep)
+                fd = mm_fusion(
+                    "linear", bias=ep not in (None, "residual"), epilogue=None if ep == "bias" else ep
+                )
                 fd.fusion.schedule(**ov)
                 (out,) = fd.execute(ins)
                 ok = (out.double() - want).abs().max().item() < 0.1
                 ts = [bench_ms(lambda fd=fd, ins=ins: fd.execute(ins)) * 1e3 for _ in range(2)]
                 best[tag] = min(ts)
-                line += f" | {tag} {ts[0]:6.1f} / {ts[1]:6.1f} ({min(ts) / t_gemm:.3f})" + ("" if ok else " WRONG")
+                line += f" | {tag} {ts[0]:6.1f} / {ts[1]:6.1f} ({min(ts) / t_gemm:.3f})" + (
+                    "" if ok else " WRONG"
+                )
             print(line + f" | pp/coop {best['pp 64x256'] / best['coop 128x256']:.3f}", flush=True)
 
 

@@ -48,7 +48,9 @@ def variant_turns(kernel):
     if MODE["variant"] == "issued" or not kernel.turn_orders:
         return kernel
     for body in _tile_bodies(kernel):
-        arrive = next((n for n in body if isinstance(n, MBarrierArrive) and n.bar.name.endswith("_mma_turn")), None)
+        arrive = next(
+            (n for n in body if isinstance(n, MBarrierArrive) and n.bar.name.endswith("_mma_turn")), None
+        )
         if arrive is None:
             continue
         if MODE["variant"] == "drained":
@@ -77,7 +79,9 @@ def main():
         print(f"{m}x{n}x{kk}: bare cuBLAS {t_gemm:.0f}", flush=True)
         for ep in (None, "relu", "gelu"):
             ins = [x, w] if ep is None else [x, w, bias]
-            want = (x.double() @ w.double().T) if ep is None else _torch_epilogue(ep)(*(t.double() for t in ins))
+            want = (
+                (x.double() @ w.double().T) if ep is None else _torch_epilogue(ep)(*(t.double() for t in ins))
+            )
             for v in ("issued", "drained", "no epilogue order"):
                 MODE["variant"] = v
                 fd = mm_fusion("linear", bias=ep is not None, epilogue=ep)
