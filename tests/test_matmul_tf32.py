@@ -233,15 +233,25 @@ def test_gpu_error_against_torch(tf32):
     allow=st.booleans(),
     off=st.integers(0, 3),
 )
-def test_gpu_hypothesis_tf32_on_and_off(monkeypatch, m, n, k, kind, allow, off):
+def test_gpu_hypothesis_tf32_on_and_off(m, n, k, kind, allow, off):
     """fp32 shapes of any size, A ``off`` elements into its buffer, TF32 allowed
     or not: TF32's bound with it (where a shape keeps the fp32 path, as a
     one-column B does, its result is within it too), fp32's rounding of a
     k-term sum without (the FFMA path); outputs NaN-poisoned."""
-    monkeypatch.setenv("CIRCBUF_POISON_OUTPUTS", "1")
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", allow)
+    # (no monkeypatch: a function-scoped fixture is not reset between hypothesis' examples;
+    # conftest poisons GPU outputs)
+    flags = torch.backends.cuda.matmul
+    before = flags.allow_tf32
+    flags.allow_tf32 = allow
+    try:
+        _tf32_example(m, n, k, kind, allow, off)
+    finally:
+        flags.allow_tf32 = before
+
+
+def _tf32_example(m, n, k, kind, allow, off):
     g = seeded(m * 7919 + n * 31 + k + off)
-    a = torch.randn(off + m * k, generator=g)[off:].view(m, k).to(DEV)
+    a = torch.randn(off + m * k, generator=g).to(DEV)[off:].view(m, k)  # (the offset kept on the GPU)
     b = torch.randn((n, k) if kind == "linear" else (k, n), generator=g).to(DEV)
     fd = _fusion(kind)
     (out,) = fd.execute([a, b])
