@@ -78,8 +78,16 @@ def params_of(m, n, k, kind="matmul", a_off=0, b_off=0, dtype=BF, **ov):
         ((4096, 4096, 4096), "matmul", 4, 0, ("cp.async", "tma"), (4, 0), ("tma", 1)),  # 8-byte pointer
         ((4096, 4096, 4096), "matmul", 8, 0, ("tma", "tma"), (0, 0), ("tma", 1)),
         ((4096, 4096, 4100), "matmul", 0, 0, ("cp.async", "tma"), (4, 0), ("tma", 1)),  # rows of 8200 bytes
-        ((4096, 4098, 4098), "linear", 0, 0, ("cp.async", "cp.async"), (2, 2), ("direct", 2)),
-        ((512, 4098, 512), "matmul", 0, 1, ("tma", "cp.async"), (0, 1), ("direct", 2)),
+        (
+            (4096, 4098, 4098),
+            "linear",
+            0,
+            0,
+            ("cp.async", "cp.async"),
+            (2, 2),
+            ("rows", 1),
+        ),  # even N, rows 4-byte aligned: the row store
+        ((512, 4098, 512), "matmul", 0, 1, ("tma", "cp.async"), (0, 1), ("rows", 1)),
     ],
 )
 def test_fill_per_operand(shape, kind, a_off, b_off, fill, vector, store):
