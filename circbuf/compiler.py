@@ -53,7 +53,7 @@ from .ir import (
 from .ir.fingerprint import Unfingerprintable, fingerprint
 from .lowering import codegen, lower
 from .lowering.kir import target_needs
-from .runtime import kernel_cache
+from .runtime import driver, kernel_cache
 from .runtime.cubin import frame_bytes
 from .runtime.executor import (
     CompiledFusion,
@@ -860,7 +860,7 @@ class FusionExecutor:
         p = self._build_plan(ck, info, device)
         ck.loaded().ensure_smem(p.smem)
         p.launch = ck.loaded().launcher(p.grid, p.block, p.smem)
-        p.dev_index = device.index if device.index is not None else torch.cuda.current_device()
+        p.dev_index = driver.device_index(device)
         return p.ready()
 
     def _build_plan(self, ck: CompiledKernel, info: InputInfo, device) -> Plan:

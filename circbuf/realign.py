@@ -84,7 +84,7 @@ def _row_copy(pairs) -> tuple:
     copy makes, and its launch bound to their shapes (``((), False)``: none;
     torch's ``copy_`` makes the rest)."""
     from . import knobs
-    from .runtime import row_copy
+    from .runtime import driver, row_copy
 
     if not knobs.row_copy() or not pairs or not all(x.is_cuda for x, _ in pairs):
         return (), False
@@ -92,10 +92,5 @@ def _row_copy(pairs) -> tuple:
     jobs = [(k, j) for k, j in jobs if j is not None][: row_copy.MAX_JOBS]
     if not jobs:
         return (), False
-    return tuple(k for k, _ in jobs), row_copy.copier(_index(pairs[0][0].device)).bind([j for _, j in jobs])
-
-
-def _index(device) -> int:
-    import torch
-
-    return device.index if device.index is not None else torch.cuda.current_device()
+    index = driver.device_index(pairs[0][0].device)
+    return tuple(k for k, _ in jobs), row_copy.copier(index).bind([j for _, j in jobs])

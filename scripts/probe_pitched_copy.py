@@ -16,6 +16,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from benchmarks.common import bench_ms, gpu_name  # noqa: E402
 from circbuf.scheduler.realign import realigned_strides  # noqa: E402
+from scripts.probe_row_copy import realign_cases  # noqa: E402
 
 
 class _Memcpy2D(ctypes.Structure):  # CUDA_MEMCPY2D
@@ -51,15 +52,7 @@ def pitched_copy(x, st):
 
 
 print(f"GPU: {gpu_name()}  bf16, do_bench median")
-flat = torch.randn(4096 * 4096 + 1, device="cuda").bfloat16()
-cases = {
-    "[2047, 2047]": torch.randn(2047, 2047, device="cuda").bfloat16(),
-    "[768, 50257]": torch.randn(768, 50257, device="cuda").bfloat16(),
-    "[4097, 4095]": torch.randn(4097, 4095, device="cuda").bfloat16(),
-    "[4096, 4096] one element off": flat[1:].view(4096, 4096),
-    "[4096, 4100]": torch.randn(4096, 4100, device="cuda").bfloat16(),
-    "[2047, 2047].T": torch.randn(2047, 2047, device="cuda").bfloat16().T,
-}
+cases = realign_cases()  # (the row-copy probe's table: the --odd operands)
 for name, x in cases.items():
     st = realigned_strides(tuple(x.shape), x.stride(), x.element_size())
     y1 = torch.empty_strided(x.shape, st, dtype=x.dtype, device=x.device)

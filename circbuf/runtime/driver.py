@@ -36,6 +36,13 @@ def init():
         _initialized = True
 
 
+def device_index(device) -> int:
+    """A CUDA torch.device's index (``cuda`` alone: the current device's)."""
+    import torch
+
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def device_arch() -> str:
     """``sm_90a`` on compute capability 9.0 (wgmma/setmaxnreg need the a), else sm_XY."""
     import torch
